@@ -1,0 +1,37 @@
+"""fxckpt: activation checkpointing and pipelines for PyTorch models, chosen by compiler passes.
+
+    tm = fxckpt.transform(model, every=2)     # or depth=2, force={...}
+    loss = loss_fn(tm(x), y); loss.backward() # same gradients, less memory
+    print(tm.plan); print(tm.code)
+"""
+
+from fxckpt.api import transform
+from fxckpt.config import TransformConfig
+from fxckpt.errors import (
+    CaptureError,
+    ConfigError,
+    FxckptError,
+    NotPlannedError,
+    PlanError,
+    RecomputeMismatchError,
+)
+from fxckpt.module import TransformedModule
+from fxckpt.plan import Plan, Segment
+from fxckpt.runtime.checkpoint import checkpoint
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "transform",
+    "checkpoint",
+    "TransformConfig",
+    "TransformedModule",
+    "Plan",
+    "Segment",
+    "FxckptError",
+    "ConfigError",
+    "CaptureError",
+    "PlanError",
+    "NotPlannedError",
+    "RecomputeMismatchError",
+]

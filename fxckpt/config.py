@@ -1,0 +1,97 @@
+"""The options of :func:`fxckpt.transform`, checked once at the edge.
+
+``transform`` turns its keyword arguments into one frozen :class:`TransformConfig`. Every check
+on user input happens in :func:`TransformConfig.validate` so the passes can trust what they
+receive, and so a bad value fails at ``transform`` time rather than in the middle of a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Literal, Mapping, Optional
+
+import torch
+
+from fxckpt.errors import ConfigError
+
+__all__ = ["TransformConfig", "FORCE_MODES"]
+
+FORCE_MODES = ("recompute", "save")
+ForceMode = Literal["recompute", "save"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformConfig:
+    """What :func:`fxckpt.transform` was asked to do."""
+
+    every: Optional[int] = None
+    """Checkpoint segments of this many units of work (matmul/conv nodes); ``None`` = off."""
+
+    depth: Optional[int] = None
+    """Make each module at this nesting depth a segment (children of the model are depth 1)."""
+
+    force: Mapping[str, ForceMode] = dataclasses.field(default_factory=dict)
+    """Module paths pinned to ``"recompute"`` (own segment) or ``"save"`` (never recomputed)."""
+
+    @property
+    def strategy(self) -> str:
+        """The name of the chosen strategy: ``every``, ``depth``, ``force`` or ``none``."""
+        if self.every is not None:
+            return "every"
+        if self.depth is not None:
+            return "depth"
+        return "force" if self.force else "none"
+
+    def to_dict(self) -> dict:
+        return {"every": self.every, "depth": self.depth, "force": dict(self.force)}
+
+    def validate(self, model: torch.nn.Module) -> "TransformConfig":
+        """Check every option against ``model``; raise :class:`ConfigError` on the first bad one."""
+        if self.every is not None and self.depth is not None:
+            raise ConfigError(
+                f"give at most one strategy, got every={self.every!r} and depth={self.depth!r}; "
+                "choose one of them"
+            )
+        if self.every is not None:
+            _check_positive_int("every", self.every)
+        if self.depth is not None:
+            _check_positive_int("depth", self.depth)
+            deepest = max(model.named_modules(), key=lambda kv: _depth(kv[0]))[0]
+            if _depth(deepest) < self.depth:
+                raise ConfigError(
+                    f"depth={self.depth} is deeper than the model: its deepest module "
+                    f"{deepest or '<root>'!r} has depth {_depth(deepest)}; use depth <= "
+                    f"{max(_depth(deepest), 1)}"
+                )
+        _check_force(self.force, model)
+        return self
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "" else path.count(".") + 1
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+
+
+def _check_force(force: object, model: torch.nn.Module) -> None:
+    if not isinstance(force, Mapping):
+        raise ConfigError(
+            f"force must be a dict of module path -> 'recompute' | 'save' (got {type(force).__name__})"
+        )
+    paths = [name for name, _ in model.named_modules() if name]
+    for path, mode in force.items():
+        if mode not in FORCE_MODES:
+            raise ConfigError(
+                f"force[{path!r}] must be one of {FORCE_MODES} (got {mode!r})"
+            )
+        if path not in paths:
+            close = difflib.get_close_matches(str(path), paths, n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ConfigError(
+                f"force names module {path!r}, which the model does not have{hint} "
+                "(paths are as in model.named_modules())"
+            )

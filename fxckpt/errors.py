@@ -1,0 +1,42 @@
+"""Errors fxckpt raises.
+
+Every error says what was wrong, the value that was seen and how to fix it. They all derive from
+:class:`FxckptError` so callers can catch fxckpt's own failures in one place; the ones about bad
+arguments also derive from ``ValueError`` / ``TypeError`` so ordinary argument checking code
+keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FxckptError",
+    "ConfigError",
+    "CaptureError",
+    "PlanError",
+    "NotPlannedError",
+    "RecomputeMismatchError",
+]
+
+
+class FxckptError(Exception):
+    """Base class of every error fxckpt raises on purpose."""
+
+
+class ConfigError(FxckptError, ValueError):
+    """An argument to :func:`fxckpt.transform` is out of range or conflicts with another."""
+
+
+class CaptureError(FxckptError, RuntimeError):
+    """The model could not be turned into a ``torch.fx`` graph by any capture method."""
+
+
+class PlanError(FxckptError, RuntimeError):
+    """A pass could not build or apply a plan for this graph."""
+
+
+class NotPlannedError(FxckptError, RuntimeError):
+    """The transformed module has not planned yet (no call and no ``example_inputs``)."""
+
+
+class RecomputeMismatchError(FxckptError, RuntimeError):
+    """A segment's recomputation produced tensors unlike those of its first run."""

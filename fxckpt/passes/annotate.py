@@ -1,0 +1,205 @@
+"""Annotate: what every node of a captured graph produces, costs and touches.
+
+The graph is run once on fake tensors (``FakeTensorMode``: shapes and dtypes only, no real
+arithmetic and no change to RNG state or buffers). For each node, ``node.meta[META_KEY]`` gets a
+:class:`NodeInfo`: output shapes and bytes, which earlier nodes its outputs alias (views) or it
+writes in place, whether it draws random numbers, its FLOPs and the module path it came from.
+The strategies and the memory simulator read only this record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterator
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from fxckpt.errors import PlanError
+
+__all__ = ["META_KEY", "NodeInfo", "annotate", "info", "module_path_of"]
+
+log = logging.getLogger(__name__)
+
+META_KEY = "fxckpt"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """What annotate learned about one node."""
+
+    module_path: str
+    """Dotted path of the innermost module the node ran in (``""`` for the root)."""
+    shapes: tuple[tuple[int, ...], ...]
+    """Shapes of the tensors the node outputs."""
+    dtypes: tuple[str, ...]
+    device: str | None
+    nbytes: int
+    """Bytes of all output tensors (views counted at their own size)."""
+    new_bytes: int
+    """Bytes of output storages no earlier node owns (what the node really allocates)."""
+    aliases: tuple[str, ...]
+    """Earlier nodes whose storage an output of this node shares (view or in-place result)."""
+    mutates: tuple[str, ...]
+    """Earlier nodes whose tensors this node writes in place."""
+    writes_buffers: tuple[str, ...]
+    """Buffers (qualified names) the node writes, e.g. BatchNorm running statistics."""
+    random: bool
+    """The node draws random numbers (dropout, rand*, bernoulli, ...)."""
+    flops: int
+    is_tensor: bool
+    """At least one output is a tensor."""
+    is_state: bool
+    """A ``get_attr`` of a parameter or buffer."""
+    ops: tuple[str, ...]
+    """The aten ops the node ran."""
+
+
+def info(node: torch.fx.Node) -> NodeInfo:
+    """The node's annotation; raises :class:`PlanError` if annotate has not run on its graph."""
+    try:
+        return node.meta[META_KEY]
+    except KeyError:
+        raise PlanError(f"node {node.format_node()} has no fxckpt annotation; run annotate first") from None
+
+
+def module_path_of(node: torch.fx.Node) -> str:
+    """The dotted module path a node came from, for symbolic and exported graphs alike."""
+    if node.op == "call_module":
+        return str(node.target)
+    if node.op == "get_attr":
+        return str(node.target).rpartition(".")[0]
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return _normalise_path(path)
+
+
+def _normalise_path(path: str) -> str:
+    """``L['self'].layers[0].fc`` or ``layers.0.fc`` -> ``layers.0.fc``."""
+    for prefix in ("L['self'].", "L['self']", "self."):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+    return path.replace("[", ".").replace("]", "").replace("'", "").strip(".")
+
+
+def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.GraphModule:
+    """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_args = [pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor, v) for v in placeholder_values]
+    saved = [b.detach().clone() for b in gm.buffers()]
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices), fake_mode:
+            _Annotator(gm, fake_mode).run(*fake_args)
+    finally:
+        with torch.no_grad():
+            for b, s in zip(gm.buffers(), saved):
+                b.copy_(s)
+    log.debug("annotated %d nodes", len(gm.graph.nodes))
+    return gm
+
+
+# Ops whose schema does not mark the arguments they write (running statistics), by position.
+_UNMARKED_WRITES = {
+    "native_batch_norm": (3, 4),
+    "cudnn_batch_norm": (3, 4),
+    "miopen_batch_norm": (3, 4),
+}
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records the aten ops one node runs and the tensors they write in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.random = False
+        self.written: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.append(str(func.overloadpacket.__name__))
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random = True
+        hidden = _UNMARKED_WRITES.get(func.overloadpacket.__name__, ())
+        for i, arg in enumerate(func._schema.arguments):
+            if i in hidden or (arg.alias_info is not None and arg.alias_info.is_write):
+                value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+                self.written += [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+        return func(*args, **kwargs)
+
+
+class _Annotator(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.fake_mode = fake_mode
+        self.owner: dict[StorageWeakRef, torch.fx.Node] = {}
+        # A module's op sees the real buffer (the recorder runs before fake conversion); a get_attr
+        # node hands out the memoised fake of it.
+        self.buffer_names = {id(b): name for name, b in gm.named_buffers()}
+        self.buffer_names.update({id(fake_mode.from_tensor(b)): name for name, b in gm.named_buffers()})
+
+    def get_attr(self, target, args, kwargs):  # type: ignore[override]
+        value = super().get_attr(target, args, kwargs)
+        # The memoised fake of a parameter is the one its module's ops see, so views of it alias it.
+        return self.fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        recorder = _OpRecorder()
+        flops = FlopCounterMode(display=False)
+        try:
+            with flops, recorder:
+                out = super().run_node(n)
+        except Exception as e:
+            raise PlanError(f"annotate: running {n.format_node()} on fake tensors failed: {e}") from e
+        if n.op != "output":
+            n.meta[META_KEY] = self._describe(n, out, recorder, flops.get_total_flops())
+        return out
+
+    def _describe(self, n: torch.fx.Node, out: Any, rec: _OpRecorder, flops: int) -> NodeInfo:
+        tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        aliases, new_bytes = [], 0
+        for t in tensors:
+            key = StorageWeakRef(t.untyped_storage())
+            owner = self.owner.get(key)
+            if owner is None:
+                self.owner[key] = n
+                new_bytes += t.untyped_storage().nbytes()
+            elif owner is not n and owner.name not in aliases:
+                aliases.append(owner.name)
+        mutates = []
+        for t in rec.written:
+            owner = self.owner.get(StorageWeakRef(t.untyped_storage()))
+            if owner is not None and owner is not n and owner.name not in mutates:
+                mutates.append(owner.name)
+        writes_buffers = sorted({self.buffer_names[id(t)] for t in rec.written if id(t) in self.buffer_names})
+        is_state = n.op == "get_attr" and isinstance(out, torch.Tensor)
+        return NodeInfo(
+            module_path=module_path_of(n),
+            shapes=tuple(tuple(int(s) for s in t.shape) for t in tensors),
+            dtypes=tuple(str(t.dtype).replace("torch.", "") for t in tensors),
+            device=str(tensors[0].device) if tensors else None,
+            nbytes=sum(t.numel() * t.element_size() for t in tensors),
+            new_bytes=0 if is_state else new_bytes,
+            aliases=tuple(aliases),
+            mutates=tuple(mutates),
+            writes_buffers=tuple(writes_buffers),
+            random=rec.random,
+            flops=int(flops),
+            is_tensor=bool(tensors),
+            is_state=is_state,
+            ops=tuple(rec.ops),
+        )
+
+
+def compute_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
+    """Nodes that compute something (not placeholders, attribute reads or the output)."""
+    return (n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))

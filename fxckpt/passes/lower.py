@@ -1,0 +1,103 @@
+"""Lower: rewrite each planned segment into a submodule called through the runtime checkpoint.
+
+    before                                   after
+    ------                                   -----
+    fc = self.layers.0.fc(x)                 segment_0 = self.segment_0
+    relu = torch.relu(fc)           ==>      relu = fxckpt_checkpoint(segment_0, x)
+    ...                                      ...
+
+Parameters and buffers are read inside the segment that uses them (a ``get_attr`` is copied into
+every segment that needs it), so checkpoint's inputs are only activations. The segment
+submodules share the model's Parameter and buffer objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+import torch.fx
+
+from fxckpt.errors import PlanError
+from fxckpt.plan import Plan, Segment
+from fxckpt.runtime.checkpoint import checkpoint
+
+__all__ = ["lower"]
+
+log = logging.getLogger(__name__)
+
+
+def lower(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
+    """Rewrite ``gm`` in place so every segment of ``plan`` runs under checkpoint; returns ``gm``."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for seg in plan.segments:
+        try:
+            _lower_segment(gm, seg, nodes, plan.training)
+        except KeyError as e:
+            raise PlanError(f"lower: {seg.name} names node {e}, which the graph does not have") from e
+        except Exception as e:
+            raise PlanError(f"lower: could not rewrite {seg.name} ({seg.nodes[0]}..{seg.nodes[-1]}): {e}") from e
+    for n in list(gm.graph.nodes):
+        if n.op == "get_attr" and not n.users:
+            gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _lower_segment(
+    gm: torch.fx.GraphModule, seg: Segment, nodes: dict[str, torch.fx.Node], training: bool
+) -> None:
+    members = [nodes[name] for name in seg.nodes]
+    member_set = set(members)
+    inputs = [nodes[name] for name in seg.inputs]
+    outputs = [nodes[name] for name in seg.outputs]
+    sub = _extract(gm, members, inputs, outputs)
+    sub.training = training  # not .train(): that would also flip the model's own submodules
+    sub._fxckpt_name = seg.name
+    sub._fxckpt_restores = seg.restores
+    gm.add_submodule(seg.name, sub)
+
+    graph = gm.graph
+    with graph.inserting_before(members[0]):
+        fn = graph.get_attr(seg.name)
+        call = graph.call_function(checkpoint, (fn, *inputs))
+        if len(outputs) == 1:
+            results = [call]
+        else:
+            results = [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
+    for old, new in zip(outputs, results):
+        new.meta = dict(old.meta)
+        old.replace_all_uses_with(new, delete_user_cb=lambda user: user not in member_set)
+    for n in reversed(members):
+        graph.erase_node(n)
+    if len(outputs) == 1:
+        call._rename(seg.outputs[0])  # the code reads `relu = fxckpt_checkpoint(segment_0, x)`
+    for name, new in zip(seg.outputs, results):
+        nodes[name] = new  # later segments name their inputs as the plan saw them
+    log.debug("lowered %s: %d nodes, inputs %s, outputs %s", seg.name, len(members), seg.inputs, seg.outputs)
+
+
+def _extract(
+    gm: torch.fx.GraphModule,
+    members: list[torch.fx.Node],
+    inputs: list[torch.fx.Node],
+    outputs: list[torch.fx.Node],
+) -> torch.fx.GraphModule:
+    """A GraphModule computing ``outputs`` of ``members`` from ``inputs``, sharing ``gm``'s state."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in inputs:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    for n in members:
+        for a in n.all_input_nodes:
+            if a.op == "get_attr" and a not in env:
+                env[a] = graph.get_attr(a.target)
+                env[a].meta = dict(a.meta)
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    result = tuple(env[o] for o in outputs)
+    graph.output(result[0] if len(result) == 1 else result)
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph, class_name="Segment")

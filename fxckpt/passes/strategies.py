@@ -1,0 +1,219 @@
+"""Select: the strategies that choose recompute segments, producing a :class:`~fxckpt.plan.Plan`.
+
+A segment is a contiguous run of compute nodes in topological order. Every strategy produces
+runs; the same clean-up then applies to all of them:
+
+* ``force`` pins win: ``"save"`` nodes leave their segments, ``"recompute"`` nodes form their own.
+* a segment never writes in place to a tensor it did not create (a segment input mutated by the
+  first run would be seen mutated by the recompute), so it starts after its last such write;
+* a segment that allocates nothing and computes nothing is dropped.
+
+``every=N`` counts units of work: nodes with FLOPs (matmuls, convolutions, attention). A segment
+starts at every N-th unit, moved to the nearest point that does not split a view chain, an
+in-place op from its producer, or a multi-output op from its ``getitem``.
+
+``depth=d`` makes one segment of each run of nodes from the same module at nesting depth ``d``.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Sequence
+
+import torch.fx
+
+from fxckpt.config import TransformConfig
+from fxckpt.passes.annotate import compute_nodes, info
+from fxckpt.plan import Plan, Segment
+
+__all__ = ["select", "segment_runs"]
+
+log = logging.getLogger(__name__)
+
+Run = list[torch.fx.Node]
+
+
+def select(
+    gm: torch.fx.GraphModule, config: TransformConfig, *, capture: str, training: bool, signature: str
+) -> Plan:
+    """Choose segments for the annotated ``gm`` as ``config`` asks."""
+    order = [n for n in compute_nodes(gm.graph) if not _is_guard(n)]
+    notes: list[str] = []
+    runs = segment_runs(order, config, notes)
+    segments = tuple(_describe(f"segment_{i}", run, config) for i, run in enumerate(runs))
+    if not segments:
+        notes.append(
+            "nothing is checkpointed: no strategy was given"
+            if config.strategy == "none" else "nothing is checkpointed: the strategy found no segment"
+        )
+    plan = Plan(
+        strategy=config.strategy, options=config.to_dict(), capture=capture, training=training,
+        signature=signature, segments=segments, node_count=len(order),
+        total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
+    )
+    log.info("fxckpt plan: %s", plan.summary())
+    for seg in segments:
+        log.info("  %s: %s (%d nodes, %s)", seg.name, ", ".join(seg.module_paths) or "-", len(seg.nodes), seg.reason)
+    return plan
+
+
+def segment_runs(order: Sequence[torch.fx.Node], config: TransformConfig, notes: list[str]) -> list[Run]:
+    """The segments, as node runs, for ``config`` over the compute nodes ``order``."""
+    if config.every is not None:
+        runs = _every(order, config.every, notes)
+    elif config.depth is not None:
+        runs = _depth(order, config.depth)
+    else:
+        runs = []
+    runs = _apply_force(order, runs, config.force)
+    runs = [r for r in (_safe_suffix(r) for r in runs) if _does_work(r)]
+    return runs
+
+
+def _is_guard(n: torch.fx.Node) -> bool:
+    return n.op == "call_module" and n.target == "_guards_fn"
+
+
+def _every(order: Sequence[torch.fx.Node], every: int, notes: list[str]) -> list[Run]:
+    units = [i for i, n in enumerate(order) if info(n).flops > 0]
+    if not units:
+        units = [i for i, n in enumerate(order) if info(n).new_bytes > 0]
+        notes.append("no node has FLOPs; every= counts nodes that allocate memory instead")
+    if len(units) <= every:
+        notes.append(f"every={every} but the graph has {len(units)} unit(s) of work: one segment")
+    wanted = [units[k] for k in range(every, len(units), every)]
+    cuts = [0]
+    for k, p in enumerate(wanted):
+        hi = wanted[k + 1] if k + 1 < len(wanted) else len(order)
+        cut = _nearest_legal_cut(order, p, lo=cuts[-1] + 1, hi=hi)
+        if cut is None:
+            notes.append(f"no legal cut near {order[p].name}; merged two segments")
+        elif cut != p:
+            log.debug("every: moved cut from %s to %s", order[p].name, order[cut].name)
+        if cut is not None:
+            cuts.append(cut)
+    cuts.append(len(order))
+    return [list(order[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _nearest_legal_cut(order: Sequence[torch.fx.Node], p: int, lo: int, hi: int) -> int | None:
+    for d in range(0, max(p - lo, hi - p) + 1):
+        for q in (p - d, p + d):
+            if lo <= q < hi and _legal_cut(order, q):
+                return q
+    return None
+
+
+def _legal_cut(order: Sequence[torch.fx.Node], q: int) -> bool:
+    """May a segment start at ``order[q]``? Not inside a view chain, in-place op or getitem."""
+    node, before = order[q], {n.name for n in order[:q]}
+    if node.op == "call_function" and node.target is operator.getitem:
+        return False
+    i = info(node)
+    return not (set(i.aliases) & before or set(i.mutates) & before)
+
+
+def _depth(order: Sequence[torch.fx.Node], depth: int) -> list[Run]:
+    runs: list[Run] = []
+    current: str | None = None
+    for n in order:
+        parts = info(n).module_path.split(".") if info(n).module_path else []
+        prefix = ".".join(parts[:depth]) if len(parts) >= depth else None
+        if prefix is not None and prefix == current:
+            runs[-1].append(n)
+        elif prefix is not None:
+            runs.append([n])
+        current = prefix
+    return runs
+
+
+def _pinned(n: torch.fx.Node, force: dict) -> str | None:
+    path = info(n).module_path
+    best = None
+    for p, mode in force.items():
+        if (path == p or path.startswith(p + ".")) and (best is None or len(p) > len(best[0])):
+            best = (p, mode)
+    return best[1] if best else None
+
+
+def _apply_force(order: Sequence[torch.fx.Node], runs: list[Run], force: dict) -> list[Run]:
+    if not force:
+        return runs
+    free = [[n for n in r if _pinned(n, force) is None] for r in runs]
+    split = [piece for r in free for piece in _contiguous(r, order)]
+    forced = _contiguous([n for n in order if _pinned(n, force) == "recompute"], order)
+    pos = {n: i for i, n in enumerate(order)}
+    return sorted((r for r in split + forced if r), key=lambda r: pos[r[0]])
+
+
+def _contiguous(nodes: list[torch.fx.Node], order: Sequence[torch.fx.Node]) -> list[Run]:
+    pos = {n: i for i, n in enumerate(order)}
+    runs: list[Run] = []
+    for n in nodes:
+        if runs and pos[n] == pos[runs[-1][-1]] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return runs
+
+
+def _safe_suffix(run: Run) -> Run:
+    """Drop the head of a run up to its last in-place write to a tensor from outside it."""
+    names = {n.name for n in run}
+    graph_nodes = {n.name: n for n in run[0].graph.nodes} if run else {}
+    last = -1
+    for i, n in enumerate(run):
+        outside = [m for m in info(n).mutates if m not in names and graph_nodes[m].op != "get_attr"]
+        if outside:
+            last = i
+    if last >= 0:
+        log.debug("segment starting at %s writes to its input in %s; starts after it",
+                  run[0].name, run[last].name)
+    return run[last + 1:]
+
+
+def _does_work(run: Run) -> bool:
+    return any(info(n).flops > 0 or info(n).new_bytes > 0 for n in run)
+
+
+def _describe(name: str, run: Run, config: TransformConfig) -> Segment:
+    members = set(run)
+    inputs: list[torch.fx.Node] = []
+    for n in run:
+        for a in n.all_input_nodes:
+            if a not in members and a.op != "get_attr" and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in run if any(u not in members for u in n.users)]
+    return Segment(
+        name=name,
+        nodes=tuple(n.name for n in run),
+        module_paths=_outermost(info(n).module_path for n in run),
+        inputs=tuple(a.name for a in inputs),
+        outputs=tuple(n.name for n in outputs),
+        saved_bytes=sum(info(a).nbytes for a in inputs if a.meta.get("fxckpt") and not info(a).is_state),
+        freed_bytes=sum(info(n).new_bytes for n in run if n not in outputs),
+        recompute_flops=sum(info(n).flops for n in run),
+        restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
+        reason=_reason(run, config),
+    )
+
+
+def _outermost(paths) -> tuple[str, ...]:
+    unique = sorted({p or "<root>" for p in paths}, key=lambda p: (p.count("."), p))
+    kept: list[str] = []
+    for p in unique:
+        if not any(p == k or p.startswith(k + ".") for k in kept):
+            kept.append(p)
+    return tuple(kept)
+
+
+def _reason(run: Run, config: TransformConfig) -> str:
+    pin = _pinned(run[0], dict(config.force)) if config.force else None
+    if pin == "recompute":
+        return "force: recompute"
+    if config.every is not None:
+        return f"every={config.every}"
+    if config.depth is not None:
+        return f"depth={config.depth}"
+    return "force"

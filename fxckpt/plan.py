@@ -1,0 +1,147 @@
+"""The Plan: every decision fxckpt made about one model and one input signature.
+
+A Plan is plain data. It says which graph nodes are grouped into recompute segments, what each
+segment keeps alive for backward (its inputs) and what it lets go (its intermediate tensors),
+and how much work recomputing it costs. It prints as an aligned table, converts to JSON-ready
+dicts and back, and never holds a reference to a graph or a tensor, so it can be saved, diffed
+and handed back later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["Plan", "Segment", "format_bytes"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Segment:
+    """One recompute segment: a contiguous run of graph nodes run under checkpoint."""
+
+    name: str
+    """Attribute name of the segment's submodule in the rewritten graph (``segment_0``)."""
+    nodes: tuple[str, ...]
+    """Names of the captured graph's nodes in the segment, in topological order."""
+    module_paths: tuple[str, ...]
+    """The outermost module paths the segment's nodes came from."""
+    inputs: tuple[str, ...]
+    """Nodes outside the segment it reads; their tensors are what checkpoint keeps."""
+    outputs: tuple[str, ...]
+    """Nodes of the segment read outside it."""
+    saved_bytes: int
+    """Bytes of the tensor inputs kept for backward (parameters and buffers excluded)."""
+    freed_bytes: int
+    """Bytes of tensors the segment creates and does not keep (dropped until recompute)."""
+    recompute_flops: int
+    """FLOPs of running the segment's forward again in backward."""
+    restores: tuple[str, ...]
+    """Buffers the segment writes (BatchNorm statistics); put back after each recompute."""
+    reason: str
+    """Why the segment exists, e.g. ``every=2: units 4-5`` or ``depth=2: layers.3``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Segment":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """All of fxckpt's decisions for one model, mode and input signature."""
+
+    strategy: str
+    """``every``, ``depth``, ``force`` or ``none``."""
+    options: dict[str, Any]
+    """The options the strategy was given (``{"every": 2, "depth": None, "force": {}}``)."""
+    capture: str
+    """How the graph was captured: ``symbolic_trace`` or ``export``."""
+    training: bool
+    """The module mode the graph was captured in."""
+    signature: str
+    """A readable description of the inputs the plan was made for."""
+    segments: tuple[Segment, ...]
+    node_count: int
+    """Nodes of the captured graph that compute something (placeholders and outputs excluded)."""
+    total_flops: int
+    """FLOPs of one forward pass of the unmodified graph."""
+    notes: tuple[str, ...] = ()
+    """Decisions worth telling the user (adjusted cuts, nothing to checkpoint, ...)."""
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes all segments keep for backward."""
+        return sum(s.saved_bytes for s in self.segments)
+
+    @property
+    def recompute_flops(self) -> int:
+        """FLOPs recomputed in one backward pass."""
+        return sum(s.recompute_flops for s in self.segments)
+
+    def segment_of(self, node: str) -> str | None:
+        """The name of the segment that holds ``node``, or ``None``."""
+        for seg in self.segments:
+            if node in seg.nodes:
+                return seg.name
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["segments"] = [s.to_dict() for s in self.segments]
+        d["notes"] = list(self.notes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        d = dict(d)
+        d["segments"] = tuple(Segment.from_dict(s) for s in d["segments"])
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+    def summary(self) -> str:
+        """One line: strategy, segments, saved bytes and recompute overhead."""
+        overhead = self.recompute_flops / self.total_flops if self.total_flops else 0.0
+        return (
+            f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
+            f"keeps {format_bytes(self.saved_bytes)} of segment inputs, recomputes "
+            f"{overhead:.0%} of forward FLOPs ({self.capture}, "
+            f"{'train' if self.training else 'eval'})"
+        )
+
+    def __str__(self) -> str:
+        header = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
+        rows = [
+            (
+                s.name,
+                _shorten(", ".join(s.module_paths) or "-", 40),
+                str(len(s.nodes)),
+                format_bytes(s.saved_bytes),
+                format_bytes(s.freed_bytes),
+                f"{s.recompute_flops:,}",
+                s.reason,
+            )
+            for s in self.segments
+        ]
+        lines = [self.summary()]
+        if rows:
+            widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+            lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+            lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``'1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
