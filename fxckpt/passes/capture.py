@@ -9,7 +9,7 @@ are known, ``torch.export`` (non-strict, training IR) captures the graph instead
 captured per training mode, because both methods bake ``self.training`` into the graph.
 
     model --symbolic_trace--> GraphModule            (no inputs needed)
-          \--export(args)---> GraphModule (aten)     (fallback, needs inputs)
+          `-export(args)----> GraphModule (aten)     (fallback, needs inputs)
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 def lower(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
     """Rewrite ``gm`` in place so every segment of ``plan`` runs under checkpoint; returns ``gm``."""
     nodes = {n.name: n for n in gm.graph.nodes}
+    _placeholders_first(gm.graph)
     for seg in plan.segments:
         try:
             _lower_segment(gm, seg, nodes, plan.training)
@@ -44,6 +45,19 @@ def lower(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
     gm.graph.lint()
     gm.recompile()
     return gm
+
+
+def _placeholders_first(graph: torch.fx.Graph) -> None:
+    """Move placeholders (in their order) before all other nodes, so any input is defined early."""
+    anchor = None
+    for p in [n for n in graph.nodes if n.op == "placeholder"]:
+        first = next(iter(graph.nodes))
+        if anchor is None:
+            if first is not p:
+                first.prepend(p)
+        else:
+            anchor.append(p)
+        anchor = p
 
 
 def _lower_segment(

@@ -6,7 +6,8 @@ runs; the same clean-up then applies to all of them:
 * ``force`` pins win: ``"save"`` nodes leave their segments, ``"recompute"`` nodes form their own.
 * a segment never writes in place to a tensor it did not create (a segment input mutated by the
   first run would be seen mutated by the recompute), so it starts after its last such write;
-* a segment that allocates nothing and computes nothing is dropped.
+* a segment that frees nothing (every tensor it makes is read outside it) is dropped: it would
+  cost a recompute and save no memory.
 
 ``every=N`` counts units of work: nodes with FLOPs (matmuls, convolutions, attention). A segment
 starts at every N-th unit, moved to the nearest point that does not split a view chain, an
@@ -67,8 +68,7 @@ def segment_runs(order: Sequence[torch.fx.Node], config: TransformConfig, notes:
     else:
         runs = []
     runs = _apply_force(order, runs, config.force)
-    runs = [r for r in (_safe_suffix(r) for r in runs) if _does_work(r)]
-    return runs
+    return [r for r in (_safe_suffix(r) for r in runs) if _frees_memory(r)]
 
 
 def _is_guard(n: torch.fx.Node) -> bool:
@@ -173,8 +173,9 @@ def _safe_suffix(run: Run) -> Run:
     return run[last + 1:]
 
 
-def _does_work(run: Run) -> bool:
-    return any(info(n).flops > 0 or info(n).new_bytes > 0 for n in run)
+def _frees_memory(run: Run) -> bool:
+    members = set(run)
+    return any(info(n).new_bytes > 0 and all(u in members for u in n.users) for n in run)
 
 
 def _describe(name: str, run: Run, config: TransformConfig) -> Segment:

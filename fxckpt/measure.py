@@ -1,0 +1,287 @@
+"""Honest memory and time measurement for a training step on a machine without a GPU.
+
+A CPU has no ``torch.cuda.max_memory_allocated``. Two independent measures stand in for it, and
+each checks the other:
+
+* **RSS protocol** (what the operating system saw). glibc keeps small freed blocks in its heap,
+  so resident memory normally never goes down and its high-water mark says little about one step.
+  With ``MALLOC_MMAP_THRESHOLD_=65536`` every allocation of 64 KiB or more gets its own ``mmap``
+  and goes back to the OS when freed, so resident memory follows the tensors. The variable is
+  read once at process start, hence a fresh subprocess per configuration::
+
+      child (MALLOC_MMAP_THRESHOLD_=65536):  import, build, warm up
+          write '5' to /proc/self/clear_refs      # VmHWM := VmRSS
+          before = VmRSS;  step();  peak = VmHWM
+          peak activation = peak - before          # median of several steps
+      child prints its result as JSON on its last stdout line; the parent parses it
+
+* **LiveTensorTracker** (what the tensors held). A ``TorchDispatchMode`` sees every op, in
+  forward and in backward (including checkpoint recomputation), counts the storage each new
+  output owns, and subtracts it when the storage is freed. It is exact, allocator-independent,
+  and blind to allocator overhead, kernel scratch space and Python objects.
+
+Absolute step times on a shared machine are noise; report medians and ratios against a baseline
+measured in the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fxckpt.errors import FxckptError
+
+__all__ = [
+    "LiveTensorTracker",
+    "MeasureError",
+    "MMAP_THRESHOLD",
+    "read_status",
+    "reset_peak_rss",
+    "step_peak_rss",
+    "step_peak_tracked",
+    "time_step",
+    "run_in_subprocess",
+    "calibrate_rss",
+]
+
+log = logging.getLogger(__name__)
+
+MMAP_THRESHOLD = 65536
+"""Bytes from which glibc serves (and returns) each allocation with its own ``mmap``."""
+
+
+class MeasureError(FxckptError, RuntimeError):
+    """A measurement could not be taken (no ``/proc``, or the measuring subprocess failed)."""
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Count the bytes of tensor storages created by ops while active, and their peak, per device.
+
+    A storage is counted once, when an op first returns it, and uncounted when it is freed (even
+    after the tracker has exited). Storages that existed before entering are never counted:
+    an op output that shares a storage with one of the op's inputs is a view or an in-place
+    result, not an allocation. ``ignore`` names more tensors (or modules, for their parameters
+    and buffers) whose storages never count.
+
+        with LiveTensorTracker() as t:
+            loss = model(x).sum(); loss.backward()
+        t.peak_bytes   # most bytes alive at once during the step, beyond what existed before
+    """
+
+    def __init__(self, ignore: Iterable[torch.Tensor | torch.nn.Module] = ()) -> None:
+        super().__init__()
+        self._lock = threading.RLock()
+        self._live: dict[int, tuple[str, int]] = {}
+        self._current: dict[str, int] = {}
+        self._peak: dict[str, int] = {}
+        self._peak_total = 0
+        self._ignored = {id(t.untyped_storage()) for t in _tensors_of(ignore)}
+        self._keep_ignored = [t.untyped_storage() for t in _tensors_of(ignore)]  # ids stay valid
+
+    @property
+    def current_bytes(self) -> int:
+        """Bytes of counted storages alive now, over all devices."""
+        return sum(self._current.values())
+
+    @property
+    def peak_bytes(self) -> int:
+        """Most bytes alive at once since entering or the last :meth:`reset_peak`, over all devices."""
+        return self._peak_total
+
+    @property
+    def current_bytes_by_device(self) -> dict[str, int]:
+        return dict(self._current)
+
+    @property
+    def peak_bytes_by_device(self) -> dict[str, int]:
+        """The peak of each device on its own (the devices may peak at different times)."""
+        return dict(self._peak)
+
+    def reset_peak(self) -> None:
+        """Make the peaks equal to what is alive now."""
+        with self._lock:
+            self._peak = dict(self._current)
+            self._peak_total = self.current_bytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        seen = {id(t.untyped_storage()) for t in _tensor_leaves((args, kwargs))}
+        for t in _tensor_leaves(out):
+            self._count(t, seen)
+        return out
+
+    def _count(self, t: torch.Tensor, seen: set[int]) -> None:
+        if t.device.type == "meta":
+            return
+        storage = t.untyped_storage()
+        key, nbytes = id(storage), storage.nbytes()
+        if key in seen or key in self._ignored:
+            return
+        with self._lock:
+            if key in self._live:
+                return
+            device = str(t.device)
+            self._live[key] = (device, nbytes)
+            self._current[device] = self._current.get(device, 0) + nbytes
+            self._peak[device] = max(self._peak.get(device, 0), self._current[device])
+            self._peak_total = max(self._peak_total, self.current_bytes)
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        with self._lock:
+            device, nbytes = self._live.pop(key)
+            self._current[device] -= nbytes
+
+
+def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def _tensors_of(items: Iterable[torch.Tensor | torch.nn.Module]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, torch.nn.Module):
+            out += list(item.parameters()) + list(item.buffers())
+        elif isinstance(item, torch.Tensor):
+            out.append(item)
+        else:
+            raise TypeError(f"ignore takes tensors and modules (got {type(item).__name__})")
+    return out
+
+
+def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1) -> dict[str, Any]:
+    """Median peak of live tensor bytes of ``fn()``, by :class:`LiveTensorTracker`."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        gc.collect()
+        with LiveTensorTracker() as tracker:
+            fn()
+        samples.append(tracker.peak_bytes)
+    return {"peak_bytes": int(statistics.median(samples)), "samples": samples}
+
+
+def read_status() -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` of this process from ``/proc/self/status``, in bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise MeasureError(f"cannot read /proc/self/status ({e}); the RSS protocol needs Linux") from e
+    status = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            status[key] = int(value.split()[0]) * 1024  # reported in kB
+    return status
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's ``VmHWM`` to its current ``VmRSS`` (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError as e:
+        raise MeasureError(f"cannot reset the RSS peak via /proc/self/clear_refs ({e})") from e
+
+
+def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> dict[str, Any]:
+    """Median peak resident memory added by ``fn()``: ``VmHWM`` during it minus ``VmRSS`` before.
+
+    Honest only in a process started with ``MALLOC_MMAP_THRESHOLD_`` set (see
+    :func:`run_in_subprocess`); without it freed memory is not returned and steps look free.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        log.warning("MALLOC_MMAP_THRESHOLD_ is not set: freed memory stays resident and the RSS "
+                    "peak understates the step; measure through run_in_subprocess")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        gc.collect()
+        reset_peak_rss()
+        before = read_status()["VmRSS"]
+        fn()
+        samples.append(read_status()["VmHWM"] - before)
+    return {"peak_bytes": int(statistics.median(samples)), "samples": samples, "rss_before": before}
+
+
+def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be a positive integer (got {repeats!r})")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_in_subprocess(target: str, kwargs: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+    """Call ``target`` (``"package.module:function"``) with ``kwargs`` in a fresh measuring process.
+
+    The child runs with ``MALLOC_MMAP_THRESHOLD_`` set and this process's ``sys.path``; the
+    function must return a JSON-able dict, which the child prints as its last stdout line.
+    """
+    module, _, function = target.partition(":")
+    if not module or not function:
+        raise ValueError(f"target must look like 'package.module:function' (got {target!r})")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-c", "from fxckpt.measure import _child_main; _child_main()",
+           target, json.dumps(kwargs)]
+    log.debug("measuring %s(%s) in a subprocess", target, kwargs)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise MeasureError(f"measuring {target} failed in its subprocess (exit code "
+                           f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError as e:
+        raise MeasureError(f"{target} must return a JSON-able dict; its subprocess printed "
+                           f"{lines[-1][:200]!r} last") from e
+
+
+def _child_main() -> None:
+    """Entry point of the measuring subprocess: ``argv = [target, json kwargs]``."""
+    import importlib
+
+    target, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    module, _, function = target.partition(":")
+    result = getattr(importlib.import_module(module), function)(**kwargs)
+    sys.stdout.flush()
+    print("\n" + json.dumps(result), flush=True)
+
+
+def calibrate_rss(mib: int = 64) -> dict[str, Any]:
+    """Measure a step that allocates and fills one ``mib`` MiB tensor: checks the RSS protocol.
+
+    Run it through ``run_in_subprocess("fxckpt.measure:calibrate_rss", {"mib": 64})``; its
+    ``peak_bytes`` should be close to ``expected_bytes``.
+    """
+    def step() -> None:
+        t = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+        del t
+
+    result = step_peak_rss(step, warmup=1, repeats=3)
+    result["expected_bytes"] = mib * 2**20
+    return result
