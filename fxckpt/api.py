@@ -41,7 +41,7 @@ def transform(
             f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
             "nn.Module whose forward calls it"
         )
-    config = TransformConfig(every=every, depth=depth, force=dict(force or {})).validate(model)
+    config = TransformConfig(every=every, depth=depth, force=force or {}).validate(model)
     from fxckpt.planner import build  # the passes load only when a transform is made
 
     tm = TransformedModule(model, config, build)

@@ -46,6 +46,11 @@ class TransformConfig:
     def to_dict(self) -> dict:
         return {"every": self.every, "depth": self.depth, "force": dict(self.force)}
 
+    def __post_init__(self) -> None:
+        # Freeze a private copy of force once it is known to be a mapping (validate checks that).
+        if isinstance(self.force, Mapping):
+            object.__setattr__(self, "force", dict(self.force))
+
     def validate(self, model: torch.nn.Module) -> "TransformConfig":
         """Check every option against ``model``; raise :class:`ConfigError` on the first bad one."""
         if self.every is not None and self.depth is not None:

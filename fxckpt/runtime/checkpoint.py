@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -46,12 +46,13 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
         return segment(*inputs)
     call = _SegmentCall(segment)
     return torch_checkpoint.checkpoint(
-        segment,
+        call.run,
         *inputs,
         use_reentrant=False,
         preserve_rng_state=True,
         context_fn=call.contexts,
         determinism_check="default",
+        early_stop=False,  # run the recompute to its end, so run() can compare the outputs
     )
 
 
@@ -60,7 +61,7 @@ checkpoint.__module__ = "fxckpt"
 
 
 class _SegmentCall:
-    """What one checkpointed call needs at recompute time.
+    """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes again).
 
     The buffers a segment writes are named by the planner (``segment._fxckpt_restores``, from
     the ops it saw write them); version counters cannot tell, since kernels such as
@@ -70,25 +71,52 @@ class _SegmentCall:
     def __init__(self, segment: torch.nn.Module) -> None:
         self.segment = segment
         self.name = getattr(segment, "_fxckpt_name", type(segment).__name__)
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.first: list | None = None
 
-    def contexts(self) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-        return contextlib.nullcontext(), self._recompute()
+    def run(self, *inputs: Any) -> Any:
+        out = self.segment(*inputs)
+        meta = _metadata(out)
+        if self.first is None:
+            self.first = meta
+        elif meta != self.first:
+            bad = next(i for i, (a, b) in enumerate(zip(meta + [None], self.first + [None])) if a != b)
+            raise RecomputeMismatchError(
+                f"recomputing {self.name} produced tensors unlike its first run: output {bad} was "
+                f"{_show(self.first, bad)} and is now {_show(meta, bad)}; recomputed code must do the "
+                "same thing twice (no Python state that changes between calls)"
+            )
+        return out
 
-    @contextlib.contextmanager
-    def _recompute(self) -> Iterator[None]:
+    def contexts(self) -> tuple[contextlib.AbstractContextManager, "_SegmentCall"]:
+        return contextlib.nullcontext(), self
+
+    def __enter__(self) -> None:
         log.debug("recomputing %s", self.name)
-        self.written = [self.segment.get_buffer(n) for n in getattr(self.segment, "_fxckpt_restores", ())]
-        saved = [b.detach().clone() for b in self.written]
+        buffers = [self.segment.get_buffer(n) for n in getattr(self.segment, "_fxckpt_restores", ())]
+        self.saved = [(b, b.detach().clone()) for b in buffers]
         _local.depth = getattr(_local, "depth", 0) + 1
-        try:
-            yield
-        except torch_checkpoint.CheckpointError as e:
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
+        _local.depth -= 1
+        with torch.no_grad():
+            for b, value in self.saved:
+                b.copy_(value)
+        self.saved = []
+        if isinstance(error, torch_checkpoint.CheckpointError):
             raise RecomputeMismatchError(
                 f"recomputing {self.name} produced tensors unlike its first run; recomputed code "
-                f"must do the same thing twice (same shapes, dtypes and control flow).\n{e}"
-            ) from e
-        finally:
-            _local.depth -= 1
-            with torch.no_grad():
-                for b, s in zip(self.written, saved):
-                    b.copy_(s)
+                f"must do the same thing twice (same shapes, dtypes and control flow).\n{error}"
+            ) from error
+
+
+def _metadata(out: Any) -> list:
+    leaves = out if isinstance(out, tuple) else (out,)
+    return [(tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t) for t in leaves]
+
+
+def _show(meta: list, i: int) -> str:
+    if i >= len(meta):
+        return "missing"
+    m = meta[i]
+    return f"shape {list(m[0])} {m[1]} on {m[2]}" if isinstance(m, tuple) else m.__name__

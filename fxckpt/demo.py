@@ -1,0 +1,183 @@
+"""``python -m fxckpt demo``: what checkpointing buys on a small GPT, measured, not predicted.
+
+The demo trains one step of a GPT-style model (plain torch: token and position embeddings,
+pre-LayerNorm blocks of causal self-attention and a GELU MLP, dropout) under each strategy and
+reports, against the unmodified model measured in the same run:
+
+* the plan fxckpt chose (one summary line per strategy);
+* peak activation memory of a forward+backward step by the RSS protocol of
+  :mod:`fxckpt.measure` (fresh subprocess per configuration, median of several steps), next to
+  the live-tensor tracker's count as a cross-check;
+* the median step time. Absolute times on a shared machine are noise; the ratios are the point.
+
+    parent ──run_in_subprocess──▶ child: build model, transform, measure ──JSON──▶ table
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+from typing import Any, Optional, TextIO
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GPTConfig", "GPT", "STRATEGIES", "QUICK", "FULL", "measure_strategy", "run_demo", "format_table"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """Size of the demo model and of its batch."""
+
+    layers: int = 8
+    """Transformer blocks (``model.blocks.0`` .. ``model.blocks.{layers-1}``)."""
+    width: int = 256
+    """Embedding width; the MLP is four times wider."""
+    heads: int = 4
+    """Attention heads; must divide ``width``."""
+    vocab: int = 1024
+    """Vocabulary size (tokens are random: the data does not matter for memory or time)."""
+    batch: int = 8
+    """Sequences per step."""
+    seq: int = 128
+    """Tokens per sequence (also the longest sequence the model accepts)."""
+    dropout: float = 0.1
+    """Dropout probability after embeddings, attention weights and each residual branch."""
+
+
+FULL = GPTConfig()
+QUICK = GPTConfig(layers=4, width=128, heads=4, vocab=256, batch=4, seq=64)
+
+STRATEGIES: dict[str, dict[str, Any]] = {"none": {}, "every=2": {"every": 2}, "depth=2": {"depth": 2}}
+"""Demo row name -> keyword arguments of :func:`fxckpt.transform` (``none``: the model itself)."""
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        if cfg.width % cfg.heads:
+            raise ValueError(f"heads must divide width (got width={cfg.width}, heads={cfg.heads})")
+        self.heads, self.width = cfg.heads, cfg.width
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
+        self.proj = nn.Linear(cfg.width, cfg.width)
+        self.attn_drop = nn.Dropout(cfg.dropout)
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t = x.size(0), x.size(1)
+        qkv = self.qkv(x).view(b, t, 3, self.heads, self.width // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.width // self.heads))
+        pos = torch.arange(t, device=x.device)  # built per call: symbolic_trace cannot slice a buffer by t
+        att = att.masked_fill(pos[None, :] > pos[:, None], float("-inf")).softmax(dim=-1)
+        y = self.attn_drop(att) @ v
+        y = y.transpose(1, 2).reshape(b, t, self.width)
+        return self.resid_drop(self.proj(y))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.width)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.width)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.width, 4 * cfg.width), nn.GELU(),
+            nn.Linear(4 * cfg.width, cfg.width), nn.Dropout(cfg.dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A small GPT: ``GPT(cfg)(tokens[batch, seq]) -> logits[batch, seq, vocab]``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.width)
+        self.pos = nn.Embedding(cfg.seq, cfg.width)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.width)
+        self.head = nn.Linear(cfg.width, cfg.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.drop(self.tok(idx) + self.pos(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def measure_strategy(strategy: str, config: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
+    """Build the demo model, apply ``strategy`` and measure one training step (run in a child)."""
+    from fxckpt.api import transform
+    from fxckpt.measure import step_peak_rss, step_peak_tracked, time_step
+
+    cfg = GPTConfig(**config)
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    idx = torch.randint(cfg.vocab, (cfg.batch, cfg.seq))
+    targets = torch.randint(cfg.vocab, (cfg.batch, cfg.seq))
+    run: nn.Module = model
+    summary = "unmodified model (baseline)"
+    if STRATEGIES[strategy]:
+        run = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
+        summary = run.plan.summary()
+
+    def step() -> None:  # gradients accumulate, so they are allocated before the measured steps
+        F.cross_entropy(run(idx).flatten(0, 1), targets.flatten()).backward()
+
+    rss = step_peak_rss(step, warmup=1, repeats=repeats)
+    tracked = step_peak_tracked(step, warmup=0, repeats=1)
+    return {"strategy": strategy, "summary": summary, "rss_bytes": rss["peak_bytes"],
+            "rss_samples": rss["samples"], "tracked_bytes": tracked["peak_bytes"],
+            "seconds": time_step(step, repeats=repeats, warmup=0)}
+
+
+def run_demo(quick: bool = False, repeats: int = 3, out: Optional[TextIO] = None) -> list[dict[str, Any]]:
+    """Measure every strategy in its own subprocess; print plans and the table to ``out``."""
+    from fxckpt.measure import run_in_subprocess
+
+    out = out or sys.stdout
+    cfg = QUICK if quick else FULL
+    print(f"fxckpt demo: GPT with {cfg.layers} layers, width {cfg.width}, batch {cfg.batch} x "
+          f"{cfg.seq} tokens; median of {repeats} steps per measure", file=out, flush=True)
+    rows = []
+    for name in STRATEGIES:
+        kwargs = {"strategy": name, "config": dataclasses.asdict(cfg), "repeats": repeats}
+        rows.append(run_in_subprocess("fxckpt.demo:measure_strategy", kwargs))
+        print(f"  {name:<8} {rows[-1]['summary']}", file=out, flush=True)
+    print(file=out)
+    print(format_table(rows), file=out, flush=True)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """An aligned table of measured rows, each with its ratio to the first (baseline) row."""
+    from fxckpt.plan import format_bytes
+
+    base = rows[0]
+    header = ("strategy", "peak activation (RSS)", "vs none", "tracked tensors", "vs none",
+              "step time", "vs none")
+    table = [header] + [
+        (r["strategy"], format_bytes(r["rss_bytes"]), _ratio(r["rss_bytes"], base["rss_bytes"]),
+         format_bytes(r["tracked_bytes"]), _ratio(r["tracked_bytes"], base["tracked_bytes"]),
+         f"{r['seconds'] * 1000:.0f} ms", _ratio(r["seconds"], base["seconds"]))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in table]
+    return "\n".join(lines)
+
+
+def _ratio(value: float, baseline: float) -> str:
+    return f"{value / baseline:.2f}x" if baseline > 0 else "n/a"
