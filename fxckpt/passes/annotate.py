@@ -100,6 +100,8 @@ def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.Gra
         with torch.random.fork_rng(devices=devices), fake_mode:
             _Annotator(gm, fake_mode).run(*fake_args)
     finally:
+        # Under a user's autocast region, autocast caches casts of parameters: drop the fake ones.
+        torch.clear_autocast_cache()
         with torch.no_grad():
             for b, s in zip(gm.buffers(), saved):
                 b.copy_(s)

@@ -100,6 +100,7 @@ def _preserved_state(model: torch.nn.Module) -> Iterator[None]:
         try:
             yield
         finally:
+            torch.clear_autocast_cache()  # export's fake casts must not reach the real step
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
