@@ -1,0 +1,66 @@
+"""annotate records shapes, bytes, FLOPs, randomness, views, in-place writes and module paths."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from fxckpt.passes import META_KEY, annotate, capture
+from models import ResNet, gpt2
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        v = y.view(4, 2, 4)
+        v.add_(1)
+        return self.drop(v).sum()
+
+
+def _annotated(model: nn.Module, *args: torch.Tensor) -> dict:
+    captured = capture(model, args, {})
+    annotate(captured.gm, captured.graph_args(args, {}))
+    return {n.name: n.meta[META_KEY] for n in captured.gm.graph.nodes if META_KEY in n.meta}
+
+
+def test_linear_view_inplace_dropout() -> None:
+    info = _annotated(Small(), torch.randn(4, 16))
+    fc = info["fc"]
+    assert fc.shapes == ((4, 8),) and fc.dtypes == ("float32",) and fc.nbytes == 4 * 8 * 4
+    assert fc.flops == 2 * 4 * 16 * 8 and fc.module_path == "fc" and not fc.random
+    view = info["view"]
+    assert view.aliases == ("fc",) and view.new_bytes == 0 and view.flops == 0
+    add_ = info["add_"]
+    assert add_.mutates == ("fc",) and add_.aliases == ("fc",)
+    assert info["drop"].random and info["drop"].module_path == "drop"
+    assert info["x"].nbytes == 4 * 16 * 4
+
+
+def test_batchnorm_writes_its_running_statistics() -> None:
+    info = _annotated(ResNet(), torch.randn(2, 3, 8, 8))
+    assert info["stem_1"].writes_buffers == (
+        "stem.1.num_batches_tracked", "stem.1.running_mean", "stem.1.running_var")
+    assert info["stem_0"].flops > 0 and info["stem_0"].writes_buffers == ()
+
+
+def test_export_graph_keeps_module_paths() -> None:
+    info = _annotated(gpt2(layers=2), torch.randint(0, 64, (2, 8)))
+    paths = {i.module_path for i in info.values()}
+    assert {"transformer.h.0.attn", "transformer.h.1.mlp.c_fc", "lm_head"} <= paths
+    assert any(i.random for i in info.values())
+    assert sum(i.flops for i in info.values()) > 0
+
+
+def test_annotate_leaves_rng_and_buffers_alone() -> None:
+    model = ResNet()
+    before = [b.clone() for b in model.buffers()]
+    x = torch.randn(2, 3, 8, 8)
+    state = torch.get_rng_state()
+    _annotated(model, x)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
