@@ -50,6 +50,10 @@ class NodeInfo:
     """Earlier nodes whose tensors this node writes in place."""
     writes_buffers: tuple[str, ...]
     """Buffers (qualified names) the node writes, e.g. BatchNorm running statistics."""
+    saves: tuple[str, ...]
+    """Nodes (this one included) whose tensors autograd keeps for this node's backward."""
+    saves_internal_bytes: int
+    """Bytes autograd keeps for this node that no node outputs (dropout masks, a module's insides)."""
     random: bool
     """The node draws random numbers (dropout, rand*, bernoulli, ...)."""
     flops: int
@@ -147,7 +151,24 @@ class _Annotator(torch.fx.Interpreter):
         # A module's op sees the real buffer (the recorder runs before fake conversion); a get_attr
         # node hands out the memoised fake of it.
         self.buffer_names = {id(b): name for name, b in gm.named_buffers()}
+        self.fake_params = [fake_mode.from_tensor(p) for p in gm.parameters()]
         self.buffer_names.update({id(fake_mode.from_tensor(b)): name for name, b in gm.named_buffers()})
+
+    def _owners(self, tensors: list) -> tuple[list[str], int]:
+        """Nodes owning these saved tensors' storages, and bytes of those no node owns."""
+        names: list[str] = []
+        internal: dict[StorageWeakRef, int] = {}
+        params = {id(p) for p in self.fake_params}
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or id(t) in params or isinstance(t, torch.nn.Parameter):
+                continue
+            key = StorageWeakRef(t.untyped_storage())
+            owner = self.owner.get(key)
+            if owner is None:
+                internal[key] = t.untyped_storage().nbytes()
+            elif owner.op != "get_attr" and owner.name not in names:
+                names.append(owner.name)
+        return names, sum(internal.values())
 
     def get_attr(self, target, args, kwargs):  # type: ignore[override]
         value = super().get_attr(target, args, kwargs)
@@ -157,16 +178,22 @@ class _Annotator(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         recorder = _OpRecorder()
         flops = FlopCounterMode(display=False)
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+
         try:
-            with flops, recorder:
+            with flops, recorder, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = super().run_node(n)
         except Exception as e:
             raise PlanError(f"annotate: running {n.format_node()} on fake tensors failed: {e}") from e
         if n.op != "output":
-            n.meta[META_KEY] = self._describe(n, out, recorder, flops.get_total_flops())
+            n.meta[META_KEY] = self._describe(n, out, recorder, flops.get_total_flops(), saved)
         return out
 
-    def _describe(self, n: torch.fx.Node, out: Any, rec: _OpRecorder, flops: int) -> NodeInfo:
+    def _describe(self, n: torch.fx.Node, out: Any, rec: _OpRecorder, flops: int, saved: list) -> NodeInfo:
         tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         aliases, new_bytes = [], 0
         for t in tensors:
@@ -182,6 +209,7 @@ class _Annotator(torch.fx.Interpreter):
             owner = self.owner.get(StorageWeakRef(t.untyped_storage()))
             if owner is not None and owner is not n and owner.name not in mutates:
                 mutates.append(owner.name)
+        saves, internal = self._owners(saved)
         writes_buffers = sorted({self.buffer_names[id(t)] for t in rec.written if id(t) in self.buffer_names})
         is_state = n.op == "get_attr" and isinstance(out, torch.Tensor)
         return NodeInfo(
@@ -194,6 +222,8 @@ class _Annotator(torch.fx.Interpreter):
             aliases=tuple(aliases),
             mutates=tuple(mutates),
             writes_buffers=tuple(writes_buffers),
+            saves=tuple(saves),
+            saves_internal_bytes=internal,
             random=rec.random,
             flops=int(flops),
             is_tensor=bool(tensors),

@@ -64,3 +64,11 @@ def test_annotate_leaves_rng_and_buffers_alone() -> None:
     _annotated(model, x)
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
+
+
+def test_records_what_autograd_saves() -> None:
+    info = _annotated(Small(), torch.randn(4, 16, requires_grad=True))
+    assert info["fc"].saves == ("x",)  # addmm keeps its input (and the weight, a parameter)
+    assert info["view"].saves == ()
+    assert info["drop"].saves == () and info["drop"].saves_internal_bytes == 32 * 4  # its mask (float on CPU)
+    assert info["fc"].saves_internal_bytes == 0
