@@ -151,18 +151,19 @@ class _Annotator(torch.fx.Interpreter):
         # A module's op sees the real buffer (the recorder runs before fake conversion); a get_attr
         # node hands out the memoised fake of it.
         self.buffer_names = {id(b): name for name, b in gm.named_buffers()}
-        self.fake_params = [fake_mode.from_tensor(p) for p in gm.parameters()]
+        self.param_storages = {StorageWeakRef(fake_mode.from_tensor(p).untyped_storage()) for p in gm.parameters()}
         self.buffer_names.update({id(fake_mode.from_tensor(b)): name for name, b in gm.named_buffers()})
 
     def _owners(self, tensors: list) -> tuple[list[str], int]:
         """Nodes owning these saved tensors' storages, and bytes of those no node owns."""
         names: list[str] = []
         internal: dict[StorageWeakRef, int] = {}
-        params = {id(p) for p in self.fake_params}
         for t in tensors:
-            if not isinstance(t, torch.Tensor) or id(t) in params or isinstance(t, torch.nn.Parameter):
+            if not isinstance(t, torch.Tensor):
                 continue
             key = StorageWeakRef(t.untyped_storage())
+            if key in self.param_storages:
+                continue
             owner = self.owner.get(key)
             if owner is None:
                 internal[key] = t.untyped_storage().nbytes()
