@@ -150,9 +150,13 @@ class _Annotator(torch.fx.Interpreter):
         self.owner: dict[StorageWeakRef, torch.fx.Node] = {}
         # A module's op sees the real buffer (the recorder runs before fake conversion); a get_attr
         # node hands out the memoised fake of it.
+        # The fakes are kept alive here: the converter memoises them only while they live.
+        state = {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
+        self.fakes = {name: fake_mode.from_tensor(t) for name, t in state.items()}
         self.buffer_names = {id(b): name for name, b in gm.named_buffers()}
-        self.param_storages = {StorageWeakRef(fake_mode.from_tensor(p).untyped_storage()) for p in gm.parameters()}
-        self.buffer_names.update({id(fake_mode.from_tensor(b)): name for name, b in gm.named_buffers()})
+        self.buffer_names.update({id(self.fakes[name]): name for name, _ in gm.named_buffers() if name in self.fakes})
+        self.param_storages = {StorageWeakRef(self.fakes[name].untyped_storage())
+                               for name, _ in gm.named_parameters() if name in self.fakes}
 
     def _owners(self, tensors: list) -> tuple[list[str], int]:
         """Nodes owning these saved tensors' storages, and bytes of those no node owns."""
