@@ -1,0 +1,56 @@
+"""budget= accepts fractions, bytes and sizes with units, and rejects everything else clearly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fxckpt.budget import Budget, parse_budget
+from fxckpt.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (0.4, Budget(fraction=0.4)),
+        (1.0, Budget(fraction=1.0)),
+        (1024, Budget(bytes=1024)),
+        ("800MB", Budget(bytes=800_000_000)),
+        ("1.5GiB", Budget(bytes=int(1.5 * 2**30))),
+        ("512 KiB", Budget(bytes=512 * 1024)),
+        ("2g", Budget(bytes=2 * 2**30)),
+        ("4096", Budget(bytes=4096)),
+    ],
+)
+def test_accepted(value: object, expected: Budget) -> None:
+    assert parse_budget(value) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        (0, "a byte count must be positive"),
+        (-5, "a byte count must be positive"),
+        (0.0, "a float budget is a fraction of the eager peak, in (0, 1]"),
+        (-0.5, "a float budget is a fraction of the eager peak, in (0, 1]"),
+        (1.5, "a float budget is a fraction of the eager peak, in (0, 1]"),
+        (math.nan, "a float budget is a fraction of the eager peak, in (0, 1]"),
+        ("12 parsecs", "cannot read it as a number with a unit"),
+        ("-3GB", "a size must be positive"),
+        ("GB", "cannot read it as a number with a unit"),
+        (True, "a bool is not a budget"),
+        ([1], "a list is not a budget"),
+    ],
+)
+def test_rejected_with_the_value_and_the_accepted_forms(value: object, why: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_budget(value)  # type: ignore[arg-type]
+    text = str(e.value)
+    assert f"budget={value!r} is not valid: {why}" in text
+    assert "'1.5GiB'" in text and "(0, 1]" in text
+
+
+def test_fraction_resolves_against_the_eager_peak() -> None:
+    assert parse_budget(0.25).resolve(1000) == 250
+    assert parse_budget("1KiB").resolve(10**9) == 1024
