@@ -13,6 +13,7 @@ from typing import Literal, Mapping, Optional
 
 import torch
 
+from fxckpt.budget import Budget
 from fxckpt.errors import ConfigError
 
 __all__ = ["TransformConfig", "FORCE_MODES"]
@@ -34,6 +35,9 @@ class TransformConfig:
     force: Mapping[str, ForceMode] = dataclasses.field(default_factory=dict)
     """Module paths pinned to ``"recompute"`` (own segment) or ``"save"`` (never recomputed)."""
 
+    budget: Optional[Budget] = None
+    """Bound on the peak activation memory of a training step; the solver picks segments."""
+
     @property
     def strategy(self) -> str:
         """The name of the chosen strategy: ``every``, ``depth``, ``force`` or ``none``."""
@@ -41,10 +45,13 @@ class TransformConfig:
             return "every"
         if self.depth is not None:
             return "depth"
+        if self.budget is not None:
+            return "budget"
         return "force" if self.force else "none"
 
     def to_dict(self) -> dict:
-        return {"every": self.every, "depth": self.depth, "force": dict(self.force)}
+        budget = None if self.budget is None else dataclasses.asdict(self.budget)
+        return {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
 
     def __post_init__(self) -> None:
         # Freeze a private copy of force once it is known to be a mapping (validate checks that).
@@ -53,11 +60,11 @@ class TransformConfig:
 
     def validate(self, model: torch.nn.Module) -> "TransformConfig":
         """Check every option against ``model``; raise :class:`ConfigError` on the first bad one."""
-        if self.every is not None and self.depth is not None:
-            raise ConfigError(
-                f"give at most one strategy, got every={self.every!r} and depth={self.depth!r}; "
-                "choose one of them"
-            )
+        given = {k: v for k, v in (("every", self.every), ("depth", self.depth),
+                                   ("budget", self.budget)) if v is not None}
+        if len(given) > 1:
+            shown = " and ".join(f"{k}={_show(v)}" for k, v in given.items())
+            raise ConfigError(f"give at most one strategy, got {shown}; choose one of them")
         if self.every is not None:
             _check_positive_int("every", self.every)
         if self.depth is not None:
@@ -71,6 +78,10 @@ class TransformConfig:
                 )
         _check_force(self.force, model)
         return self
+
+
+def _show(value: object) -> str:
+    return str(value) if isinstance(value, Budget) else repr(value)
 
 
 def _depth(path: str) -> int:

@@ -70,6 +70,14 @@ class Plan:
     """FLOPs of one forward pass of the unmodified graph."""
     notes: tuple[str, ...] = ()
     """Decisions worth telling the user (adjusted cuts, nothing to checkpoint, ...)."""
+    eager_peak: int | None = None
+    """Predicted peak activation memory of a training step of the unmodified graph (bytes)."""
+    predicted_peak: int | None = None
+    """Predicted peak activation memory of a training step with this plan (bytes)."""
+    predicted_recompute: float | None = None
+    """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops)."""
+    budget: int | None = None
+    """The budget the plan was solved for (bytes), if any."""
 
     @property
     def saved_bytes(self) -> int:
@@ -102,18 +110,49 @@ class Plan:
         return cls(**d)
 
     def summary(self) -> str:
-        """One line: strategy, segments, saved bytes and recompute overhead."""
+        """One line: strategy, segments, saved bytes, recompute overhead, predicted peak."""
         overhead = self.recompute_flops / self.total_flops if self.total_flops else 0.0
+        peak = ""
+        if self.predicted_peak is not None and self.eager_peak:
+            peak = (f", predicted peak {format_bytes(self.predicted_peak)} "
+                    f"({self.predicted_peak / self.eager_peak:.0%} of eager)")
+        if self.budget is not None:
+            peak += f" under a budget of {format_bytes(self.budget)}"
         return (
             f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
             f"keeps {format_bytes(self.saved_bytes)} of segment inputs, recomputes "
-            f"{overhead:.0%} of forward FLOPs ({self.capture}, "
+            f"{overhead:.0%} of forward FLOPs{peak} ({self.capture}, "
             f"{'train' if self.training else 'eval'})"
         )
 
-    def __str__(self) -> str:
-        header = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
-        rows = [
+    def diff(self, other: "Plan") -> str:
+        """What changed from this plan to ``other``: segments added, removed, resized; totals."""
+        mine = {s.nodes: s for s in self.segments}
+        theirs = {s.nodes: s for s in other.segments}
+        lines = [f"- {s.name}: {', '.join(s.module_paths)} ({len(s.nodes)} nodes)"
+                 for k, s in mine.items() if k not in theirs]
+        lines += [f"+ {s.name}: {', '.join(s.module_paths)} ({len(s.nodes)} nodes)"
+                  for k, s in theirs.items() if k not in mine]
+        for label, a, b in (("segments", len(self.segments), len(other.segments)),
+                            ("kept bytes", format_bytes(self.saved_bytes), format_bytes(other.saved_bytes)),
+                            ("recompute FLOPs", f"{self.recompute_flops:,}", f"{other.recompute_flops:,}"),
+                            ("predicted peak", _opt_bytes(self.predicted_peak), _opt_bytes(other.predicted_peak))):
+            if a != b:
+                lines.append(f"  {label}: {a} -> {b}")
+        return "\n".join(lines) if lines else "the plans are the same"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        head = "".join(f"<th>{h}</th>" for h in _HEADER)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self._rows())
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
+        return (f"<div><p><b>fxckpt plan</b>: {html.escape(self.summary())}</p>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                f"{'<ul>' + notes + '</ul>' if notes else ''}</div>")
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        return [
             (
                 s.name,
                 _shorten(", ".join(s.module_paths) or "-", 40),
@@ -125,6 +164,9 @@ class Plan:
             )
             for s in self.segments
         ]
+
+    def __str__(self) -> str:
+        header, rows = _HEADER, self._rows()
         lines = [self.summary()]
         if rows:
             widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
@@ -132,6 +174,13 @@ class Plan:
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+_HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
+
+
+def _opt_bytes(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
 
 
 def format_bytes(n: float) -> str:

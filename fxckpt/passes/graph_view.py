@@ -1,0 +1,97 @@
+"""The one bridge from ``torch.fx`` to plain data: a networkx view and the solver's Problem.
+
+The solvers never see fx. This module reads the annotated graph (``node.meta["fxckpt"]``) once
+and produces
+
+* ``to_networkx(gm)``: a ``networkx.DiGraph`` of compute nodes and graph inputs, with edges for
+  data flow and node attributes for bytes, cost, saved tensors and module path;
+* ``to_problem(graph)``: the solver's :class:`~fxckpt.solver.problem.Problem`, one ``Op`` per
+  compute node in the fx order (a topological order).
+
+Two modelling choices live here:
+
+* **cost** of an op is ``max(FLOPs, output bytes)`` — matmuls and convolutions are counted by
+  their FLOPs, and memory-bound ops (elementwise, softmax, norms) by the bytes they write, so
+  recomputing a GELU is cheap but not free;
+* tensors autograd keeps that no node outputs (dropout masks, a leaf module's insides) become a
+  synthetic op ``<node>::saved`` just before the node, read and saved only by it.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import torch.fx
+
+from fxckpt.passes.annotate import compute_nodes, info
+from fxckpt.solver.problem import Op, Problem
+
+__all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC"]
+
+SYNTHETIC = "::saved"
+
+
+def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
+    """Compute nodes (in fx order) and graph inputs, with data-flow edges and cost attributes."""
+    graph = nx.DiGraph()
+    order = [n for n in compute_nodes(gm.graph) if not (n.op == "call_module" and n.target == "_guards_fn")]
+    members = set(order)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            graph.add_node(n.name, kind="input", out_bytes=0, cost=0.0, saves=(), internal=0)
+    for position, n in enumerate(order):
+        i = info(n)
+        graph.add_node(
+            n.name, kind="op", position=position, out_bytes=i.new_bytes,
+            cost=float(max(i.flops, i.nbytes)), saves=tuple(_root(gm, s) for s in i.saves),
+            internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
+            module_path=i.module_path,
+        )
+        for a in n.all_input_nodes:
+            if a in members or a.op == "placeholder":
+                graph.add_edge(_root(gm, a.name), n.name)
+    graph.graph["outputs"] = tuple(dict.fromkeys(
+        _root(gm, a.name) for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes if a in members
+    ))
+    return graph
+
+
+def _floating(dtypes: tuple[str, ...]) -> bool:
+    return any(d.startswith(("float", "bfloat", "complex")) for d in dtypes)
+
+
+def _root(gm: torch.fx.GraphModule, name: str) -> str:
+    """The node owning the storage of ``name``'s output (itself unless it is a view/alias)."""
+    node = _node(gm, name)
+    if node is None or "fxckpt" not in node.meta:
+        return name
+    aliases = info(node).aliases
+    return aliases[0] if aliases and info(node).new_bytes == 0 else name
+
+
+def _node(gm: torch.fx.GraphModule, name: str) -> torch.fx.Node | None:
+    cache = gm.__dict__.setdefault("_fxckpt_nodes", {})
+    if not cache:
+        cache.update({n.name: n for n in gm.graph.nodes})
+    return cache.get(name)
+
+
+def to_problem(graph: nx.DiGraph) -> Problem:
+    """The solver's Problem from a :func:`to_networkx` view."""
+    ops: list[Op] = []
+    ops_in_order = sorted((n for n, d in graph.nodes(data=True) if d["kind"] == "op"),
+                          key=lambda n: graph.nodes[n]["position"])
+    for name in ops_in_order:
+        d = graph.nodes[name]
+        saves = tuple(s for s in d["saves"] if s in graph)
+        if d["internal"]:
+            ops.append(Op(name=name + SYNTHETIC, out_bytes=d["internal"], cost=0.0, grad_bytes=0))
+            saves = saves + (name + SYNTHETIC,)
+        inputs = tuple(dict.fromkeys(p for p in graph.predecessors(name) if p != name))
+        ops.append(Op(name=name, out_bytes=d["out_bytes"], cost=d["cost"], inputs=inputs,
+                      saves=tuple(dict.fromkeys(saves)), grad_bytes=d["grad"]))
+    return Problem(ops=tuple(ops), outputs=graph.graph["outputs"])
+
+
+def problem_of(gm: torch.fx.GraphModule) -> Problem:
+    """``to_problem(to_networkx(gm))``."""
+    return to_problem(to_networkx(gm))
