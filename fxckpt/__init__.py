@@ -5,7 +5,8 @@
     print(tm.plan); print(tm.code)
 """
 
-from fxckpt.api import transform
+from fxckpt.api import pareto, transform
+from fxckpt.budget import BudgetInfeasibleError
 from fxckpt.config import TransformConfig
 from fxckpt.errors import (
     CaptureError,
@@ -13,7 +14,6 @@ from fxckpt.errors import (
     FxckptError,
     NotPlannedError,
     PlanError,
-    RecomputeMismatchError,
 )
 from fxckpt.module import TransformedModule
 from fxckpt.plan import Plan, Segment
@@ -23,6 +23,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "transform",
+    "pareto",
+    "BudgetInfeasibleError",
     "checkpoint",
     "TransformConfig",
     "TransformedModule",
@@ -33,5 +35,4 @@ __all__ = [
     "CaptureError",
     "PlanError",
     "NotPlannedError",
-    "RecomputeMismatchError",
 ]

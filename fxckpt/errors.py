@@ -14,7 +14,6 @@ __all__ = [
     "CaptureError",
     "PlanError",
     "NotPlannedError",
-    "RecomputeMismatchError",
 ]
 
 
@@ -36,7 +35,3 @@ class PlanError(FxckptError, RuntimeError):
 
 class NotPlannedError(FxckptError, RuntimeError):
     """The transformed module has not planned yet (no call and no ``example_inputs``)."""
-
-
-class RecomputeMismatchError(FxckptError, RuntimeError):
-    """A segment's recomputation produced tensors unlike those of its first run."""

@@ -9,8 +9,8 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
 
 * buffers written by the first run (BatchNorm ``running_mean``/``running_var``/
   ``num_batches_tracked``) are put back after the recompute, so a training step updates them once;
-* a recompute whose tensors differ from the first run raises
-  :class:`~fxckpt.errors.RecomputeMismatchError` naming the segment;
+* a recompute whose saved tensors differ from the first run's (shape, dtype, device) raises
+  PyTorch's ``CheckpointError``, whose metadata names the segment and the tensor position;
 * in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead.
 
     forward:   inputs --segment (no grad, nothing kept)--> outputs        [keeps: inputs]
@@ -19,7 +19,6 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from typing import Any
@@ -27,7 +26,6 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from fxckpt.errors import RecomputeMismatchError
 
 __all__ = ["checkpoint", "is_recomputing"]
 
@@ -40,24 +38,51 @@ def is_recomputing() -> bool:
     return getattr(_local, "depth", 0) > 0
 
 
+def _metadata(x: torch.Tensor) -> dict[str, Any]:
+    """What torch's recompute check compares; the segment's name makes a mismatch say where."""
+    return {"segment": getattr(_local, "segment", None), "shape": x.shape, "dtype": x.dtype, "device": x.device}
+
+
+# torch keeps its determinism checks in a private table; fall back to its default if it moves.
+_CHECKS = getattr(torch_checkpoint, "_allowed_determinism_checks_to_fns", None)
+if isinstance(_CHECKS, dict):
+    _CHECKS.setdefault("fxckpt", _metadata)
+    _DETERMINISM = "fxckpt"
+else:  # pragma: no cover - other torch versions
+    _DETERMINISM = "default"
+
+
 def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     """Run ``segment(*inputs)`` and recompute it in backward instead of keeping its activations."""
     if not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
     call = _SegmentCall(segment)
     return torch_checkpoint.checkpoint(
-        call.run,
+        segment,
         *inputs,
         use_reentrant=False,
         preserve_rng_state=True,
         context_fn=call.contexts,
-        determinism_check="default",
-        early_stop=False,  # run the recompute to its end, so run() can compare the outputs
+        determinism_check=_DETERMINISM,
     )
 
 
 # Generated code reads `fxckpt_checkpoint(segment_0, x)`; `fxckpt.checkpoint` is the public name.
 checkpoint.__module__ = "fxckpt"
+
+
+class _Named:
+    """Names the segment whose tensors are being saved, for the recompute check's messages."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_local, "segment", None)
+        _local.segment = self.name
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.segment = self.outer
 
 
 class _SegmentCall:
@@ -72,51 +97,22 @@ class _SegmentCall:
         self.segment = segment
         self.name = getattr(segment, "_fxckpt_name", type(segment).__name__)
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.first: list | None = None
+        self.named = _Named(self.name)
 
-    def run(self, *inputs: Any) -> Any:
-        out = self.segment(*inputs)
-        meta = _metadata(out)
-        if self.first is None:
-            self.first = meta
-        elif meta != self.first:
-            bad = next(i for i, (a, b) in enumerate(zip(meta + [None], self.first + [None])) if a != b)
-            raise RecomputeMismatchError(
-                f"recomputing {self.name} produced tensors unlike its first run: output {bad} was "
-                f"{_show(self.first, bad)} and is now {_show(meta, bad)}; recomputed code must do the "
-                "same thing twice (no Python state that changes between calls)"
-            )
-        return out
-
-    def contexts(self) -> tuple[contextlib.AbstractContextManager, "_SegmentCall"]:
-        return contextlib.nullcontext(), self
+    def contexts(self) -> tuple[_Named, "_SegmentCall"]:
+        return self.named, self
 
     def __enter__(self) -> None:
         log.debug("recomputing %s", self.name)
         buffers = [self.segment.get_buffer(n) for n in getattr(self.segment, "_fxckpt_restores", ())]
         self.saved = [(b, b.detach().clone()) for b in buffers]
         _local.depth = getattr(_local, "depth", 0) + 1
+        # Left set on exit: torch compares the recomputed tensors' metadata right after this.
+        _local.segment = self.name
 
-    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
+    def __exit__(self, *exc: Any) -> None:
         _local.depth -= 1
         with torch.no_grad():
             for b, value in self.saved:
                 b.copy_(value)
         self.saved = []
-        if isinstance(error, torch_checkpoint.CheckpointError):
-            raise RecomputeMismatchError(
-                f"recomputing {self.name} produced tensors unlike its first run; recomputed code "
-                f"must do the same thing twice (same shapes, dtypes and control flow).\n{error}"
-            ) from error
-
-
-def _metadata(out: Any) -> list:
-    leaves = out if isinstance(out, tuple) else (out,)
-    return [(tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t) for t in leaves]
-
-
-def _show(meta: list, i: int) -> str:
-    if i >= len(meta):
-        return "missing"
-    m = meta[i]
-    return f"shape {list(m[0])} {m[1]} on {m[2]}" if isinstance(m, tuple) else m.__name__
