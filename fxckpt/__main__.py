@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quick", action="store_true", help="a smaller model (a few seconds per strategy)")
     demo.add_argument("--repeats", type=_positive_int, default=3, help="steps per median (default: 3)")
+    demo.add_argument("--threads", type=_positive_int, default=1,
+                      help="torch threads for timing steps (default: 1, steady on a shared machine; "
+                           "memory is always measured with 1)")
+    demo.add_argument("--jobs", type=_positive_int, default=1,
+                      help="memory-measuring processes run at once (default: 1)")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -43,7 +48,7 @@ def _positive_int(text: str) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from fxckpt.demo import run_demo
 
-    run_demo(quick=args.quick, repeats=args.repeats)
+    run_demo(quick=args.quick, repeats=args.repeats, threads=args.threads, jobs=args.jobs)
     return 0
 
 
@@ -51,7 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``fxckpt`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    return args.run(args)
+    return int(args.run(args))
 
 
 if __name__ == "__main__":

@@ -15,17 +15,22 @@ reports, against the unmodified model measured in the same run:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
+import statistics
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPTConfig", "GPT", "STRATEGIES", "QUICK", "FULL", "measure_strategy", "run_demo", "format_table"]
+__all__ = [
+    "GPTConfig", "GPT", "STRATEGIES", "QUICK", "FULL",
+    "measure_memory", "measure_times", "run_demo", "format_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,45 +121,90 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def measure_strategy(strategy: str, config: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
-    """Build the demo model, apply ``strategy`` and measure one training step (run in a child)."""
-    from fxckpt.api import transform
-    from fxckpt.measure import step_peak_rss, step_peak_tracked, time_step
-
+def _setup(config: dict[str, Any], threads: Optional[int]) -> tuple[GPT, torch.Tensor, torch.Tensor]:
+    if threads is not None:
+        torch.set_num_threads(threads)
     cfg = GPTConfig(**config)
     torch.manual_seed(0)
-    model = GPT(cfg).train()
     idx = torch.randint(cfg.vocab, (cfg.batch, cfg.seq))
-    targets = torch.randint(cfg.vocab, (cfg.batch, cfg.seq))
+    return GPT(cfg).train(), idx, torch.randint(cfg.vocab, (cfg.batch, cfg.seq))
+
+
+def _step_for(
+    strategy: str, model: GPT, idx: torch.Tensor, targets: torch.Tensor
+) -> tuple[Callable[[], None], str]:
+    """A training step (forward, loss, backward) under ``strategy``, and the plan's summary."""
+    from fxckpt.api import transform
+
     run: nn.Module = model
     summary = "unmodified model (baseline)"
     if STRATEGIES[strategy]:
         run = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
         summary = run.plan.summary()
 
-    def step() -> None:  # gradients accumulate, so they are allocated before the measured steps
+    def step() -> None:  # gradients accumulate: allocated in warm-up, not part of the step's peak
         F.cross_entropy(run(idx).flatten(0, 1), targets.flatten()).backward()
 
+    return step, summary
+
+
+def measure_memory(strategy: str, config: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
+    """Peak activation memory of one step under ``strategy`` (run with the mmap threshold set).
+
+    One thread: with every freed tensor an ``munmap``, two-thread steps ran several times slower
+    here (TLB shoot-downs across cores, most likely); the tensors are the same either way.
+    """
+    from fxckpt.measure import step_peak_rss, step_peak_tracked
+
+    step, summary = _step_for(strategy, *_setup(config, threads=1))
     rss = step_peak_rss(step, warmup=1, repeats=repeats)
     tracked = step_peak_tracked(step, warmup=0, repeats=1)
     return {"strategy": strategy, "summary": summary, "rss_bytes": rss["peak_bytes"],
-            "rss_samples": rss["samples"], "tracked_bytes": tracked["peak_bytes"],
-            "seconds": time_step(step, repeats=repeats, warmup=0)}
+            "rss_samples": rss["samples"], "tracked_bytes": tracked["peak_bytes"]}
 
 
-def run_demo(quick: bool = False, repeats: int = 3, out: Optional[TextIO] = None) -> list[dict[str, Any]]:
-    """Measure every strategy in its own subprocess; print plans and the table to ``out``."""
+def measure_times(strategies: list[str], config: dict[str, Any], repeats: int = 3,
+                  threads: Optional[int] = None) -> dict[str, float]:
+    """Median step seconds per strategy, in one process, taking turns so load hits all alike."""
+    from fxckpt.measure import time_step
+
+    model, idx, targets = _setup(config, threads)
+    steps = {name: _step_for(name, model, idx, targets)[0] for name in strategies}
+    samples: dict[str, list[float]] = {name: [] for name in strategies}
+    for step in steps.values():
+        step()  # warm-up
+    for _ in range(repeats):
+        for name, step in steps.items():
+            samples[name].append(time_step(step, repeats=1, warmup=0))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, jobs: int = 1,
+             out: Optional[TextIO] = None) -> list[dict[str, Any]]:
+    """Measure every strategy and print plans and the table to ``out``; returns the rows.
+
+    Memory is measured in one subprocess per strategy, ``jobs`` of them at once (each process's
+    RSS is its own, so running them side by side changes no number); times in one more
+    subprocess afterwards, alone, with the default allocator and ``threads`` torch threads
+    (``None``: torch's choice). One thread is the default because on a shared machine a second
+    process makes multi-threaded steps stall at every barrier, and the ratios become noise.
+    """
     from fxckpt.measure import run_in_subprocess
 
     out = out or sys.stdout
     cfg = QUICK if quick else FULL
     print(f"fxckpt demo: GPT with {cfg.layers} layers, width {cfg.width}, batch {cfg.batch} x "
-          f"{cfg.seq} tokens; median of {repeats} steps per measure", file=out, flush=True)
-    rows = []
-    for name in STRATEGIES:
-        kwargs = {"strategy": name, "config": dataclasses.asdict(cfg), "repeats": repeats}
-        rows.append(run_in_subprocess("fxckpt.demo:measure_strategy", kwargs))
-        print(f"  {name:<8} {rows[-1]['summary']}", file=out, flush=True)
+          f"{cfg.seq} tokens; medians of {repeats} steps", file=out, flush=True)
+    common = {"config": dataclasses.asdict(cfg), "repeats": repeats}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        rows = list(pool.map(lambda name: run_in_subprocess(
+            "fxckpt.demo:measure_memory", {"strategy": name, **common}), STRATEGIES))
+    for row in rows:
+        print(f"  {row['strategy']:<8} {row['summary']}", file=out)
+    times = run_in_subprocess("fxckpt.demo:measure_times",
+                              {"strategies": list(STRATEGIES), "threads": threads, **common}, mmap_threshold=None)
+    for row in rows:
+        row["seconds"] = times[row["strategy"]]
     print(file=out)
     print(format_table(rows), file=out, flush=True)
     return rows

@@ -20,8 +20,9 @@ each checks the other:
   output owns, and subtracts it when the storage is freed. It is exact, allocator-independent,
   and blind to allocator overhead, kernel scratch space and Python objects.
 
-Absolute step times on a shared machine are noise; report medians and ratios against a baseline
-measured in the same run.
+Time steps in a process *without* the variable: an ``mmap`` per tensor makes every step fault its
+pages in again (1.6x slower with one thread here, several times slower with two). Absolute step times on a shared machine are noise; report
+medians and ratios against a baseline measured in the same run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -71,25 +72,25 @@ class LiveTensorTracker(TorchDispatchMode):
     """Count the bytes of tensor storages created by ops while active, and their peak, per device.
 
     A storage is counted once, when an op first returns it, and uncounted when it is freed (even
-    after the tracker has exited). Storages that existed before entering are never counted:
-    an op output that shares a storage with one of the op's inputs is a view or an in-place
-    result, not an allocation. ``ignore`` names more tensors (or modules, for their parameters
-    and buffers) whose storages never count.
+    after the tracker has exited). Storages that existed before entering (parameters, inputs,
+    gradients being accumulated into) are never counted, with no list to keep: an op output
+    that shares a storage with one of the op's inputs is a view or an in-place result, not an
+    allocation, so only storages an op allocates while the tracker is active count.
 
         with LiveTensorTracker() as t:
             loss = model(x).sum(); loss.backward()
         t.peak_bytes   # most bytes alive at once during the step, beyond what existed before
     """
 
-    def __init__(self, ignore: Iterable[torch.Tensor | torch.nn.Module] = ()) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._lock = threading.RLock()
         self._live: dict[int, tuple[str, int]] = {}
         self._current: dict[str, int] = {}
         self._peak: dict[str, int] = {}
         self._peak_total = 0
-        self._ignored = {id(t.untyped_storage()) for t in _tensors_of(ignore)}
-        self._keep_ignored = [t.untyped_storage() for t in _tensors_of(ignore)]  # ids stay valid
+        self.allocated_bytes = 0
+        """Bytes of all storages counted since entering, freed or not (work done, not memory held)."""
 
     @property
     def current_bytes(self) -> int:
@@ -116,30 +117,29 @@ class LiveTensorTracker(TorchDispatchMode):
             self._peak = dict(self._current)
             self._peak_total = self.current_bytes
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        seen = {id(t.untyped_storage()) for t in _tensor_leaves((args, kwargs))}
+        seen = {id(s) for s in map(_storage_of, _tensor_leaves((args, kwargs))) if s is not None}
         for t in _tensor_leaves(out):
-            self._count(t, seen)
+            storage = _storage_of(t)
+            if storage is not None and id(storage) not in seen:
+                self._count(storage, str(t.device))
         return out
 
-    def _count(self, t: torch.Tensor, seen: set[int]) -> None:
-        if t.device.type == "meta":
-            return
-        storage = t.untyped_storage()
+    def _count(self, storage: torch.UntypedStorage, device: str) -> None:
         key, nbytes = id(storage), storage.nbytes()
-        if key in seen or key in self._ignored:
-            return
         with self._lock:
             if key in self._live:
                 return
-            device = str(t.device)
             self._live[key] = (device, nbytes)
+            self.allocated_bytes += nbytes
             self._current[device] = self._current.get(device, 0) + nbytes
             self._peak[device] = max(self._peak.get(device, 0), self._current[device])
             self._peak_total = max(self._peak_total, self.current_bytes)
-        weakref.finalize(storage, self._freed, key)
+        weakref.finalize(storage, self._freed, key).atexit = False
 
     def _freed(self, key: int) -> None:
         with self._lock:
@@ -151,20 +151,20 @@ def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
     return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-def _tensors_of(items: Iterable[torch.Tensor | torch.nn.Module]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for item in items:
-        if isinstance(item, torch.nn.Module):
-            out += list(item.parameters()) + list(item.buffers())
-        elif isinstance(item, torch.Tensor):
-            out.append(item)
-        else:
-            raise TypeError(f"ignore takes tensors and modules (got {type(item).__name__})")
-    return out
+def _storage_of(t: torch.Tensor) -> Optional[torch.UntypedStorage]:
+    """The storage holding ``t``'s memory; ``None`` for meta and fake tensors and storage-less layouts."""
+    if t.layout != torch.strided:
+        return None
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # wrapper subclasses without a storage of their own
+        return None
+    return None if storage.device.type == "meta" else storage
 
 
 def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1) -> dict[str, Any]:
     """Median peak of live tensor bytes of ``fn()``, by :class:`LiveTensorTracker`."""
+    _check_repeats(repeats)
     for _ in range(warmup):
         fn()
     samples = []
@@ -191,13 +191,18 @@ def read_status() -> dict[str, int]:
     return status
 
 
-def reset_peak_rss() -> None:
-    """Reset this process's ``VmHWM`` to its current ``VmRSS`` (Linux >= 4.0)."""
+def reset_peak_rss() -> int:
+    """Reset this process's ``VmHWM`` to its current ``VmRSS`` (Linux >= 4.0); returns ``VmRSS``."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError as e:
         raise MeasureError(f"cannot reset the RSS peak via /proc/self/clear_refs ({e})") from e
+    status = read_status()
+    if status["VmHWM"] > status["VmRSS"] + 2**20:
+        raise MeasureError(f"writing '5' to /proc/self/clear_refs did not reset VmHWM "
+                           f"({status['VmHWM']} bytes, VmRSS {status['VmRSS']}); this kernel is too old")
+    return status["VmRSS"]
 
 
 def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> dict[str, Any]:
@@ -206,6 +211,7 @@ def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> d
     Honest only in a process started with ``MALLOC_MMAP_THRESHOLD_`` set (see
     :func:`run_in_subprocess`); without it freed memory is not returned and steps look free.
     """
+    _check_repeats(repeats)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
         log.warning("MALLOC_MMAP_THRESHOLD_ is not set: freed memory stays resident and the RSS "
                     "peak understates the step; measure through run_in_subprocess")
@@ -214,8 +220,7 @@ def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> d
     samples = []
     for _ in range(repeats):
         gc.collect()
-        reset_peak_rss()
-        before = read_status()["VmRSS"]
+        before = reset_peak_rss()
         fn()
         samples.append(read_status()["VmHWM"] - before)
     return {"peak_bytes": int(statistics.median(samples)), "samples": samples, "rss_before": before}
@@ -223,8 +228,7 @@ def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> d
 
 def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be a positive integer (got {repeats!r})")
+    _check_repeats(repeats)
     for _ in range(warmup):
         fn()
     times = []
@@ -235,30 +239,53 @@ def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float
     return statistics.median(times)
 
 
-def run_in_subprocess(target: str, kwargs: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
-    """Call ``target`` (``"package.module:function"``) with ``kwargs`` in a fresh measuring process.
+def _check_repeats(repeats: int) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer (got {repeats!r})")
 
-    The child runs with ``MALLOC_MMAP_THRESHOLD_`` set and this process's ``sys.path``; the
-    function must return a JSON-able dict, which the child prints as its last stdout line.
+
+def run_in_subprocess(
+    target: str, kwargs: dict[str, Any], *, mmap_threshold: Optional[int] = MMAP_THRESHOLD, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Call ``target`` (``"package.module:function"``) with ``kwargs`` in a fresh process.
+
+    The child gets this process's ``sys.path`` and ``MALLOC_MMAP_THRESHOLD_=mmap_threshold``
+    (``None``: glibc's default allocator, which is what to time steps with: an ``mmap`` per
+    tensor makes every step page-fault). ``target`` must return a JSON-able dict, which the
+    child prints as its last stdout line.
     """
     module, _, function = target.partition(":")
     if not module or not function:
         raise ValueError(f"target must look like 'package.module:function' (got {target!r})")
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-c", "from fxckpt.measure import _child_main; _child_main()",
            target, json.dumps(kwargs)]
-    log.debug("measuring %s(%s) in a subprocess", target, kwargs)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    log.debug("running %s(%s) in a subprocess", target, kwargs)
+    proc = subprocess.run(cmd, env=_child_env(mmap_threshold), capture_output=True, text=True, timeout=timeout)
+    return _parse_result(target, proc)
+
+
+def _parse_result(target: str, proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     if proc.returncode != 0 or not lines:
-        raise MeasureError(f"measuring {target} failed in its subprocess (exit code "
-                           f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise MeasureError(f"{target} failed in its subprocess (exit code {proc.returncode}):\n"
+                           f"{proc.stderr[-3000:]}")
     try:
-        return json.loads(lines[-1])
-    except json.JSONDecodeError as e:
+        result = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        result = None
+    if not isinstance(result, dict):
         raise MeasureError(f"{target} must return a JSON-able dict; its subprocess printed "
-                           f"{lines[-1][:200]!r} last") from e
+                           f"{lines[-1][:200]!r} last")
+    return result
+
+
+def _child_env(mmap_threshold: Optional[int]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    if mmap_threshold is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])
+    return env
 
 
 def _child_main() -> None:
@@ -268,6 +295,8 @@ def _child_main() -> None:
     target, kwargs = sys.argv[1], json.loads(sys.argv[2])
     module, _, function = target.partition(":")
     result = getattr(importlib.import_module(module), function)(**kwargs)
+    if not isinstance(result, dict):
+        raise TypeError(f"{target} must return a JSON-able dict (got {type(result).__name__})")
     sys.stdout.flush()
     print("\n" + json.dumps(result), flush=True)
 
