@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
+from fxckpt.budget import parse_budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
 from fxckpt.module import TransformedModule
 
-__all__ = ["transform"]
+__all__ = ["transform", "pareto"]
 
 
 def transform(
@@ -19,6 +20,12 @@ def transform(
     every: Optional[int] = None,
     depth: Optional[int] = None,
     force: Optional[Mapping[str, str]] = None,
+    budget: Optional[Union[int, float, str]] = None,
+    chunks: Optional[int] = None,
+    devices: Optional[Sequence[Union[str, torch.device]]] = None,
+    checkpoint: str = "except_last",
+    stages: Optional[int] = None,
+    balance: Optional[Sequence[Union[int, str]]] = None,
     example_inputs: Optional[Sequence[Any]] = None,
     example_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> TransformedModule:
@@ -30,6 +37,16 @@ def transform(
         depth: make each module at this nesting depth a segment (``layers.3`` has depth 2).
         force: ``{"module.path": "recompute" | "save"}`` pins parts of the model either way;
             applies on top of the strategy, or alone.
+        budget: bound on the peak activation memory of a training step: a fraction in (0, 1] of
+            the unmodified model's, a number of bytes, or a size such as ``"1.5GiB"``. The
+            solver picks the segments with the least recompute whose predicted peak fits.
+        chunks: split each call's batch into this many micro-batches and run them as a GPipe
+            pipeline over ``devices`` (one stage per device, balanced by cost).
+        devices: the pipeline's devices, one per stage (``["cpu", "cpu"]`` works for testing).
+        checkpoint: per micro-batch recompute of whole stages, as in torchgpipe:
+            ``"always"``, ``"except_last"`` (default) or ``"never"``.
+        stages: number of stages (default ``len(devices)``).
+        balance: stage sizes in compute nodes, or the module paths where stages 1..K-1 begin.
         example_inputs: positional inputs to plan with now; without them fxckpt plans at the
             first call, once per input signature (shapes, dtypes, devices, non-tensor values).
         example_kwargs: keyword inputs to plan with now.
@@ -41,7 +58,12 @@ def transform(
             f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
             "nn.Module whose forward calls it"
         )
-    config = TransformConfig(every=every, depth=depth, force=force or {}).validate(model)
+    parsed = None if budget is None else parse_budget(budget)
+    config = TransformConfig(
+        every=every, depth=depth, force=force or {}, budget=parsed, chunks=chunks,
+        devices=None if devices is None else _as_tuple(devices, "devices"), checkpoint=checkpoint,
+        stages=stages, balance=None if balance is None else _as_tuple(balance, "balance"),
+    ).validate(model)
     from fxckpt.planner import build  # the passes load only when a transform is made
 
     tm = TransformedModule(model, config, build)
@@ -53,3 +75,40 @@ def transform(
             )
         tm.plan_for(*(example_inputs or ()), **dict(example_kwargs or {}))
     return tm
+
+
+def _as_tuple(value: Any, name: str) -> tuple:
+    if isinstance(value, (str, torch.device, int)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"{name} must be a list (got {value!r}); e.g. {name}=['cpu', 'cpu']")
+    return tuple(str(v) if isinstance(v, torch.device) else v for v in value)
+
+
+def pareto(
+    model: torch.nn.Module,
+    *,
+    example_inputs: Sequence[Any] = (),
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    points: int = 9,
+) -> list[dict[str, float]]:
+    """The predicted memory / recompute trade-off of ``model`` on these inputs, in its current mode.
+
+    Returns points sorted by budget, each ``{"budget": bytes, "predicted_peak": bytes,
+    "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``. A smaller budget
+    never gives a higher predicted peak.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    from fxckpt.passes import annotate, capture
+    from fxckpt.passes.graph_view import problem_of
+    from fxckpt.solver import pareto as solve_pareto, simulate
+
+    captured = capture(model, tuple(example_inputs), dict(example_kwargs or {}))
+    annotate(captured.gm, captured.graph_args(tuple(example_inputs), dict(example_kwargs or {})))
+    problem = problem_of(captured.gm)
+    eager = simulate(problem, ()).peak_bytes
+    forward = sum(op.cost for op in problem.ops) or 1.0
+    return [
+        {"budget": p.budget, "predicted_peak": p.predicted_peak, "recompute": p.recompute_cost / forward,
+         "eager_peak": eager}
+        for p in sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
+    ]

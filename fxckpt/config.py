@@ -38,6 +38,26 @@ class TransformConfig:
     budget: Optional[Budget] = None
     """Bound on the peak activation memory of a training step; the solver picks segments."""
 
+    chunks: Optional[int] = None
+    """Micro-batches per call for a pipeline; ``None`` = no pipeline (unless devices are given)."""
+
+    devices: Optional[tuple[str, ...]] = None
+    """One device per pipeline stage (``["cuda:0", "cuda:1"]``, ``["cpu", "cpu"]``)."""
+
+    checkpoint: str = "except_last"
+    """Per micro-batch stage recompute: ``always``, ``except_last`` or ``never`` (torchgpipe)."""
+
+    stages: Optional[int] = None
+    """Number of pipeline stages; default one per device."""
+
+    balance: Optional[tuple] = None
+    """Explicit stage sizes: node counts, or the module paths where stages 1..K-1 begin."""
+
+    @property
+    def pipelined(self) -> bool:
+        """True when the module runs as a pipeline of stages and micro-batches."""
+        return any(v is not None for v in (self.chunks, self.devices, self.stages, self.balance))
+
     @property
     def strategy(self) -> str:
         """The name of the chosen strategy: ``every``, ``depth``, ``force`` or ``none``."""
@@ -51,7 +71,11 @@ class TransformConfig:
 
     def to_dict(self) -> dict:
         budget = None if self.budget is None else dataclasses.asdict(self.budget)
-        return {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
+        out = {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
+        if self.pipelined:
+            out.update(chunks=self.chunks, devices=list(self.devices or ()), checkpoint=self.checkpoint,
+                       stages=self.stages, balance=None if self.balance is None else list(self.balance))
+        return out
 
     def __post_init__(self) -> None:
         # Freeze a private copy of force once it is known to be a mapping (validate checks that).
@@ -77,6 +101,8 @@ class TransformConfig:
                     f"{max(_depth(deepest), 1)}"
                 )
         _check_force(self.force, model)
+        if self.pipelined:
+            _check_pipeline(self)
         return self
 
 
@@ -111,3 +137,19 @@ def _check_force(force: object, model: torch.nn.Module) -> None:
                 f"force names module {path!r}, which the model does not have{hint} "
                 "(paths are as in model.named_modules())"
             )
+
+
+def _check_pipeline(config: TransformConfig) -> None:
+    from fxckpt.runtime.pipeline import check_checkpoint, check_chunks, check_device
+
+    check_chunks(1 if config.chunks is None else config.chunks)
+    check_checkpoint(config.checkpoint)
+    if config.devices is not None:
+        if isinstance(config.devices, (str, torch.device)) or not config.devices:
+            raise ConfigError(f"devices must be a non-empty list, one device per stage (got {config.devices!r})")
+        for d in config.devices:
+            check_device(d)
+    if config.stages is not None:
+        _check_positive_int("stages", config.stages)
+    if config.balance is not None and (isinstance(config.balance, (str, int)) or not config.balance):
+        raise ConfigError(f"balance must be a list of node counts or module paths (got {config.balance!r})")

@@ -95,6 +95,12 @@ class TransformedModule(torch.nn.Module):
         return self._current().gm
 
     @property
+    def pipeline(self) -> Optional[torch.nn.Module]:
+        """The pipelined runner of the latest call (``None`` without stages): ``.recomputed``,
+        ``.stage_modules``, ``.describe()``."""
+        return self._current().pipeline
+
+    @property
     def code(self) -> str:
         """Python code of the rewritten graph (segments appear as ``fxckpt_checkpoint(...)`` calls)."""
         return self.graph_module.code

@@ -78,6 +78,8 @@ class Plan:
     """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops)."""
     budget: int | None = None
     """The budget the plan was solved for (bytes), if any."""
+    pipeline: dict[str, Any] | None = None
+    """Stages (device, nodes, cost, modules), ``stage_of`` per node, chunks, bubble and schedule."""
 
     @property
     def saved_bytes(self) -> int:
@@ -173,10 +175,23 @@ class Plan:
             lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines += [f"note: {n}" for n in self.notes]
+        if self.pipeline:
+            lines += ["", *_stage_lines(self.pipeline)]
         return "\n".join(lines)
 
 
 _HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
+
+
+def _stage_lines(p: dict[str, Any]) -> list[str]:
+    rows = [("stage", "device", "nodes", "cost", "modules")]
+    rows += [(str(s["stage"]), s["device"], str(s["nodes"]), f"{s['cost']:,.0f}", _shorten(", ".join(s["modules"]), 50))
+             for s in p["stages"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    head = (f"pipeline: {len(p['stages'])} stage(s), chunks={p['chunks']}, checkpoint={p['checkpoint']}, "
+            f"bubble {p['bubble']:.0%} ({p['method']})")
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return [head, *table, p["schedule"]]
 
 
 def _opt_bytes(n: int | None) -> str:

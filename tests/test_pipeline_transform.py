@@ -1,0 +1,95 @@
+"""transform(chunks=, devices=, checkpoint=) runs the model as a GPipe pipeline with the same numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fxckpt
+from models import MLP, UNet, gpt2
+from support import assert_steps_equal, loss_of, run_step
+
+
+def test_one_chunk_one_device_is_bit_identical() -> None:
+    model = MLP(depth=4)
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=2, chunks=1, devices=["cpu"])
+    x = torch.randn(8, 32, requires_grad=True)
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
+
+
+@pytest.mark.parametrize("mode,expected", [("always", 4 * 2), ("except_last", 3 * 2), ("never", 0)])
+def test_micro_batches_over_two_stages_match_eager(mode: str, expected: int) -> None:
+    model = UNet()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, depth=2, chunks=4, devices=["cpu", "cpu"], checkpoint=mode)
+    x = torch.randn(8, 1, 8, 8, requires_grad=True)
+    got, want = tm(x), reference(x)
+    loss_of(got).backward()
+    grad_x = x.grad.clone()
+    x.grad = None
+    loss_of(want).backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_x, x.grad, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert len(set(tm.pipeline.recomputed)) == expected
+    assert len(tm.plan.pipeline["stages"]) == 2 and tm.plan.pipeline["bubble"] == pytest.approx(1 / 5)
+    assert "GPipe fill-drain" in str(tm.plan)
+
+
+@pytest.mark.slow
+def test_hf_gpt2_pipeline_keeps_its_output_type() -> None:
+    model = gpt2(layers=2)
+    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (4, 12))
+    tm = fxckpt.transform(model, chunks=2, devices=["cpu", "cpu"])
+    got, want = tm(ids), reference(ids)
+    assert type(got) is type(want)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-6)
+
+
+def test_eval_pipeline_recomputes_nothing() -> None:
+    tm = fxckpt.transform(MLP(), chunks=2, devices=["cpu", "cpu"], checkpoint="always").eval()
+    loss_of(tm(torch.randn(4, 32))).backward()
+    assert tm.pipeline.recomputed == []
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"chunks": 0}, "chunks must be a positive integer (got 0)"),
+        ({"chunks": -2}, "chunks must be a positive integer (got -2)"),
+        ({"chunks": 2.5}, "chunks must be a positive integer (got 2.5)"),
+        ({"chunks": 2, "checkpoint": "sometimes"}, "checkpoint must be one of 'always', 'except_last', 'never' (got 'sometimes')"),
+        ({"devices": ["cuda:7"]}, "cuda:7"),
+        ({"devices": "cpu"}, "devices must be a list (got 'cpu')"),
+        ({"chunks": 2, "stages": 0}, "stages must be a positive integer (got 0)"),
+    ],
+)
+def test_bad_pipeline_options(kwargs: dict, message: str) -> None:
+    with pytest.raises(fxckpt.ConfigError) as e:
+        fxckpt.transform(MLP(), **kwargs)
+    assert message in str(e.value)
+
+
+def test_bad_pipeline_options_found_when_planning() -> None:
+    x = torch.randn(4, 32)
+    with pytest.raises(fxckpt.ConfigError, match="stages must be at most the graph's"):
+        fxckpt.transform(MLP(depth=1), chunks=2, devices=["cpu"] * 40, example_inputs=(x,))
+    with pytest.raises(fxckpt.ConfigError, match="balance"):
+        fxckpt.transform(MLP(), chunks=2, devices=["cpu", "cpu"], balance=[1, 2], example_inputs=(x,))
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a.sum(1) + b.sum(1)
+
+    tm = fxckpt.transform(TwoInputs(), chunks=2, devices=["cpu"])
+    with pytest.raises(ValueError, match="batch"):
+        tm(torch.randn(4, 3), torch.randn(5, 3))
