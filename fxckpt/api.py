@@ -99,16 +99,18 @@ def pareto(
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     from fxckpt.passes import annotate, capture
+    from fxckpt.passes.budget import reserve
     from fxckpt.passes.graph_view import problem_of
     from fxckpt.solver import pareto as solve_pareto, simulate
 
     captured = capture(model, tuple(example_inputs), dict(example_kwargs or {}))
     annotate(captured.gm, captured.graph_args(tuple(example_inputs), dict(example_kwargs or {})))
     problem = problem_of(captured.gm)
-    eager = simulate(problem, ()).peak_bytes
+    extra = reserve(problem)
+    eager = simulate(problem, ()).peak_bytes + extra
     forward = sum(op.cost for op in problem.ops) or 1.0
     return [
-        {"budget": p.budget, "predicted_peak": p.predicted_peak, "recompute": p.recompute_cost / forward,
-         "eager_peak": eager}
+        {"budget": p.budget + extra, "predicted_peak": p.predicted_peak + extra,
+         "recompute": p.recompute_cost / forward, "eager_peak": eager}
         for p in sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
     ]

@@ -14,7 +14,10 @@ Two modelling choices live here:
   their FLOPs, and memory-bound ops (elementwise, softmax, norms) by the bytes they write, so
   recomputing a GELU is cheap but not free;
 * tensors autograd keeps that no node outputs (dropout masks, a leaf module's insides) become a
-  synthetic op ``<node>::saved`` just before the node, read and saved only by it.
+  synthetic op ``<node>::saved`` just before the node, read and saved only by it;
+* the step's loss is outside the graph, but its memory is part of the step: a synthetic last op
+  ``loss::assumed`` keeps one tensor as large as the model's floating outputs, as cross-entropy
+  keeps its log-softmax and a squared error its difference, and its backward makes their gradients.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import torch.fx
 from fxckpt.passes.annotate import compute_nodes, info
 from fxckpt.solver.problem import Op, Problem
 
-__all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC"]
+__all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS"]
 
 SYNTHETIC = "::saved"
+LOSS = "loss::assumed"
 
 
 def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
@@ -89,7 +93,10 @@ def to_problem(graph: nx.DiGraph) -> Problem:
         inputs = tuple(dict.fromkeys(p for p in graph.predecessors(name) if p != name))
         ops.append(Op(name=name, out_bytes=d["out_bytes"], cost=d["cost"], inputs=inputs,
                       saves=tuple(dict.fromkeys(saves)), grad_bytes=d["grad"]))
-    return Problem(ops=tuple(ops), outputs=graph.graph["outputs"])
+    outputs = tuple(o for o in graph.graph["outputs"] if o in graph and graph.nodes[o]["kind"] == "op")
+    loss_bytes = sum(graph.nodes[o]["grad"] for o in outputs)
+    ops.append(Op(name=LOSS, out_bytes=loss_bytes, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0))
+    return Problem(ops=tuple(ops), outputs=(LOSS,))
 
 
 def problem_of(gm: torch.fx.GraphModule) -> Problem:

@@ -26,6 +26,8 @@ import torch.fx
 
 from fxckpt.config import TransformConfig
 from fxckpt.passes.annotate import compute_nodes, info
+from fxckpt.passes.budget import predict, solve_runs
+from fxckpt.passes.graph_view import problem_of
 from fxckpt.plan import Plan, Segment
 
 __all__ = ["select", "segment_runs"]
@@ -41,7 +43,17 @@ def select(
     """Choose segments for the annotated ``gm`` as ``config`` asks."""
     order = [n for n in compute_nodes(gm.graph) if not _is_guard(n)]
     notes: list[str] = []
-    runs = segment_runs(order, config, notes)
+    problem = problem_of(gm)
+    limit = None
+    if config.budget is not None:
+        solved, limit = solve_runs(problem, order, config.budget)
+        # The solver's segments all pay off by its own account: only correctness clean-up here.
+        runs = [r for r in map(_safe_suffix, _apply_force(order, solved, config.force)) if r]
+    else:
+        runs = segment_runs(order, config, notes)
+    prediction = predict(problem, runs)
+    if limit is not None and prediction.peak > limit:
+        notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget {limit} B")
     segments = tuple(_describe(f"segment_{i}", run, config) for i, run in enumerate(runs))
     if not segments:
         notes.append(
@@ -52,6 +64,8 @@ def select(
         strategy=config.strategy, options=config.to_dict(), capture=capture, training=training,
         signature=signature, segments=segments, node_count=len(order),
         total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
+        eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
+        predicted_recompute=prediction.recompute, budget=limit,
     )
     log.info("fxckpt plan: %s", plan.summary())
     for seg in segments:
@@ -67,6 +81,10 @@ def segment_runs(order: Sequence[torch.fx.Node], config: TransformConfig, notes:
         runs = _depth(order, config.depth)
     else:
         runs = []
+    return _clean(order, runs, config)
+
+
+def _clean(order: Sequence[torch.fx.Node], runs: list[Run], config: TransformConfig) -> list[Run]:
     runs = _apply_force(order, runs, config.force)
     return [r for r in (_safe_suffix(r) for r in runs) if _frees_memory(r)]
 
@@ -217,4 +235,6 @@ def _reason(run: Run, config: TransformConfig) -> str:
         return f"every={config.every}"
     if config.depth is not None:
         return f"depth={config.depth}"
+    if config.budget is not None:
+        return "budget: least recompute under the peak"
     return "force"

@@ -1,0 +1,100 @@
+"""Budget selection and memory prediction: node runs <-> the solver's op ranges.
+
+Every plan gets a predicted peak from the simulator (:mod:`fxckpt.solver.simulate`), so
+``tm.plan`` reports one number for every strategy. With ``budget=``, the solver
+(:mod:`fxckpt.solver.budget`) chooses the op ranges with the least recompute whose predicted peak
+fits; they become node runs here, and go through the same clean-up as every other strategy.
+
+The simulator counts tensors, not the short-lived temporaries of backward kernels (a gradient
+being scaled, a weight gradient before it is added into ``.grad``). A *reserve* the size of the
+largest single gradient stands for them: the predicted peak is the simulated peak plus the
+reserve, and the solver plans for the budget minus the reserve.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch.fx
+
+from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.passes.graph_view import SYNTHETIC
+from fxckpt.plan import format_bytes
+from fxckpt.solver import BudgetInfeasible, Problem, Segments, min_feasible_peak, simulate, solve
+
+__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve"]
+
+log = logging.getLogger(__name__)
+
+Run = list[torch.fx.Node]
+
+
+def to_segments(problem: Problem, runs: Sequence[Run]) -> Segments:
+    """Op ranges of node runs (a run starts at its first node's synthetic op when it has one)."""
+    position = {op.name: i for i, op in enumerate(problem.ops)}
+    segments = []
+    for run in runs:
+        start = position[run[0].name]
+        if start > 0 and problem.ops[start - 1].name == run[0].name + SYNTHETIC:
+            start -= 1
+        segments.append((start, position[run[-1].name] + 1))
+    return tuple(segments)
+
+
+def to_runs(problem: Problem, segments: Segments, order: Sequence[torch.fx.Node]) -> list[Run]:
+    by_name = {n.name: n for n in order}
+    runs = []
+    for start, end in segments:
+        run = [by_name[op.name] for op in problem.ops[start:end] if op.name in by_name]
+        if run:
+            runs.append(run)
+    return runs
+
+
+def reserve(problem: Problem) -> int:
+    """Bytes set aside for backward temporaries: the largest single gradient."""
+    return max((op.gradient_bytes for op in problem.ops), default=0)
+
+
+class Prediction:
+    """Predicted peak and recompute cost of a set of runs, and the eager peak, in bytes/cost units."""
+
+    def __init__(self, problem: Problem, runs: Sequence[Run]) -> None:
+        sim = simulate(problem, to_segments(problem, runs))
+        extra = reserve(problem)
+        self.peak = sim.peak_bytes + extra
+        self.recompute = sim.recompute_cost
+        self.eager_peak = simulate(problem, ()).peak_bytes + extra
+
+
+def predict(problem: Problem, runs: Sequence[Run]) -> Prediction:
+    return Prediction(problem, runs)
+
+
+def solve_runs(problem: Problem, order: Sequence[torch.fx.Node], budget: Budget) -> tuple[list[Run], int]:
+    """Runs with the least recompute whose predicted peak fits ``budget``; and the budget in bytes."""
+    extra = reserve(problem)
+    eager = simulate(problem, ()).peak_bytes + extra
+    limit = budget.resolve(eager)
+    if limit <= extra:
+        raise _infeasible(budget, limit, min_feasible_peak(problem) + extra, eager)
+    try:
+        solution = solve(problem, limit - extra)
+    except BudgetInfeasible as e:
+        raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
+    log.info("budget %s (%s): %d segment(s), predicted peak %s, recompute cost %.3g",
+             budget, format_bytes(limit), len(solution.segments), format_bytes(solution.predicted_peak + extra),
+             solution.recompute_cost)
+    return to_runs(problem, solution.segments, order), limit
+
+
+def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
+    fraction = f" ({minimum / eager:.3f} of the eager peak)" if eager else ""
+    return BudgetInfeasibleError(
+        f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest peak "
+        f"activation memory any plan reaches for this model and input is {format_bytes(minimum)} "
+        f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
+        f"budget >= {minimum}, or a smaller batch",
+        min_budget=minimum, budget=limit,
+    )

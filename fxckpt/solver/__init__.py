@@ -1,0 +1,39 @@
+"""Memory-budget planning as pure functions over plain data (no torch, no fx).
+
+    problem = Problem(ops=(Op(name="mm", out_bytes=..., cost=..., inputs=("x",), saves=("x",)),
+                           ...), outputs=("loss",))
+    simulate(problem, segments=[(2, 5)])     # peak, recompute cost, event timeline
+    solve(problem, budget_bytes=...)         # least recompute under a peak budget
+    min_feasible_peak(problem); pareto(problem)
+
+A bridge elsewhere turns an annotated ``torch.fx`` graph into a :class:`Problem`; everything here
+can be tested with hand-made tables and checked against an exhaustive oracle.
+"""
+
+from fxckpt.solver.budget import (
+    EXACT_LIMIT,
+    ParetoPoint,
+    Solution,
+    min_feasible_peak,
+    pareto,
+    solve,
+)
+from fxckpt.solver.problem import BudgetInfeasible, Op, Problem, Segments, check_segments
+from fxckpt.solver.simulate import Simulation, peak_bytes, simulate
+
+__all__ = [
+    "Op",
+    "Problem",
+    "Segments",
+    "BudgetInfeasible",
+    "check_segments",
+    "Simulation",
+    "simulate",
+    "peak_bytes",
+    "Solution",
+    "ParetoPoint",
+    "solve",
+    "min_feasible_peak",
+    "pareto",
+    "EXACT_LIMIT",
+]

@@ -1,0 +1,173 @@
+"""The memory-budget solver: least recompute whose simulated peak fits the budget.
+
+``solve`` runs the dynamic programme of :mod:`fxckpt.solver.search`, whose peak accounting is an
+exact decomposition of :func:`fxckpt.solver.simulate.simulate`, then checks the plan it found with
+the simulator itself. The check is the promise: a returned plan's ``predicted_peak`` is what
+``simulate`` says, and it is never above the budget. (Should the two ever disagree — a bug — the
+solver logs it and re-plans with a budget lowered by the overshoot.)
+
+Small problems (``mode="exact"``, the default up to :data:`EXACT_LIMIT` ops) are searched over
+every segmentation with unbounded Pareto fronts: the answer is optimal for the cost model (the
+DP state grows with the number of values crossing a cut, so this is kept for small graphs).
+
+Larger ones (``mode="fast"``) are searched over a restricted set of blocks (see
+:mod:`fxckpt.solver.moves`) with fronts bounded to about 32 entries: the lower convex hull (the
+plans a Lagrangian price on held memory would pick) plus entries spread 5% apart in cost. That
+keeps the work linear in the number of ops. Up to :data:`REFINE_LIMIT` ops a second pass keeps
+fronts four times finer but only below the first pass's cost, which it then rarely misses by
+more than a percent.
+
+Every plan the solver returns has been re-simulated, so ``predicted_peak <= budget`` holds in
+every mode; only the optimality of the cost is approximate in fast mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Literal, NamedTuple, Optional
+
+from fxckpt.solver.moves import Space
+from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
+from fxckpt.solver.search import Found, search
+from fxckpt.solver.simulate import peak_bytes
+
+__all__ = [
+    "Solution", "ParetoPoint", "solve", "min_feasible_peak", "pareto", "EXACT_LIMIT",
+    "REFINE_LIMIT",
+]
+
+log = logging.getLogger(__name__)
+
+EXACT_LIMIT = 32
+"""Problems with at most this many ops are solved exactly in ``mode="auto"``."""
+
+REFINE_LIMIT = 4000
+"""Fast-mode problems with at most this many ops get a second, finer pass capped at the first
+pass's cost (it costs about as much as the first pass and grows faster than linearly)."""
+
+Mode = Literal["auto", "exact", "fast"]
+_EXACT = Space(exact=True)
+_FAST = Space(exact=False)
+_REFINE = Space(exact=False, ratio=0.01, keep=64)
+_REPAIRS = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Solution:
+    """A plan chosen for a budget."""
+
+    segments: Segments
+    """Recompute segments: sorted, non-overlapping ``(start, end)`` ranges over the ops."""
+    predicted_peak: int
+    """Peak activation bytes :func:`~fxckpt.solver.simulate.simulate` predicts for the plan."""
+    recompute_cost: float
+    """Total cost of the ops inside segments."""
+    optimal: bool
+    """True when the search covered every plan (``mode="exact"``): no plan is cheaper."""
+
+
+class ParetoPoint(NamedTuple):
+    """One point of the budget / peak / recompute trade-off curve."""
+
+    budget: int
+    """The budget asked for, in bytes."""
+    predicted_peak: int
+    """Simulated peak of the plan chosen for it (never above the budget)."""
+    recompute_cost: float
+    """Recompute cost of that plan."""
+
+
+def _space(problem: Problem, mode: str) -> Space:
+    if mode not in ("auto", "exact", "fast"):
+        raise ValueError(f"mode must be 'auto', 'exact' or 'fast' (got {mode!r})")
+    exact = mode == "exact" or (mode == "auto" and len(problem.ops) <= EXACT_LIMIT)
+    return _EXACT if exact else _FAST
+
+
+def _check_budget(budget_bytes: object) -> int:
+    ok = isinstance(budget_bytes, (int, float)) and not isinstance(budget_bytes, bool)
+    if not ok or not math.isfinite(budget_bytes) or budget_bytes < 0:  # type: ignore[arg-type]
+        raise ValueError(f"budget_bytes must be a finite number >= 0 (got {budget_bytes!r})")
+    return int(budget_bytes)  # type: ignore[arg-type]
+
+
+def _verified(problem: Problem, found: Found) -> int:
+    peak = peak_bytes(problem, found.segments)
+    if peak != found.peak:
+        log.error("solver predicted peak %d but the simulator says %d for %s",
+                  found.peak, peak, found.segments)
+    return peak
+
+
+def _search_cost(problem: Problem, space: Space, budget: int) -> Optional[Found]:
+    """Exact search; or a fast pass, refined under its cost when the problem is not huge."""
+    ix = problem.index
+    found = search(ix, space, budget)
+    if space.exact or found is None or ix.n > REFINE_LIMIT:
+        return found
+    refined = search(ix, _REFINE, budget, cost_cap=found.cost * (1 + 1e-9))
+    return refined if refined is not None and refined.cost < found.cost else found
+
+
+def solve(problem: Problem, budget_bytes: int, *, mode: Mode = "auto") -> Solution:
+    """The least-recompute plan whose simulated peak is at most ``budget_bytes``.
+
+    Raises :class:`~fxckpt.solver.problem.BudgetInfeasible` (a ``ValueError``) with the smallest
+    feasible budget when no plan fits.
+    """
+    budget = _check_budget(budget_bytes)
+    space = _space(problem, mode)
+    target = budget
+    for _ in range(_REPAIRS + 1):
+        found = _search_cost(problem, space, target)
+        if found is None:
+            break
+        peak = _verified(problem, found)
+        if peak <= budget:
+            log.info("budget %d: %d segments, peak %d, recompute cost %g",
+                     budget, len(found.segments), peak, found.cost)
+            return Solution(segments=found.segments, predicted_peak=peak,
+                            recompute_cost=found.cost, optimal=space.exact)
+        target -= peak - budget
+    raise BudgetInfeasible(budget, min_feasible_peak(problem, mode=mode))
+
+
+def _min_peak_plan(problem: Problem, mode: str) -> tuple[Segments, int]:
+    space = _space(problem, mode)
+    key = ("min_peak", space)
+    memo = problem.index.memo
+    if key not in memo:
+        found = search(problem.index, space, math.inf, by_peak=True)
+        segs = found.segments if found is not None else ()
+        memo[key] = (segs, peak_bytes(problem, segs))
+    return memo[key]  # type: ignore[return-value]
+
+
+def min_feasible_peak(problem: Problem, *, mode: Mode = "auto") -> int:
+    """The smallest simulated peak any plan reaches (exact in ``mode="exact"``, else an upper
+    bound that ``solve`` can always meet)."""
+    return _min_peak_plan(problem, mode)[1]
+
+
+def pareto(problem: Problem, points: int = 9, *, mode: Mode = "auto") -> list[ParetoPoint]:
+    """Trade-off curve from the smallest feasible budget to the no-checkpoint peak.
+
+    Budgets are evenly spaced. Each point is the cheapest plan found at *any* budget of the sweep
+    that fits this one (ties: lower peak), so a smaller budget never gives a higher peak or a
+    lower cost.
+    """
+    if isinstance(points, bool) or not isinstance(points, int) or points < 1:
+        raise ValueError(f"points must be a positive int (got {points!r})")
+    low, high = min_feasible_peak(problem, mode=mode), peak_bytes(problem, ())
+    budgets = sorted({low + (high - low) * k // max(1, points - 1) for k in range(points)})
+    plans: list[tuple[float, int]] = [(0.0, high)]
+    for budget in budgets:
+        sol = solve(problem, budget, mode=mode)
+        plans.append((sol.recompute_cost, sol.predicted_peak))
+    curve = []
+    for budget in budgets:
+        cost, peak = min((c, p) for c, p in plans if p <= budget)
+        curve.append(ParetoPoint(budget, peak, cost))
+    return curve

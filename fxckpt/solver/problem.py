@@ -1,0 +1,262 @@
+"""The solver's input: a training step as plain data, and the facts derived from it once.
+
+The memory-budget solver and its simulator never see ``torch.fx``. A bridge module turns the
+annotated graph into a :class:`Problem` — one :class:`Op` per compute node, in topological order,
+naming what it reads, what autograd keeps for its backward, and how many bytes it allocates — so
+that every solver can be tested on hand-made tables and compared against an exhaustive oracle.
+
+Why these fields and nothing more:
+
+* ``out_bytes`` and ``grad_bytes`` are the only allocations the model tracks (activation memory:
+  graph inputs and parameters count as memory held before the step, i.e. 0).
+* ``inputs`` fixes when a forward value can be freed and which ops produce gradients for it.
+* ``saves`` is what autograd's saved-tensor hooks would keep: a matmul saves its input, a relu its
+  own output, a view nothing. Views should be named by the op that owns their storage (the
+  bridge resolves aliases), because the model counts bytes per op, not per storage.
+
+:class:`Index` holds the per-op integer facts (readers, savers, last use, gradient windows, ...)
+that both the simulator and the solver need; it is computed once per problem and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+__all__ = ["Op", "Problem", "Index", "Segments", "BudgetInfeasible", "check_segments"]
+
+Segments = tuple[tuple[int, int], ...]
+"""A plan: sorted, non-overlapping half-open ``(start, end)`` ranges over the op order."""
+
+
+class BudgetInfeasible(ValueError):
+    """No plan's predicted peak fits the budget; ``min_budget`` is the smallest that fits."""
+
+    def __init__(self, budget: int, min_budget: int) -> None:
+        super().__init__(
+            f"no checkpoint plan keeps the predicted peak activation memory under {budget} bytes; "
+            f"the smallest budget any plan meets is {min_budget} bytes"
+        )
+        self.budget = budget
+        self.min_budget = min_budget
+
+
+def _check_bytes(what: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int (got {value!r})")
+
+
+def _check_names(what: str, value: object) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a tuple of op names (got {value!r})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Op:
+    """One compute node of the model's graph, with the memory facts the simulator needs."""
+
+    name: str
+    """Unique name (the graph node's name)."""
+    out_bytes: int
+    """Bytes of fresh memory the output allocates (0 for views and aliases)."""
+    cost: float
+    """Time or FLOPs of one forward run; recomputing the op costs this again."""
+    inputs: tuple[str, ...] = ()
+    """Earlier ops it reads; names that are not ops are graph inputs (pre-existing memory)."""
+    saves: tuple[str, ...] = ()
+    """Earlier ops (or itself) whose outputs autograd keeps for this op's backward."""
+    grad_bytes: int | None = None
+    """Bytes of the gradient w.r.t. the output; ``None`` means ``out_bytes``, 0 = no gradient."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Op.name must be a non-empty string (got {self.name!r})")
+        for field in ("inputs", "saves"):
+            value = getattr(self, field)
+            if isinstance(value, list):
+                object.__setattr__(self, field, tuple(value))
+            _check_names(f"Op {self.name!r}: {field}", getattr(self, field))
+        _check_bytes(f"Op {self.name!r}: out_bytes", self.out_bytes)
+        if self.grad_bytes is not None:
+            _check_bytes(f"Op {self.name!r}: grad_bytes", self.grad_bytes)
+        cost = self.cost
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost >= 0 \
+                or math.isinf(cost):
+            raise ValueError(f"Op {self.name!r}: cost must be a finite number >= 0 (got {cost!r})")
+
+    @property
+    def gradient_bytes(self) -> int:
+        """``grad_bytes`` with the default applied."""
+        return self.out_bytes if self.grad_bytes is None else self.grad_bytes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Problem:
+    """A training step to plan: ops in topological order and the values the model returns."""
+
+    ops: tuple[Op, ...]
+    """Every compute node, in a topological order (the order forward runs them)."""
+    outputs: tuple[str, ...]
+    """Ops whose values the model returns; alive until backward starts, and seeded with grads."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, list):
+            object.__setattr__(self, "ops", tuple(self.ops))
+        if isinstance(self.outputs, list):
+            object.__setattr__(self, "outputs", tuple(self.outputs))
+        if not isinstance(self.ops, tuple) or not all(isinstance(o, Op) for o in self.ops):
+            raise ValueError(f"Problem.ops must be a tuple of Op (got {self.ops!r})")
+        _check_names("Problem.outputs", self.outputs)
+        _validate_order(self.ops, self.outputs)
+
+    @functools.cached_property
+    def index(self) -> "Index":
+        """Integer facts derived from the ops, computed once (see :class:`Index`)."""
+        return Index.build(self)
+
+    @property
+    def graph_inputs(self) -> tuple[str, ...]:
+        """Names read or saved that are not ops: graph inputs, held before the step."""
+        names = {op.name for op in self.ops}
+        seen: dict[str, None] = {}
+        for op in self.ops:
+            for ref in op.inputs + op.saves:
+                if ref not in names:
+                    seen.setdefault(ref)
+        return tuple(seen)
+
+
+def _validate_order(ops: tuple[Op, ...], outputs: tuple[str, ...]) -> None:
+    """Names are unique, references point backwards, outputs are ops."""
+    position: dict[str, int] = {}
+    for op in ops:
+        if op.name in position:
+            raise ValueError(f"op names must be unique (got {op.name!r} twice)")
+        position[op.name] = len(position)
+    for i, op in enumerate(ops):
+        for ref in op.inputs:
+            if position.get(ref, -1) >= i:
+                raise ValueError(
+                    f"op {op.name!r} (position {i}) reads {ref!r} (position {position[ref]}); "
+                    "ops must be in topological order and may not read themselves")
+        for ref in op.saves:
+            if position.get(ref, -1) > i:
+                raise ValueError(
+                    f"op {op.name!r} (position {i}) saves the later op {ref!r} "
+                    f"(position {position[ref]}); an op can only save itself or earlier ops")
+    if len(set(outputs)) != len(outputs):
+        raise ValueError(f"Problem.outputs has duplicates (got {outputs!r})")
+    for name in outputs:
+        if name not in position:
+            raise ValueError(f"Problem.outputs names {name!r}, which is not an op")
+
+
+def check_segments(segments: object, n: int) -> Segments:
+    """Validate a plan for ``n`` ops; return it sorted as a tuple of int pairs."""
+    try:
+        pairs = [(s, e) for s, e in segments]  # type: ignore[attr-defined, misc]
+    except (TypeError, ValueError):
+        raise ValueError(f"segments must be (start, end) pairs (got {segments!r})") from None
+    for s, e in pairs:
+        if not (isinstance(s, int) and isinstance(e, int)) or isinstance(s, bool) \
+                or isinstance(e, bool) or not 0 <= s < e <= n:
+            raise ValueError(f"segment {(s, e)!r} must satisfy 0 <= start < end <= {n}")
+    pairs.sort()
+    for (s0, e0), (s1, e1) in zip(pairs, pairs[1:]):
+        if s1 < e0:
+            raise ValueError(f"segments {(s0, e0)} and {(s1, e1)} overlap")
+    return tuple(pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Index:
+    """Per-op integer facts, by position ``i`` in ``Problem.ops`` (``n`` = number of ops).
+
+    "Touch" = read as an input or kept as a saved tensor by a *later* op.
+    """
+
+    n: int
+    out: tuple[int, ...]
+    """Output bytes."""
+    grad: tuple[int, ...]
+    """Gradient bytes (0 when the gradient never exists: no readers and not an output)."""
+    cost: tuple[float, ...]
+    """Forward cost."""
+    cum_cost: tuple[float, ...]
+    """``cum_cost[i]`` = total cost of ops ``0..i-1`` (length ``n + 1``)."""
+    touches: tuple[tuple[int, ...], ...]
+    """Earlier ops each op reads or saves (sorted, unique)."""
+    saves: tuple[tuple[int, ...], ...]
+    """Ops each op saves (itself included when it saves its own output)."""
+    touchers: tuple[tuple[int, ...], ...]
+    """Later ops touching each op's output (sorted)."""
+    savers: tuple[tuple[int, ...], ...]
+    """Ops saving each op's output (sorted; may include the op itself)."""
+    is_output: tuple[bool, ...]
+    last_use: tuple[int, ...]
+    """Last forward position reading the value (itself if none)."""
+    last_alive: tuple[int, ...]
+    """``last_use``, or ``n`` (backward start) for outputs."""
+    first_saver: tuple[int, ...]
+    """Smallest position saving the value, ``n`` if none."""
+    grad_from: tuple[int, ...]
+    """Position whose backward creates the gradient (``n`` = backward start, -1 = never)."""
+    memo: dict[object, object] = dataclasses.field(
+        default_factory=dict, compare=False, hash=False, repr=False)
+    """Solver caches that depend only on the problem (profiles, segment facts)."""
+
+    @staticmethod
+    def build(problem: Problem) -> "Index":
+        ops = problem.ops
+        n = len(ops)
+        pos = {op.name: i for i, op in enumerate(ops)}
+        reads = [sorted({pos[r] for r in op.inputs if r in pos}) for op in ops]
+        saves = tuple(tuple(sorted({pos[s] for s in op.saves if s in pos})) for op in ops)
+        touches = tuple(
+            tuple(sorted(set(reads[i]) | {j for j in saves[i] if j != i})) for i in range(n))
+        touchers, savers, max_reader = _reverse(n, reads, saves, touches)
+        outputs = set(problem.outputs)
+        is_output = tuple(op.name in outputs for op in ops)
+        last_use = tuple(t[-1] if t else i for i, t in enumerate(touchers))
+        grad_from = tuple(n if is_output[i] else max_reader[i] for i in range(n))
+        cum = [0.0]
+        for op in ops:
+            cum.append(cum[-1] + float(op.cost))
+        return Index(
+            n=n,
+            out=tuple(op.out_bytes for op in ops),
+            grad=tuple(op.gradient_bytes if grad_from[i] >= 0 else 0 for i, op in enumerate(ops)),
+            cost=tuple(float(op.cost) for op in ops),
+            cum_cost=tuple(cum),
+            touches=touches,
+            saves=saves,
+            touchers=touchers,
+            savers=savers,
+            is_output=is_output,
+            last_use=last_use,
+            last_alive=tuple(n if is_output[i] else last_use[i] for i in range(n)),
+            first_saver=tuple(s[0] if s else n for s in savers),
+            grad_from=grad_from,
+        )
+
+    def segment_cost(self, start: int, end: int) -> float:
+        """Cost of recomputing ops ``start..end-1`` once."""
+        return self.cum_cost[end] - self.cum_cost[start]
+
+
+def _reverse(n: int, reads: list[list[int]], saves: tuple[tuple[int, ...], ...],
+             touches: tuple[tuple[int, ...], ...]) -> tuple[
+                 tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], list[int]]:
+    """Per value: the ops touching it, the ops saving it (both sorted), its last reader."""
+    touchers: list[list[int]] = [[] for _ in range(n)]
+    savers: list[list[int]] = [[] for _ in range(n)]
+    max_reader = [-1] * n
+    for i in range(n):
+        for j in touches[i]:
+            touchers[j].append(i)
+        for j in saves[i]:
+            savers[j].append(i)
+        for j in reads[i]:
+            max_reader[j] = i
+    return tuple(map(tuple, touchers)), tuple(map(tuple, savers)), max_reader

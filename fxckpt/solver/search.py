@@ -1,0 +1,261 @@
+"""Dynamic programme over cut positions whose peak is exactly the simulator's.
+
+Why a DP works: walk the plan as blocks left to right, each block either ops outside segments
+("unit") or one segment. Call a value *held* when something keeps it for backward (a unit op
+saving it, or a later segment reading it). The simulated peak is the largest of
+
+    forward step t of a unit op:    trans[t] + closed(t)
+    forward steps of a segment:     facts.forward + closed(p)
+    backward of a unit op t:        H(t) + grad_live[t]
+    recompute/backward of segment:  H(p) + facts.local
+    backward start:                 held bytes that are not outputs + outputs + output grads
+
+where ``H`` = bytes held by the blocks up to and including the current one, and ``closed(t)`` =
+held non-output bytes whose last reader ran before ``t``. Everything else depends on one block
+only (:mod:`fxckpt.solver.tables`). So the state after a prefix of blocks is the cut position,
+the set ``A`` of values crossing the cut that are already held (so a later block does not count
+them twice), and the held output bytes; what remains to compare is ``H`` and the objective. Every
+future term grows with ``H``, so an entry with no larger ``H`` and no worse objective dominates:
+each state keeps a Pareto front of ``(H, objective)``.
+
+With every cut and unbounded fronts (an exact :class:`~fxckpt.solver.moves.Space`) the search
+finds the true optimum of the cost model. A fast space places fewer blocks and thins each front
+to its lower convex hull plus entries spread apart in objective (:func:`_thin`). Thinning never
+drops a state's smallest-``H`` entry, and the state a move leads to depends only on the state and
+the move, so whenever some plan of the space fits the budget the search still finds one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Optional
+
+from fxckpt.solver.moves import Moves, Space, moves, profiles
+from fxckpt.solver.problem import Index, Segments
+from fxckpt.solver.tables import local_peak
+
+__all__ = ["Found", "search"]
+
+# An entry: (H, objective, tie-break, parent entry, (block start, block end, is segment)).
+_Entry = tuple
+_Key = tuple  # (A: sorted tuple of held crossing values, held output bytes)
+_ORDER = operator.itemgetter(0, 1, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A plan and the DP's own accounting of it."""
+
+    segments: Segments
+    peak: int
+    cost: float
+
+
+def _pareto(entries: list[_Entry]) -> list[_Entry]:
+    """Non-dominated entries: sorted by H, objective strictly falling."""
+    entries.sort(key=_ORDER)
+    front: list[_Entry] = []
+    best = math.inf
+    for e in entries:
+        if e[1] < best:
+            front.append(e)
+            best = e[1]
+    return front
+
+
+def _lower_hull(front: list[_Entry]) -> list[_Entry]:
+    """Entries on the lower convex hull of (H, objective): the minimisers of
+    ``objective + price * H`` over all prices (a Pareto front is the input)."""
+    hull: list[_Entry] = []
+    for e in front:
+        while len(hull) >= 2:
+            (h1, c1), (h2, c2) = hull[-2][:2], hull[-1][:2]
+            if (c2 - c1) * (e[0] - h1) >= (e[1] - c1) * (h2 - h1):
+                hull.pop()
+            else:
+                break
+        hull.append(e)
+    return hull
+
+
+def _spread(front: list[_Entry], ratio: float, grain: float) -> list[_Entry]:
+    """Keep an entry only when its objective is below ``(1 - ratio)`` times the last kept one's
+    minus ``grain``. A dropped entry's plans fall back to the kept neighbour with less ``H``,
+    so feasibility is never lost and each drop costs at most that gap."""
+    kept: list[_Entry] = []
+    best = math.inf
+    for e in front:
+        if e[1] < best:
+            kept.append(e)
+            best = e[1] * (1.0 - ratio) - grain
+    return kept
+
+
+def _thin(front: list[_Entry], space: Space, grain: float) -> list[_Entry]:
+    """Bounded front: the lower hull plus entries spread in objective, at most ~``space.keep``."""
+    if len(front) <= 2 or space.exact:
+        return front
+    ratio = space.ratio
+    kept = _spread(front, ratio, grain)
+    while space.keep and len(kept) > space.keep:
+        ratio = max(2 * ratio, 0.01)
+        kept = _spread(front, ratio, grain)
+    if space.hull:
+        kept = sorted({id(e): e for e in kept + _lower_hull(front)}.values(), key=_ORDER)
+    if kept[-1] is not front[-1]:
+        kept.append(front[-1])
+    return kept
+
+
+@dataclasses.dataclass
+class _State:
+    """One DP state at a cut: held crossing values and the entries that reached it."""
+
+    held: tuple[int, ...]
+    held_set: frozenset[int]
+    hout: int
+    closed_offset: int
+    """hout + bytes of held non-output crossing values: closed(p) = H - closed_offset."""
+    entries: list[_Entry]
+
+
+class _Search:
+    """One run of the DP for one budget and objective.
+
+    An entry's objective is the cost and its tie-break the peak so far, or the other way round
+    when minimising the peak.
+    """
+
+    def __init__(self, ix: Index, space: Space, budget: float, by_peak: bool,
+                 cost_cap: float) -> None:
+        self.ix, self.space, self.budget, self.by_peak = ix, space, budget, by_peak
+        self.cost_cap = math.inf if by_peak else cost_cap
+        self.prof = profiles(ix)
+        self.moves: Moves = moves(ix, space)
+        if by_peak:
+            scale = float(max(self.prof.trans, default=0))
+        else:
+            scale = cost_cap if math.isfinite(cost_cap) else ix.cum_cost[-1]
+        self.grain = space.grain * scale
+        self.fronts: dict[int, dict[_Key, list[_Entry]]] = {0: {((), 0): [
+            (0, 0.0, 0, None, (0, 0, False))]}}
+
+    def _states(self, p: int) -> list[_State]:
+        ix = self.ix
+        states = []
+        for (held, hout), entries in self.fronts.pop(p, {}).items():
+            offset = hout + sum(ix.out[j] for j in held if not ix.is_output[j])
+            front = _thin(_pareto(entries), self.space, self.grain)
+            states.append(_State(held, frozenset(held), hout, offset, front))
+        return states
+
+    def _target(self, st: _State, q: int, new: list[int]) -> list[_Entry]:
+        ix = self.ix
+        held = tuple(sorted(j for j in (*st.held, *new) if ix.last_use[j] >= q))
+        hout = st.hout + sum(ix.out[j] for j in new if ix.is_output[j])
+        return self.fronts.setdefault(q, {}).setdefault((held, hout), [])
+
+    def _push(self, st: _State, move: tuple[int, int, bool], new: list[int], bw: int, fw: int,
+              cost: float) -> None:
+        """Extend every entry of ``st`` with ``move`` where the budget is kept.
+
+        ``bw``: backward term above ``H`` before the move; ``fw``: forward term above closed(p).
+        """
+        dh = sum(self.ix.out[j] for j in new)
+        bw += dh
+        fw -= st.closed_offset
+        thr = min(self.budget - bw, self.budget - fw)
+        target: Optional[list[_Entry]] = None
+        cap = self.cost_cap - cost
+        by_peak = self.by_peak
+        for e in st.entries:
+            h = e[0]
+            if h > thr:
+                break
+            lhs = h + bw if bw >= fw else h + fw
+            if by_peak:
+                obj, tie = (e[1] if e[1] >= lhs else lhs), e[2] + cost
+            else:
+                if e[1] > cap:
+                    continue
+                obj, tie = e[1] + cost, (e[2] if e[2] >= lhs else lhs)
+            if target is None:
+                target = self._target(st, move[1], new)
+            target.append((h + dh, obj, tie, e, move))
+
+    def _unit(self, p: int, states: list[_State]) -> None:
+        """Ops ``p`` .. group end outside segments (the group's other ops are null ops)."""
+        ix, prof = self.ix, self.prof
+        end = self.moves.group_end[p]
+        move = (p, end, False)
+        bw = max(prof.grad_live[p:end])
+        for st in states:
+            new = [j for j in ix.saves[p] if j not in st.held_set]
+            fw, closing = prof.trans[p], 0
+            for t in range(p + 1, end):
+                for j in prof.ended_at[t - 1]:
+                    if j in st.held_set or j in new:
+                        closing += ix.out[j]
+                fw = max(fw, prof.trans[t] + closing)
+            self._push(st, move, new, bw, fw, 0.0)
+
+    def _segments(self, p: int, states: list[_State]) -> None:
+        min_h = min(st.entries[0][0] for st in states)
+        min_closed = min(st.entries[0][0] - st.closed_offset for st in states)
+        min_cost = 0.0 if self.by_peak else min(st.entries[-1][1] for st in states)
+        for f in self.moves.candidates(p):
+            if min_h + f.backward_lb > self.budget or min_closed + f.forward > self.budget \
+                    or min_cost + f.cost > self.cost_cap:
+                break
+            local = local_peak(self.ix, self.prof, f)
+            if min_h + local > self.budget:
+                continue
+            move = (p, f.end, True)
+            for st in states:
+                new = [j for j in f.keeps if j not in st.held_set]
+                self._push(st, move, new, local, f.forward, f.cost)
+
+    def run(self) -> Optional[Found]:
+        for p in self.moves.positions:
+            states = [st for st in self._states(p) if st.entries]
+            if states:
+                self._unit(p, states)
+                self._segments(p, states)
+        return self._finish()
+
+    def _finish(self) -> Optional[Found]:
+        best: Optional[tuple[tuple[float, float], _Entry, int, float]] = None
+        start = self.prof.backward_start
+        for (_, hout), entries in self.fronts.get(self.ix.n, {}).items():
+            for e in entries:
+                at_start = e[0] - hout + start
+                if at_start > self.budget:
+                    continue
+                cost, peak = (e[2], e[1]) if self.by_peak else (e[1], e[2])
+                peak = max(peak, at_start)
+                value = (peak, cost) if self.by_peak else (cost, peak)
+                if best is None or value < best[0]:
+                    best = (value, e, peak, cost)
+        if best is None:
+            return None
+        return Found(segments=_segments_of(best[1]), peak=best[2], cost=best[3])
+
+
+def _segments_of(entry: Optional[_Entry]) -> Segments:
+    segs = []
+    while entry is not None and entry[3] is not None:
+        start, end, is_segment = entry[4]
+        if is_segment:
+            segs.append((start, end))
+        entry = entry[3]
+    return tuple(reversed(segs))
+
+
+def search(ix: Index, space: Space, budget: float, *, by_peak: bool = False,
+           cost_cap: float = math.inf) -> Optional[Found]:
+    """Cheapest plan (or, ``by_peak``, lowest-peak plan) with peak <= ``budget``, or None."""
+    if ix.n == 0:
+        return Found(segments=(), peak=0, cost=0.0) if budget >= 0 else None
+    return _Search(ix, space, budget, by_peak, cost_cap).run()
