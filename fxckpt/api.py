@@ -26,6 +26,10 @@ def transform(
     checkpoint: str = "except_last",
     stages: Optional[int] = None,
     balance: Optional[Sequence[Union[int, str]]] = None,
+    offload: Union[bool, str] = False,
+    offload_device: Optional[Union[str, torch.device]] = None,
+    offload_threshold: int = 1 << 20,
+    offload_bandwidth: Optional[float] = None,
     example_inputs: Optional[Sequence[Any]] = None,
     example_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> TransformedModule:
@@ -47,6 +51,12 @@ def transform(
             ``"always"``, ``"except_last"`` (default) or ``"never"``.
         stages: number of stages (default ``len(devices)``).
         balance: stage sizes in compute nodes, or the module paths where stages 1..K-1 begin.
+        offload: ``True`` moves what checkpointing keeps (and other large saved tensors) to
+            host memory in forward and back in backward; ``"auto"`` (with ``budget``) lets
+            each segment either recompute or offload, whichever costs less.
+        offload_device: where offloaded tensors live (default ``"cpu"`` when CUDA is present).
+        offload_threshold: saved storages smaller than this (bytes) are not offloaded.
+        offload_bandwidth: copy bandwidth (bytes/s) for ``offload="auto"``; measured if omitted.
         example_inputs: positional inputs to plan with now; without them fxckpt plans at the
             first call, once per input signature (shapes, dtypes, devices, non-tensor values).
         example_kwargs: keyword inputs to plan with now.
@@ -63,6 +73,8 @@ def transform(
         every=every, depth=depth, force=force or {}, budget=parsed, chunks=chunks,
         devices=None if devices is None else _as_tuple(devices, "devices"), checkpoint=checkpoint,
         stages=stages, balance=None if balance is None else _as_tuple(balance, "balance"),
+        offload=offload, offload_device=None if offload_device is None else str(offload_device),
+        offload_threshold=offload_threshold, offload_bandwidth=offload_bandwidth,
     ).validate(model)
     from fxckpt.planner import build  # the passes load only when a transform is made
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Literal, Mapping, Optional
+from typing import Literal, Mapping, Optional, Union
 
 import torch
 
@@ -53,6 +53,19 @@ class TransformConfig:
     balance: Optional[tuple] = None
     """Explicit stage sizes: node counts, or the module paths where stages 1..K-1 begin."""
 
+    offload: Union[bool, str] = False
+    """``True``: saved tensors go to host memory in forward; ``"auto"``: the budget solver's
+    segments each either recompute or offload, whichever the cost model says is cheaper."""
+
+    offload_device: Optional[str] = None
+    """Where offloaded tensors go; default ``"cpu"`` when CUDA is present (required without it)."""
+
+    offload_threshold: int = 1 << 20
+    """Saved tensors whose storage is smaller than this many bytes stay where they are."""
+
+    offload_bandwidth: Optional[float] = None
+    """Copy bandwidth in bytes/s for ``offload="auto"``; measured when not given."""
+
     @property
     def pipelined(self) -> bool:
         """True when the module runs as a pipeline of stages and micro-batches."""
@@ -72,6 +85,9 @@ class TransformConfig:
     def to_dict(self) -> dict:
         budget = None if self.budget is None else dataclasses.asdict(self.budget)
         out = {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
+        if self.offload:
+            out.update(offload=self.offload, offload_device=self.offload_device,
+                       offload_threshold=self.offload_threshold, offload_bandwidth=self.offload_bandwidth)
         if self.pipelined:
             out.update(chunks=self.chunks, devices=list(self.devices or ()), checkpoint=self.checkpoint,
                        stages=self.stages, balance=None if self.balance is None else list(self.balance))
@@ -103,6 +119,7 @@ class TransformConfig:
         _check_force(self.force, model)
         if self.pipelined:
             _check_pipeline(self)
+        _check_offload(self)
         return self
 
 
@@ -153,3 +170,26 @@ def _check_pipeline(config: TransformConfig) -> None:
         _check_positive_int("stages", config.stages)
     if config.balance is not None and (isinstance(config.balance, (str, int)) or not config.balance):
         raise ConfigError(f"balance must be a list of node counts or module paths (got {config.balance!r})")
+
+
+def _check_offload(config: TransformConfig) -> None:
+    if config.offload not in (False, True, "auto"):
+        raise ConfigError(f"offload must be True, False or 'auto' (got {config.offload!r})")
+    if config.offload == "auto" and config.budget is None:
+        raise ConfigError("offload='auto' lets the budget solver choose between recompute and offload; "
+                          "give budget= too (got budget=None), or use offload=True")
+    t = config.offload_threshold
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise ConfigError(f"offload_threshold must be a non-negative number of bytes (got {t!r})")
+    bw = config.offload_bandwidth
+    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0):
+        raise ConfigError(f"offload_bandwidth must be a positive number of bytes/s (got {bw!r})")
+    if config.offload and config.offload_device is None and not torch.cuda.is_available():
+        raise ConfigError(
+            "offload moves saved tensors from a GPU to host memory, and this machine has no CUDA device; "
+            "pass offload_device='cpu' to run the offload machinery on CPU anyway (as the tests do)"
+        )
+    if config.offload_device is not None:
+        from fxckpt.runtime.pipeline import check_device
+
+        check_device(config.offload_device)

@@ -45,6 +45,7 @@ class TransformedModule(torch.nn.Module):
         self.__dict__["_compiled"] = {}
         self.__dict__["_last"] = None
         self.config = config
+        self.__dict__["_offloader"] = _make_offloader(config)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -54,7 +55,20 @@ class TransformedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         compiled = self._compiled_for(args, kwargs)
         self.__dict__["_last"] = compiled
-        return compiled(args, kwargs)
+        offloader = self.__dict__["_offloader"]
+        if offloader is None or not (self.training and torch.is_grad_enabled()):
+            return compiled(args, kwargs)
+        offloader.stats = type(offloader.stats)()
+        if self.config.offload == "auto":
+            return compiled(args, kwargs)
+        with offloader.hooks(self):
+            return compiled(args, kwargs)
+
+    @property
+    def offload_stats(self) -> Any:
+        """What the latest training step offloaded (``None`` without ``offload=``)."""
+        offloader = self.__dict__["_offloader"]
+        return None if offloader is None else offloader.stats
 
     def plan_for(self, *args: Any, **kwargs: Any) -> Plan:
         """Plan (if needed) for these inputs without running a step, and return the plan."""
@@ -73,6 +87,7 @@ class TransformedModule(torch.nn.Module):
                 cache.pop(next(iter(cache)))
             self.model.train(self.training)
             compiled = cache[key] = self.__dict__["_build"](self.model, self.config, args, kwargs)
+            _attach_offloader(compiled, self.__dict__["_offloader"])
         return compiled
 
     def _current(self) -> Any:
@@ -124,3 +139,18 @@ class TransformedModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"strategy={self.config.strategy}, options={self.config.to_dict()}"
+
+
+def _make_offloader(config: TransformConfig) -> Any:
+    if not config.offload:
+        return None
+    from fxckpt.runtime.offload import Offloader
+
+    return Offloader(config.offload_device or "cpu", threshold=config.offload_threshold)
+
+
+def _attach_offloader(compiled: Any, offloader: Any) -> None:
+    """Segments the plan offloads run their forward under this module's offloader."""
+    for seg in compiled.plan.segments:
+        if seg.action == "offload":
+            compiled.gm.get_submodule(seg.name)._fxckpt_offloader = offloader

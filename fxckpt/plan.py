@@ -39,6 +39,8 @@ class Segment:
     """Buffers the segment writes (BatchNorm statistics); put back after each recompute."""
     reason: str
     """Why the segment exists, e.g. ``every=2: units 4-5`` or ``depth=2: layers.3``."""
+    action: str = "recompute"
+    """``recompute`` (checkpoint) or ``offload`` (kept, with its saved tensors in host memory)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -161,7 +163,7 @@ class Plan:
                 str(len(s.nodes)),
                 format_bytes(s.saved_bytes),
                 format_bytes(s.freed_bytes),
-                f"{s.recompute_flops:,}",
+                f"{s.recompute_flops:,}" if s.action == "recompute" else "offloaded",
                 s.reason,
             )
             for s in self.segments

@@ -13,17 +13,21 @@ reserve, and the solver plans for the budget minus the reserve.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Sequence
+import time
+from typing import Optional, Sequence
+
+import torch
 
 import torch.fx
 
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.passes.graph_view import SYNTHETIC
-from fxckpt.plan import format_bytes
+from fxckpt.plan import Segment, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, Segments, min_feasible_peak, simulate, solve
 
-__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve"]
+__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve", "choose_actions", "measure_rates"]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +102,41 @@ def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetI
         f"budget >= {minimum}, or a smaller batch",
         min_budget=minimum, budget=limit,
     )
+
+
+def measure_rates() -> tuple[float, float]:
+    """(FLOP/s of a matmul, bytes/s of a device-to-host copy) on this machine, roughly."""
+    a = torch.randn(256, 256)
+    start = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    flops = 4 * 2 * 256**3 / max(time.perf_counter() - start, 1e-9)
+    src = torch.empty(1 << 22, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
+    dst = torch.empty(1 << 22, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    start = time.perf_counter()
+    dst.copy_(src)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return flops, (1 << 22) / max(time.perf_counter() - start, 1e-9)
+
+
+def choose_actions(segments: Sequence[Segment], bandwidth: Optional[float], notes: list[str]) -> tuple[Segment, ...]:
+    """Per segment: recompute it, or keep it with its saved tensors offloaded, whichever is cheaper.
+
+    Recomputing costs the segment's forward again (its FLOPs at the measured matmul rate);
+    offloading costs copying what it would free there and back at ``bandwidth`` (measured when
+    ``None``). Memory is predicted as for recompute: both keep the segment's tensors off the
+    device between its forward and its backward.
+    """
+    flops_rate, measured_bw = measure_rates()
+    bw = bandwidth or measured_bw
+    chosen = []
+    for seg in segments:
+        recompute_s = seg.recompute_flops / flops_rate
+        offload_s = 2 * seg.freed_bytes / bw
+        action = "offload" if offload_s < recompute_s else "recompute"
+        chosen.append(dataclasses.replace(seg, action=action))
+    moved = sum(s.action == "offload" for s in chosen)
+    notes.append(f"offload='auto': {moved} of {len(chosen)} segment(s) offload at {bw:.3g} B/s, the rest "
+                 f"recompute at {flops_rate:.3g} FLOP/s")
+    return tuple(chosen)

@@ -22,6 +22,7 @@ import torch.fx
 from fxckpt.errors import PlanError
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
+from fxckpt.runtime.offload import offload_region
 
 __all__ = ["lower"]
 
@@ -76,7 +77,8 @@ def _lower_segment(
     graph = gm.graph
     with graph.inserting_before(members[0]):
         fn = graph.get_attr(seg.name)
-        call = graph.call_function(checkpoint, (fn, *inputs))
+        runner = offload_region if seg.action == "offload" else checkpoint
+        call = graph.call_function(runner, (fn, *inputs))
         if len(outputs) == 1:
             results = [call]
         else:

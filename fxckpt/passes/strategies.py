@@ -26,7 +26,7 @@ import torch.fx
 
 from fxckpt.config import TransformConfig
 from fxckpt.passes.annotate import compute_nodes, info
-from fxckpt.passes.budget import predict, solve_runs
+from fxckpt.passes.budget import choose_actions, predict, solve_runs
 from fxckpt.passes.graph_view import problem_of
 from fxckpt.plan import Plan, Segment
 
@@ -55,6 +55,8 @@ def select(
     if limit is not None and prediction.peak > limit:
         notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget {limit} B")
     segments = tuple(_describe(f"segment_{i}", run, config) for i, run in enumerate(runs))
+    if config.offload == "auto":
+        segments = choose_actions(segments, config.offload_bandwidth, notes)
     if not segments:
         notes.append(
             "nothing is checkpointed: no strategy was given"
