@@ -10,6 +10,7 @@ from fxckpt.budget import parse_budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
 from fxckpt.module import TransformedModule
+from fxckpt.plan import Plan
 
 __all__ = ["transform", "pareto"]
 
@@ -30,6 +31,7 @@ def transform(
     offload_device: Optional[Union[str, torch.device]] = None,
     offload_threshold: int = 1 << 20,
     offload_bandwidth: Optional[float] = None,
+    plan: Optional[Union[Plan, Mapping[str, Any]]] = None,
     example_inputs: Optional[Sequence[Any]] = None,
     example_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> TransformedModule:
@@ -57,6 +59,8 @@ def transform(
         offload_device: where offloaded tensors live (default ``"cpu"`` when CUDA is present).
         offload_threshold: saved storages smaller than this (bytes) are not offloaded.
         offload_bandwidth: copy bandwidth (bytes/s) for ``offload="auto"``; measured if omitted.
+        plan: a :class:`~fxckpt.plan.Plan` (or its ``to_dict()``) to replay: its segments are
+            used as they are, without solving again. The model must capture to the same nodes.
         example_inputs: positional inputs to plan with now; without them fxckpt plans at the
             first call, once per input signature (shapes, dtypes, devices, non-tensor values).
         example_kwargs: keyword inputs to plan with now.
@@ -75,6 +79,7 @@ def transform(
         stages=stages, balance=None if balance is None else _as_tuple(balance, "balance"),
         offload=offload, offload_device=None if offload_device is None else str(offload_device),
         offload_threshold=offload_threshold, offload_bandwidth=offload_bandwidth,
+        replay=_as_plan(plan),
     ).validate(model)
     from fxckpt.planner import build  # the passes load only when a transform is made
 
@@ -87,6 +92,17 @@ def transform(
             )
         tm.plan_for(*(example_inputs or ()), **dict(example_kwargs or {}))
     return tm
+
+
+def _as_plan(plan: Any) -> Optional[Plan]:
+    if plan is None or isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, Mapping):
+        try:
+            return Plan.from_dict(dict(plan))
+        except (TypeError, KeyError) as e:
+            raise ConfigError(f"plan is not a saved fxckpt plan ({e}); pass tm.plan or tm.plan.to_dict()") from e
+    raise ConfigError(f"plan must be a fxckpt.Plan or its to_dict() (got {type(plan).__name__})")
 
 
 def _as_tuple(value: Any, name: str) -> tuple:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Literal, Mapping, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union
 
 import torch
 
@@ -53,6 +53,9 @@ class TransformConfig:
     balance: Optional[tuple] = None
     """Explicit stage sizes: node counts, or the module paths where stages 1..K-1 begin."""
 
+    replay: Optional[Any] = None
+    """A saved :class:`~fxckpt.plan.Plan` whose segments are used as they are (no solving)."""
+
     offload: Union[bool, str] = False
     """``True``: saved tensors go to host memory in forward; ``"auto"``: the budget solver's
     segments each either recompute or offload, whichever the cost model says is cheaper."""
@@ -80,6 +83,8 @@ class TransformConfig:
             return "depth"
         if self.budget is not None:
             return "budget"
+        if self.replay is not None:
+            return "replay"
         return "force" if self.force else "none"
 
     def to_dict(self) -> dict:
@@ -101,7 +106,7 @@ class TransformConfig:
     def validate(self, model: torch.nn.Module) -> "TransformConfig":
         """Check every option against ``model``; raise :class:`ConfigError` on the first bad one."""
         given = {k: v for k, v in (("every", self.every), ("depth", self.depth),
-                                   ("budget", self.budget)) if v is not None}
+                                   ("budget", self.budget), ("plan", self.replay)) if v is not None}
         if len(given) > 1:
             shown = " and ".join(f"{k}={_show(v)}" for k, v in given.items())
             raise ConfigError(f"give at most one strategy, got {shown}; choose one of them")
@@ -124,7 +129,9 @@ class TransformConfig:
 
 
 def _show(value: object) -> str:
-    return str(value) if isinstance(value, Budget) else repr(value)
+    if isinstance(value, Budget):
+        return str(value)
+    return "<Plan>" if type(value).__name__ == "Plan" else repr(value)
 
 
 def _depth(path: str) -> int:

@@ -42,3 +42,40 @@ def test_diff_names_what_changed() -> None:
     assert "- segment_0" in text and "+ segment_0" in text
     assert f"segments: {len(a.segments)} -> {len(b.segments)}" in text
     assert a.diff(a) == "the plans are the same"
+
+
+def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
+    import copy
+
+    from fxckpt.passes import budget as budget_pass
+    from support import assert_steps_equal, run_step
+
+    x = torch.randn(8, 32, requires_grad=True)
+    model = MLP(depth=6)
+    reference = copy.deepcopy(model)
+    solved = fxckpt.transform(copy.deepcopy(model), budget=0.5, example_inputs=(x,)).plan
+    saved = json.loads(json.dumps(solved.to_dict()))
+
+    def no_solving(*args, **kwargs):
+        raise AssertionError("replay must not solve")
+
+    monkeypatch.setattr(budget_pass, "solve", no_solving)
+    tm = fxckpt.transform(model, plan=saved, example_inputs=(x,))
+    assert [s.nodes for s in tm.plan.segments] == [s.nodes for s in solved.segments]
+    assert tm.plan.strategy == "replay" and tm.plan.predicted_peak == solved.predicted_peak
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
+
+
+def test_replaying_a_plan_for_another_model_is_refused() -> None:
+    import pytest
+
+    from models import ResNet
+
+    plan = _plan(every=1)
+    tm = fxckpt.transform(ResNet(), plan=plan)
+    with pytest.raises(fxckpt.PlanError, match="names node 'layers_0_fc', which this model's graph does not have"):
+        tm(torch.randn(2, 3, 8, 8))
+    with pytest.raises(fxckpt.ConfigError, match="give at most one strategy, got every=1 and plan=<Plan>"):
+        fxckpt.transform(MLP(), every=1, plan=plan)
+    with pytest.raises(fxckpt.ConfigError, match=r"plan must be a fxckpt.Plan or its to_dict\(\) \(got str\)"):
+        fxckpt.transform(MLP(), plan="plan.json")

@@ -18,6 +18,7 @@ in-place op from its producer, or a multi-output op from its ``getitem``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from typing import Sequence
@@ -25,6 +26,7 @@ from typing import Sequence
 import torch.fx
 
 from fxckpt.config import TransformConfig
+from fxckpt.errors import PlanError
 from fxckpt.passes.annotate import compute_nodes, info
 from fxckpt.passes.budget import choose_actions, predict, solve_runs
 from fxckpt.passes.graph_view import problem_of
@@ -45,7 +47,9 @@ def select(
     notes: list[str] = []
     problem = problem_of(gm)
     limit = None
-    if config.budget is not None:
+    if config.replay is not None:
+        runs = _replayed(order, config.replay)
+    elif config.budget is not None:
         solved, limit = solve_runs(problem, order, config.budget)
         # The solver's segments all pay off by its own account: only correctness clean-up here.
         runs = [r for r in map(_safe_suffix, _apply_force(order, solved, config.force)) if r]
@@ -55,8 +59,12 @@ def select(
     if limit is not None and prediction.peak > limit:
         notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget {limit} B")
     segments = tuple(_describe(f"segment_{i}", run, config) for i, run in enumerate(runs))
-    if config.offload == "auto":
+    if config.offload == "auto" and config.replay is None:
         segments = choose_actions(segments, config.offload_bandwidth, notes)
+    elif config.replay is not None:
+        actions = [s.action for s in config.replay.segments]
+        segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))
+        limit = config.replay.budget
     if not segments:
         notes.append(
             "nothing is checkpointed: no strategy was given"
@@ -89,6 +97,24 @@ def segment_runs(order: Sequence[torch.fx.Node], config: TransformConfig, notes:
 def _clean(order: Sequence[torch.fx.Node], runs: list[Run], config: TransformConfig) -> list[Run]:
     runs = _apply_force(order, runs, config.force)
     return [r for r in (_safe_suffix(r) for r in runs) if _frees_memory(r)]
+
+
+def _replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
+    """The saved plan's segments on this graph; every node must exist and runs must be contiguous."""
+    position = {n.name: i for i, n in enumerate(order)}
+    runs = []
+    for seg in plan.segments:
+        missing = [name for name in seg.nodes if name not in position]
+        if missing:
+            raise PlanError(
+                f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph does not "
+                f"have; was the plan made for another model, mode or input signature ({plan.signature})?"
+            )
+        idx = [position[name] for name in seg.nodes]
+        if idx != list(range(idx[0], idx[0] + len(idx))):
+            raise PlanError(f"the saved plan's {seg.name} is not a contiguous run of this graph's nodes")
+        runs.append([order[i] for i in idx])
+    return runs
 
 
 def _is_guard(n: torch.fx.Node) -> bool:
@@ -239,4 +265,6 @@ def _reason(run: Run, config: TransformConfig) -> str:
         return f"depth={config.depth}"
     if config.budget is not None:
         return "budget: least recompute under the peak"
+    if config.replay is not None:
+        return "replayed from a saved plan"
     return "force"
