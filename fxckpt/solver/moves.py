@@ -5,7 +5,9 @@ span any range. A fast space makes the search linear in the number of ops:
 
 * a run of *null* ops (no bytes, no cost, nothing saved: views, getitems) is one unit block,
   so a cut falls before or after the run, and no segment starts with a null op;
-* a *short* segment ends at any of the next ``short`` cuts and may start at any other op;
+* a *short* segment starts at any op that is not null and ends at any cut up to ``short`` real
+  ops later (the cut before a null run only when the run reads something older than the
+  segment: otherwise taking the run into the segment changes nothing);
 * a *long* segment runs between *anchors* (cheap cuts, see :func:`~fxckpt.solver.tables.anchors`)
   and may end at any of the next ``reach`` anchors.
 """

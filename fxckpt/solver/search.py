@@ -28,6 +28,7 @@ the move, so whenever some plan of the space fits the budget the search still fi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import operator
 from typing import Optional
@@ -258,4 +259,12 @@ def search(ix: Index, space: Space, budget: float, *, by_peak: bool = False,
     """Cheapest plan (or, ``by_peak``, lowest-peak plan) with peak <= ``budget``, or None."""
     if ix.n == 0:
         return Found(segments=(), peak=0, cost=0.0) if budget >= 0 else None
-    return _Search(ix, space, budget, by_peak, cost_cap).run()
+    # The search allocates millions of small acyclic tuples; the cyclic collector would rescan
+    # every live one again and again (superlinear on big graphs), and there is nothing to collect.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Search(ix, space, budget, by_peak, cost_cap).run()
+    finally:
+        if was_enabled:
+            gc.enable()

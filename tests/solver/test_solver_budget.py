@@ -154,3 +154,11 @@ def test_gpt2_sized_graph_solves_quickly() -> None:
     assert sol.predicted_peak <= budget
     assert simulate(problem, sol.segments).peak_bytes == sol.predicted_peak
     assert 0 < sol.recompute_cost < problem.index.cum_cost[-1] / 2
+
+
+def test_modes_say_whether_the_answer_is_optimal() -> None:
+    problem = random_dag(9, 11)
+    budget = (min_feasible_peak(problem) + peak_bytes(problem)) // 2
+    assert solve(problem, budget).optimal  # 9 ops: auto searches exactly
+    assert solve(problem, budget, mode="exact").optimal
+    assert not solve(problem, budget, mode="fast").optimal
