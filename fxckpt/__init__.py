@@ -8,6 +8,7 @@
 from fxckpt.api import pareto, transform
 from fxckpt.budget import BudgetInfeasibleError
 from fxckpt.config import TransformConfig
+from fxckpt.export import load, save
 from fxckpt.errors import (
     CaptureError,
     ConfigError,
@@ -18,12 +19,19 @@ from fxckpt.errors import (
 from fxckpt.module import TransformedModule
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
+from fxckpt.viz import plot_memory, plot_pareto, plot_schedule, show
 
 __version__ = "0.1.0"
 
 __all__ = [
     "transform",
     "pareto",
+    "show",
+    "plot_memory",
+    "plot_pareto",
+    "plot_schedule",
+    "save",
+    "load",
     "BudgetInfeasibleError",
     "checkpoint",
     "TransformConfig",

@@ -1,7 +1,7 @@
-"""The ``fxckpt`` command line: ``python -m fxckpt demo [--quick]``.
+"""The ``fxckpt`` command line: ``fxckpt demo [--quick]`` and ``fxckpt plan TARGET ...``.
 
-One subcommand per task, each a small function taking the parsed arguments; ``plan`` (print the
-plan for a model) is meant to join ``demo`` here.
+One subcommand per task, each a small function taking the parsed arguments; ``plan`` lives in
+:mod:`fxckpt.cli`. Usage mistakes are one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fxckpt", description="Activation checkpointing chosen by torch.fx passes.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log fxckpt's decisions")
+    from fxckpt.cli import OneLineParser, add_plan_command
+
+    parser = OneLineParser(
+        prog="fxckpt", description="Activation checkpointing chosen by torch.fx passes.",
+        epilog="Run 'fxckpt COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log fxckpt's decisions (and show tracebacks)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo", help="measure memory and time of each strategy on a small GPT",
@@ -32,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=_positive_int, default=1,
                       help="memory-measuring processes run at once (default: 1)")
     demo.set_defaults(run=_demo)
+    add_plan_command(commands)
     return parser
 
 

@@ -74,4 +74,5 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    assert "usage: fxckpt" in capsys.readouterr().err
+    err = capsys.readouterr().err  # one line: what was wrong, and where --help is
+    assert err.startswith("fxckpt") and "error:" in err and "--help" in err and len(err.strip().splitlines()) == 1

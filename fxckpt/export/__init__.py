@@ -1,0 +1,137 @@
+"""Save a transformed module and load it where the original model's code is not available.
+
+    fxckpt.save(tm, "gpt2_ckpt/")        # generated code, weights, plan, manifest
+    tm2 = fxckpt.load("gpt2_ckpt/")      # same outputs and gradients, no model class needed
+
+Why it is built this way:
+
+* **Code, not pickles.** The rewritten graph and each ``segment_N`` are written as the Python
+  code ``torch.fx`` generated for them, and module attributes as JSON, so loading needs torch
+  and fxckpt (and ``transformers`` for Hugging Face outputs) but never the user's classes, and
+  never unpickles anything (weights are safetensors, or ``torch.load(weights_only=True)``).
+* **Verified before use.** Every file's SHA-256 is in the manifest, with a content hash over
+  all of them; a flipped byte anywhere is an :class:`ExportError` naming the file, and code is
+  executed only from the export directory, from bytes just checked, with globals imported from
+  torch, fxckpt and a few standard packages only. The hashes detect corruption and edits, not
+  a forger who rewrites the manifest too: load exports you trust, as with any code.
+* **Atomic.** A save writes into a temporary directory renamed into place; see
+  :mod:`fxckpt.export.files`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import torch
+
+from fxckpt.export.codec import ExportError
+from fxckpt.export.files import verify, versions, write_atomically, write_export
+from fxckpt.export.loaded import LoadedModule, Variant
+
+__all__ = ["save", "load", "ExportError", "LoadedModule"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequence[Any]] = None,
+         example_kwargs: Optional[Mapping[str, Any]] = None) -> Path:
+    """Write the transformed module ``tm`` to the directory ``path``; returns the path.
+
+    The export holds every graph ``tm`` has planned (one per input signature and mode). With
+    ``example_inputs`` / ``example_kwargs``, ``tm`` first plans for them in both ``train()`` and
+    ``eval()`` mode, so the loaded module can do both. An existing export at ``path`` is
+    replaced; any other existing, non-empty directory is refused.
+    """
+    from fxckpt.export.describe import describe
+    from fxckpt.module import TransformedModule
+
+    if not isinstance(tm, TransformedModule):
+        raise ExportError(f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})")
+    if getattr(tm.config, "offload", False):
+        raise ExportError("offload= moves saved tensors with hooks around the whole step, which an export does "
+                          "not carry yet; transform without offload= to save this model")
+    if example_inputs is not None or example_kwargs is not None:
+        _plan_both_modes(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
+    if tm.__dict__["_last"] is None:
+        raise ExportError("this module has not planned yet, so there is no graph to save: call it once, or pass "
+                          "example_inputs= to fxckpt.transform or to fxckpt.save")
+    described = describe(tm)
+    described.structure["devices"] = {k: str(t.device) for k, t in described.tensors.items()}
+    texts = dict(described.texts)
+    texts["structure.json"] = json.dumps(described.structure, indent=1)
+    texts["plan.json"] = json.dumps(described.plan, indent=2)
+    return write_atomically(path, lambda tmp: write_export(tmp, texts, described.tensors, versions()))
+
+
+def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
+    mode = tm.training
+    try:
+        for training in (not mode, mode):  # the original mode last: it stays the latest plan
+            tm.train(training)
+            tm.plan_for(*args, **kwargs)
+    finally:
+        tm.train(mode)
+
+
+def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = None) -> LoadedModule:
+    """Rebuild the module saved at ``path`` (see :class:`~fxckpt.export.loaded.LoadedModule`).
+
+    Every file is checked against the manifest first; a missing, corrupted or edited file raises
+    :class:`ExportError`. Tensors go to the devices they were saved from, or to ``map_location``.
+    """
+    from fxckpt.export.rebuild import build_tree
+    from fxckpt.export.views import view_from_json
+
+    store = verify(path)
+    try:
+        structure = json.loads(store.read_text("structure.json"))
+        tensors = _materialise(structure, store.tensors(), map_location)
+        variants = []
+        for entry in structure["variants"]:
+            root, slots = build_tree(entry["modules"], store, tensors, entry["training"])
+            runner = None
+            if entry.get("pipeline"):
+                runner, stage_slots = _pipeline(entry["pipeline"], store, tensors, entry["training"])
+                slots += stage_slots
+            variants.append(Variant(entry, root, slots, view_from_json(store.read_text(entry["view"])), runner))
+    except ImportError as e:
+        raise ExportError(f"loading export {store.root} needs {e.name or 'a package'} ({e}); install it") from e
+    except (KeyError, TypeError, ValueError) as e:
+        raise ExportError(f"export {store.root} has an invalid structure ({type(e).__name__}: {e})") from e
+    return LoadedModule(structure["state"], tensors, variants, store.manifest, structure["training"])
+
+
+def _pipeline(entry: dict[str, Any], store: Any, tensors: dict[str, torch.Tensor], training: bool) -> tuple[Any, list]:
+    """The GPipe runner of a staged variant, rebuilt around its stages' code modules."""
+    from fxckpt.export.rebuild import build_tree
+    from fxckpt.runtime.pipeline import Pipeline
+
+    stages, slots = [], []
+    for modules in entry["stages"]:
+        stage, stage_slots = build_tree(modules, store, tensors, training)
+        stages.append(stage)
+        slots += stage_slots
+    runner = Pipeline(stages, entry["devices"], entry["chunks"], entry["checkpoint"], input_names=entry["input_names"])
+    for m in (runner, *runner.stages):  # the graph's mode, as build_pipeline sets it
+        m.training = training
+    runner.__dict__["_fxckpt_orig_args"] = entry.get("orig_args")
+    return runner, slots
+
+
+def _materialise(structure: dict[str, Any], raw: dict[str, torch.Tensor],
+                 map_location: Optional[Union[str, torch.device]]) -> dict[str, torch.Tensor]:
+    """Raw tensors as Parameters (with their ``requires_grad``) or buffers, on their devices."""
+    grads = {e["key"]: e["requires_grad"] for e in structure["state"] if e["kind"] == "parameter"}
+    for v in structure["variants"]:
+        for m in v["modules"]:
+            for key in m.get("params", {}).values():
+                if key is not None:
+                    grads.setdefault(key, True)
+    out: dict[str, torch.Tensor] = {}
+    for key, t in raw.items():
+        t = t.to(map_location or structure.get("devices", {}).get(key, "cpu"))
+        out[key] = torch.nn.Parameter(t, requires_grad=grads[key]) if key in grads else t
+    return out

@@ -1,0 +1,225 @@
+"""The save side of an export: a transformed module as JSON structure, code files and tensors.
+
+A transformed module runs one rewritten GraphModule per input signature and mode. Each becomes a
+*variant*: its module tree (containers, ``torch.nn`` leaf modules, generated-code modules for
+the graph and each ``segment_N``), its calling convention, its plan and its graph view::
+
+    structure.json   state: every parameter/buffer name of the model, and which tensor it is
+                     variants: [{key, training, capture, parameters, plan, modules: [...]}]
+    code/v0/root.py  def forward(self, x): ... fxckpt_checkpoint(segment_0, x) ...
+    weights.*        each tensor once, under the model's own name for it
+
+Tensors are identified by object, so tied weights stay tied and a parameter that both the graph
+and a segment read is one Parameter again after loading (its gradient is not split in two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import weakref
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from fxckpt.export.codec import ExportError, class_path, describe_global, dump_spec, encode
+from fxckpt.export.views import view_to_json
+
+__all__ = ["Described", "describe"]
+
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+_GRAPH_ATTRS = ("_fxckpt_name", "_fxckpt_restores")
+
+
+@dataclasses.dataclass
+class Described:
+    """Everything :func:`fxckpt.save` writes, in memory."""
+
+    structure: dict[str, Any]
+    texts: dict[str, str]
+    """Relative path -> text (code files, graph views)."""
+    tensors: dict[str, torch.Tensor]
+    plan: dict[str, Any]
+
+
+class _Tensors:
+    """Each tensor once, keyed by the first name the model gives it (or where the graph keeps it)."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+        self.values: dict[str, torch.Tensor] = {}
+
+    def key(self, t: torch.Tensor, fallback: str) -> str:
+        name = self.names.get(id(t))
+        if name is None:
+            name = self.names[id(t)] = fallback
+            self.values[name] = t
+        return name
+
+
+def describe(tm: torch.nn.Module) -> Described:
+    """Describe every planned variant of the transformed module ``tm`` (latest first)."""
+    compiled: dict[Any, Any] = tm.__dict__["_compiled"]
+    last = tm.__dict__["_last"]
+    items = sorted(compiled.items(), key=lambda kv: kv[1] is not last)
+    tensors = _Tensors()
+    state = _state(tm, tensors)
+    texts: dict[str, str] = {}
+    variants = [_variant(i, key, c, tensors, texts) for i, (key, c) in enumerate(items)]
+    structure = {"state": state, "variants": variants, "training": tm.training}
+    return Described(structure, texts, dict(tensors.values), last.plan.to_dict())
+
+
+def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:
+    """Every parameter and buffer under every name ``tm.state_dict()`` (and ``named_*``) uses."""
+    entries = []
+    for path, mod in tm.named_modules(remove_duplicate=False):
+        prefix = f"{path}." if path else ""
+        for name, p in mod._parameters.items():
+            if p is not None:
+                entries.append({"name": prefix + name, "key": tensors.key(p, prefix + name), "kind": "parameter",
+                                "requires_grad": p.requires_grad})
+        for name, b in mod._buffers.items():
+            if b is not None:
+                entries.append({"name": prefix + name, "key": tensors.key(b, prefix + name), "kind": "buffer",
+                                "persistent": name not in mod._non_persistent_buffers_set})
+    return entries
+
+
+def _variant(i: int, key: Any, compiled: Any, tensors: _Tensors, texts: dict[str, str]) -> dict[str, Any]:
+    from fxckpt.passes.flatten import graph_view
+
+    plan = compiled.plan
+    offloaded = [s.name for s in plan.segments if getattr(s, "action", "recompute") != "recompute"]
+    if offloaded:
+        raise ExportError(f"segments {offloaded} offload their saved tensors; exports hold recompute plans only "
+                          "(transform without offload= to save this model)")
+    method = compiled.captured.method
+    texts[f"graphs/v{i}.json"] = view_to_json(graph_view(compiled.gm, plan))
+    return {
+        "key": repr(key), "loose_key": repr(loose_key(key)), "training": plan.training,
+        "signature": plan.signature, "capture": method,
+        "parameters": _parameters(compiled.captured.forward) if method == "symbolic_trace" else None,
+        "plan": plan.to_dict(), "view": f"graphs/v{i}.json",
+        "modules": _modules(compiled.gm, f"code/v{i}", tensors, texts),
+        "pipeline": None if compiled.pipeline is None else _pipeline(compiled.pipeline, compiled.gm, i, tensors, texts),
+    }
+
+
+def _pipeline(pipelined: Any, gm: torch.fx.GraphModule, i: int, tensors: _Tensors,
+              texts: dict[str, str]) -> dict[str, Any]:
+    """A pipelined variant's stages (each its own module tree) and the runner's settings."""
+    runner = pipelined.pipeline
+    tree = getattr(gm.graph._codegen, "pytree_info", None)
+    return {
+        "devices": [str(d) for d in runner.devices], "chunks": runner.chunks, "checkpoint": runner.checkpoint,
+        "input_names": runner.input_names, "orig_args": None if tree is None else list(tree.orig_args),
+        "stages": [_modules(m, f"code/v{i}/stage_{j}", tensors, texts) for j, m in enumerate(pipelined.stage_modules)],
+    }
+
+
+def loose_key(key: Any) -> Any:
+    """A signature key without tensor shapes and devices (symbolic graphs are shape-generic)."""
+    training, spec, leaves = key
+    return training, spec, tuple(("tensor", leaf[2]) if leaf and leaf[0] == "tensor" else leaf for leaf in leaves)
+
+
+def _parameters(forward: Any) -> list[dict[str, Any]]:
+    """The model's ``forward`` signature: a symbolic graph takes every parameter positionally."""
+    out = []
+    for p in inspect.signature(forward).parameters.values():
+        entry: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
+        if p.default is not inspect.Parameter.empty:
+            try:
+                entry["default"] = encode(p.default, f"the default of forward's {p.name!r}")
+            except ExportError:
+                entry["default_unsaved"] = True
+        out.append(entry)
+    return out
+
+
+def _modules(root: torch.nn.Module, code_dir: str, tensors: _Tensors, texts: dict[str, str]) -> list[dict[str, Any]]:
+    """The module tree in pre-order; a module met again is a ``same_as`` reference."""
+    entries: list[dict[str, Any]] = []
+    seen: dict[int, str] = {}
+
+    def visit(path: str, mod: torch.nn.Module) -> None:
+        if id(mod) in seen:
+            entries.append({"path": path, "same_as": seen[id(mod)]})
+            return
+        seen[id(mod)] = path
+        entries.append(_module(path, mod, code_dir, tensors, texts))
+        for name, child in mod._modules.items():
+            if child is not None:
+                visit(f"{path}.{name}" if path else name, child)
+
+    visit("", root)
+    return entries
+
+
+def _module(path: str, mod: torch.nn.Module, code_dir: str, tensors: _Tensors,
+            texts: dict[str, str]) -> dict[str, Any]:
+    where = f"{code_dir}:{path or '<root>'}"
+    entry: dict[str, Any] = {"path": path, **_tensor_slots(mod, where, tensors)}
+    if isinstance(mod, torch.fx.GraphModule):
+        file = f"{code_dir}/{path or 'root'}.py"
+        entry.update(kind="graph", code=file, **_graph(mod, path, file, texts))
+    elif type(mod).__name__ == "GuardsFn" and type(mod).__module__.startswith("torch.export"):
+        entry["kind"] = "noop"  # export's input-shape guards; a loaded module checks signatures itself
+    elif type(mod) is torch.nn.Module:
+        entry["kind"] = "container"
+    else:
+        entry.update(kind="leaf", cls=class_path(type(mod)), attrs=_leaf_attrs(mod, path))
+    return entry
+
+
+def _tensor_slots(mod: torch.nn.Module, where: str, tensors: _Tensors) -> dict[str, Any]:
+    def key(t: Optional[torch.Tensor], name: str) -> Optional[str]:
+        return None if t is None else tensors.key(t, f"{where}.{name}")
+
+    return {
+        "params": {n: key(p, n) for n, p in mod._parameters.items()},
+        "buffers": {n: [key(b, n), n not in mod._non_persistent_buffers_set] for n, b in mod._buffers.items()},
+        "tensors": {n: key(v, n) for n, v in vars(mod).items() if isinstance(v, torch.Tensor)},
+    }
+
+
+def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]) -> dict[str, Any]:
+    if "_fxckpt_offloader" in vars(gm):
+        raise ExportError(f"{path} offloads its saved tensors; exports hold recompute plans only")
+    src, globals_ = graph_source(gm)
+    texts[file] = f"# fxckpt export: forward of {path or 'the rewritten graph'} (torch.fx generated code)\n{src}"
+    attrs = {a: encode(getattr(gm, a), f"{path}.{a}") for a in _GRAPH_ATTRS if a in vars(gm)}
+    specs = {a: dump_spec(vars(gm)[a], f"{path}.{a}") for a in ("_in_spec", "_out_spec")
+             if vars(gm).get(a) is not None}
+    return {"class_name": type(gm).__name__, "attrs": attrs, "specs": specs,
+            "globals": {name: describe_global(name, obj) for name, obj in globals_.items()}}
+
+
+def graph_source(gm: torch.fx.GraphModule) -> tuple[str, dict[str, Any]]:
+    """``gm``'s forward source without type annotations (they may name the user's classes)."""
+    types = [(n, n.type) for n in gm.graph.nodes]
+    try:
+        for n, _ in types:
+            n.type = None
+        code = gm.graph.python_code(root_module="self")
+    finally:
+        for n, t in types:
+            n.type = t
+    return code.src, dict(code.globals)
+
+
+def _tensor_list(value: Any) -> bool:
+    """A list of tensors or weak references to them (rebuilt from the parameters on load)."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(v, (torch.Tensor, weakref.ReferenceType)) for v in value)
+
+
+def _leaf_attrs(mod: torch.nn.Module, path: str) -> dict[str, Any]:
+    attrs = {}
+    for name, value in vars(mod).items():
+        if name in _MODULE_KEYS or isinstance(value, (torch.Tensor, torch.nn.Module)) or _tensor_list(value):
+            continue  # tensors are linked by key; lists of them (RNNs' _flat_weights) are rebuilt on load
+        attrs[name] = encode(value, f"attribute {name!r} of {type(mod).__name__} at {path or '<root>'}")
+    return attrs

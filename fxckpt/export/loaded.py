@@ -1,0 +1,206 @@
+"""The module :func:`fxckpt.load` returns: a transformed module without its original model.
+
+It holds the model's parameters and buffers under the model's own names (``state_dict()`` has
+the original keys, so a training job can keep using its checkpoints) and one rewritten graph
+per saved *variant* (input signature and mode). A call picks the variant by the same signature
+key :class:`~fxckpt.module.TransformedModule` uses; symbolic graphs, which do not depend on
+shapes, also serve calls that differ only in tensor shapes. Without the model's code nothing can
+be planned again, so any other call is refused with the list of signatures the export holds.
+
+    LoadedModule
+      ├── (state) transformer.h.0.ln_1.weight, ...   registered: parameters(), state_dict()
+      └── variants[i].root  -- CodeModule tree, sharing those very tensors (not registered)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+
+from fxckpt.export.codec import ExportError, decode
+from fxckpt.export.rebuild import Slot, put
+from fxckpt.plan import Plan
+from fxckpt.signature import signature_key
+
+__all__ = ["LoadedModule", "Variant"]
+
+_UNSAVED = object()
+_P = inspect.Parameter
+_KINDS = {k.name: k for k in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD, _P.VAR_POSITIONAL, _P.KEYWORD_ONLY,
+                              _P.VAR_KEYWORD)}
+
+
+class Variant:
+    """One saved graph: the mode and signature it serves, how to call it, and its plan."""
+
+    def __init__(self, entry: dict[str, Any], root: torch.nn.Module, slots: list[Slot], view: Any,
+                 pipeline: Optional[torch.nn.Module] = None) -> None:
+        self.key: str = entry["key"]
+        self.loose_key: str = entry["loose_key"]
+        self.training: bool = entry["training"]
+        self.capture: str = entry["capture"]
+        self.pipeline = pipeline
+        """The rebuilt GPipe runner of a staged plan (``None`` without stages)."""
+        self.plan = Plan.from_dict(entry["plan"])
+        self.root = root
+        self.slots = slots
+        self.view = view
+        self.signature = None if entry["parameters"] is None else _signature(entry["parameters"])
+
+    def describe(self) -> str:
+        return f"{'train' if self.training else 'eval'} {self.plan.signature}"
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.signature is None:
+            return self.root(*args, **kwargs) if self.pipeline is None else self._pipelined(args, kwargs)
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        missing = [k for k, v in bound.arguments.items() if v is _UNSAVED]
+        if missing:
+            raise ExportError(f"pass {missing}: their defaults could not be saved in the export")
+        return (self.pipeline or self.root)(*bound.arguments.values())
+
+    def _pipelined(self, args: tuple, kwargs: dict) -> Any:
+        """An exported graph's calling convention around the pipeline (as PipelinedModule does)."""
+        import torch.fx._pytree as fx_pytree
+        import torch.utils._pytree as pytree
+
+        in_spec: Any = self.root.__dict__["_in_spec"]
+        out_spec: Any = self.root.__dict__["_out_spec"]
+        runner: Any = self.pipeline
+        bound = inspect.signature(self.root.forward).bind(*args, **kwargs)
+        bound.apply_defaults()
+        names = runner.__dict__["_fxckpt_orig_args"] or list(bound.arguments)
+        values = [bound.arguments[name.split(":")[0].strip()] for name in names]
+        if in_spec.type is tuple and in_spec.num_children == 2 and in_spec.child(1).type is dict:
+            count = in_spec.child(0).num_children
+            tree: Any = (tuple(values[:count]), dict(zip(in_spec.child(1).context, values[count:])))
+        else:
+            tree = values
+        out = runner(*fx_pytree.tree_flatten_spec(tree, in_spec))
+        return pytree.tree_unflatten(list(out) if isinstance(out, (tuple, list)) else [out], out_spec)
+
+
+def _signature(parameters: list[dict[str, Any]]) -> inspect.Signature:
+    params = []
+    for p in parameters:
+        default = decode(p["default"]) if "default" in p else _UNSAVED if p.get("default_unsaved") else inspect.Parameter.empty
+        params.append(inspect.Parameter(p["name"], _KINDS[p["kind"]], default=default))
+    return inspect.Signature(params)
+
+
+class LoadedModule(torch.nn.Module):
+    """A transformed module rebuilt from an export (see :func:`fxckpt.load`)."""
+
+    def __init__(self, state: list[dict[str, Any]], tensors: dict[str, torch.Tensor], variants: list[Variant],
+                 manifest: dict[str, Any], training: bool) -> None:
+        super().__init__()
+        self.__dict__["_variants"] = variants
+        self.__dict__["_manifest"] = manifest
+        self.__dict__["_last"] = variants[0]
+        self.__dict__["_owners"] = {}
+        for entry in state:
+            self._register(entry, tensors[entry["key"]])
+        in_state = {entry["key"] for entry in state}
+        for key in dict.fromkeys(s[3] for v in variants for s in v.slots if s[3] not in in_state):
+            kind = "parameter" if isinstance(tensors[key], torch.nn.Parameter) else "buffer"
+            name = "_fxckpt_constants." + "".join(c if c.isalnum() else "_" for c in key)
+            self._register({"name": name, "key": key, "kind": kind, "persistent": False}, tensors[key])
+        self.training = training
+
+    def _register(self, entry: dict[str, Any], value: torch.Tensor) -> None:
+        *parents, name = entry["name"].split(".")
+        mod: torch.nn.Module = self
+        for part in parents:
+            if part not in mod._modules:
+                mod._modules[part] = torch.nn.Module()
+            mod = mod._modules[part]  # type: ignore[assignment]
+        if entry["kind"] == "parameter":
+            mod._parameters[name] = value  # type: ignore[assignment]
+        else:
+            mod._buffers[name] = value
+            if not entry.get("persistent", True):
+                mod._non_persistent_buffers_set.add(name)
+        self.__dict__["_owners"].setdefault(entry["key"], (mod, "param" if entry["kind"] == "parameter" else "buffer",
+                                                           name, entry["key"]))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        variant = self._variant_for(args, kwargs)
+        self.__dict__["_last"] = variant
+        return variant(args, kwargs)
+
+    def _variant_for(self, args: tuple, kwargs: dict) -> Variant:
+        from fxckpt.export.describe import loose_key
+
+        key = signature_key(self.training, args, kwargs)
+        variants: list[Variant] = self.__dict__["_variants"]
+        for v in variants:
+            if v.key == repr(key):
+                return v
+        loose = repr(loose_key(key))
+        for v in variants:
+            if v.capture == "symbolic_trace" and v.loose_key == loose:
+                return v
+        held = "; ".join(v.describe() for v in variants)
+        raise ExportError(
+            f"this export holds graphs for {held}; the call is {'train' if self.training else 'eval'} "
+            f"{_describe(args, kwargs)}. Without the model's code fxckpt cannot plan again: save the "
+            "transformed module after calling it with these inputs (or pass example_inputs= to fxckpt.save)"
+        )
+
+    @property
+    def variants(self) -> list[Variant]:
+        """The saved graphs (one per input signature and mode), the latest-planned first."""
+        return list(self.__dict__["_variants"])
+
+    @property
+    def plan(self) -> Plan:
+        """The plan of the latest call's graph (before any call: the one saved last)."""
+        return self.__dict__["_last"].plan
+
+    @property
+    def code(self) -> str:
+        """The rewritten forward's code (as ``TransformedModule.code``)."""
+        return self.__dict__["_last"].root.code
+
+    @property
+    def graph_module(self) -> torch.nn.Module:
+        """The rewritten graph's module (generated code; ``.segment_0.code`` is a segment's)."""
+        return self.__dict__["_last"].root
+
+    @property
+    def pipeline(self) -> Optional[torch.nn.Module]:
+        """The GPipe runner of the latest call's graph (``None`` without stages)."""
+        return self.__dict__["_last"].pipeline
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The export's manifest: versions, file hashes, content hash."""
+        return dict(self.__dict__["_manifest"])
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> "LoadedModule":
+        super()._apply(fn, recurse)
+        owners: dict[str, Slot] = self.__dict__["_owners"]
+        current = {key: _read(owner) for key, owner in owners.items()}
+        for v in self.__dict__["_variants"]:
+            for slot in v.slots:
+                if slot[3] in current:
+                    put(slot, current[slot[3]])
+        return self
+
+    def extra_repr(self) -> str:
+        return f"variants={[v.describe() for v in self.__dict__['_variants']]}"
+
+
+def _read(slot: Slot) -> torch.Tensor:
+    mod, kind, name, _ = slot
+    return mod._parameters[name] if kind == "param" else mod._buffers[name]  # type: ignore[return-value]
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    from fxckpt.signature import describe_signature
+
+    return describe_signature(args, kwargs)
+
