@@ -148,15 +148,14 @@ class _Annotator(torch.fx.Interpreter):
         super().__init__(gm, garbage_collect_values=False)
         self.fake_mode = fake_mode
         self.owner: dict[StorageWeakRef, torch.fx.Node] = {}
-        # A module's op sees the real buffer (the recorder runs before fake conversion); a get_attr
-        # node hands out the memoised fake of it.
-        # The fakes are kept alive here: the converter memoises them only while they live.
-        state = {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
-        self.fakes = {name: fake_mode.from_tensor(t) for name, t in state.items()}
-        self.buffer_names = {id(b): name for name, b in gm.named_buffers()}
-        self.buffer_names.update({id(self.fakes[name]): name for name, _ in gm.named_buffers() if name in self.fakes})
-        self.param_storages = {StorageWeakRef(self.fakes[name].untyped_storage())
-                               for name, _ in gm.named_parameters() if name in self.fakes}
+        # One fake per parameter and buffer, kept alive here: the converter memoises a fake only
+        # while it lives, and a get_attr node must hand out the same fake a module's op sees.
+        # A module's op is recorded before fake conversion, so it shows the real buffer: both count.
+        buffers, params = dict(gm.named_buffers()), dict(gm.named_parameters())
+        self.fakes = {name: fake_mode.from_tensor(t) for name, t in {**params, **buffers}.items()}
+        self.buffer_names = {id(b): name for name, b in buffers.items()}
+        self.buffer_names.update({id(self.fakes[name]): name for name in buffers})
+        self.param_storages = {StorageWeakRef(self.fakes[name].untyped_storage()) for name in params}
 
     def _owners(self, tensors: list) -> tuple[list[str], int]:
         """Nodes owning these saved tensors' storages, and bytes of those no node owns."""
