@@ -43,9 +43,11 @@ log = logging.getLogger(__name__)
 EXACT_LIMIT = 32
 """Problems with at most this many ops are solved exactly in ``mode="auto"``."""
 
-REFINE_LIMIT = 4000
+REFINE_LIMIT = 500
 """Fast-mode problems with at most this many ops get a second, finer pass capped at the first
-pass's cost (it costs about as much as the first pass and grows faster than linearly)."""
+pass's cost (it costs about as much as the first pass and grows faster than linearly). On a
+12-layer GPT-2 (608 ops) the second pass took 1.1 s to save 1-6% of the recompute cost, so it
+stops below that size: solving stays under a second."""
 
 Mode = Literal["auto", "exact", "fast"]
 _EXACT = Space(exact=True)
