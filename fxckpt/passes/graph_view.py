@@ -10,9 +10,11 @@ and produces
 
 Two modelling choices live here:
 
-* **cost** of an op is ``max(FLOPs, output bytes)`` — matmuls and convolutions are counted by
-  their FLOPs, and memory-bound ops (elementwise, softmax, norms) by the bytes they write, so
-  recomputing a GELU is cheap but not free;
+* **cost** of an op is in FLOP-equivalents: its FLOPs (matmuls, convolutions, attention) plus
+  ``BYTE_COST`` per byte it writes, ``RANDOM_BYTE_COST`` for ops that draw random numbers. On this
+  project's CPU (one thread) a matmul ran at 94 GFLOP/s while GELU, softmax and multiply wrote
+  3-10 GB/s (16-28 FLOPs' worth of time per byte) and dropout 0.5 GB/s (~170): recomputing
+  memory-bound ops is far from free, and the solver must know it;
 * tensors autograd keeps that no node outputs (dropout masks, a leaf module's insides) become a
   synthetic op ``<node>::saved`` just before the node, read and saved only by it;
 * the step's loss is outside the graph, but its memory is part of the step: a synthetic last op
@@ -25,12 +27,16 @@ from __future__ import annotations
 import networkx as nx
 import torch.fx
 
-from fxckpt.passes.annotate import compute_nodes, info
+from fxckpt.passes.annotate import NodeInfo, compute_nodes, info
 from fxckpt.solver.problem import Op, Problem
 
 __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS"]
 
 SYNTHETIC = "::saved"
+BYTE_COST = 16.0
+"""FLOP-equivalents of time per byte a memory-bound op writes."""
+RANDOM_BYTE_COST = 128.0
+"""The same for ops that draw random numbers (dropout's mask generation is slow on CPU)."""
 LOSS = "loss::assumed"
 
 
@@ -46,7 +52,7 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
         i = info(n)
         graph.add_node(
             n.name, kind="op", position=position, out_bytes=i.new_bytes,
-            cost=float(max(i.flops, i.nbytes)), saves=tuple(_root(gm, s) for s in i.saves),
+            cost=_cost(i), saves=tuple(_root(gm, s) for s in i.saves),
             internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
             module_path=i.module_path,
         )
@@ -58,6 +64,10 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
         _root(gm, a.name) for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes if a in members
     ))
     return graph
+
+
+def _cost(i: NodeInfo) -> float:
+    return float(i.flops + (RANDOM_BYTE_COST if i.random else BYTE_COST) * i.new_bytes)
 
 
 def _floating(dtypes: tuple[str, ...]) -> bool:
