@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fxckpt.bench.models import BenchResNet
+
 
 class MLPBlock(nn.Module):
     def __init__(self, width: int, p: float) -> None:
@@ -39,31 +41,11 @@ class MLP(nn.Module):
         return self.head(x)
 
 
-class ResBlock(nn.Module):
-    def __init__(self, ch: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(ch)
-        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(ch)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(x + self.bn2(self.conv2(y)))
-
-
-class ResNet(nn.Module):
-    """A ResNet-style CNN: stem, residual blocks with BatchNorm, pooling, classifier."""
+class ResNet(BenchResNet):
+    """The benchmark's ResNet-style CNN (stem, residual blocks with BatchNorm), small by default."""
 
     def __init__(self, blocks: int = 3, ch: int = 8, classes: int = 5) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch), nn.ReLU())
-        self.blocks = nn.Sequential(*(ResBlock(ch) for _ in range(blocks)))
-        self.fc = nn.Linear(ch, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.blocks(self.stem(x))
-        return self.fc(x.mean(dim=(2, 3)))
+        super().__init__(blocks, ch, classes)
 
 
 def _double_conv(cin: int, cout: int) -> nn.Sequential:

@@ -1,0 +1,133 @@
+"""What runs inside the benchmark's subprocesses: one configuration each, JSON out.
+
+``measure_memory`` runs under ``MALLOC_MMAP_THRESHOLD_`` (set by
+:func:`fxckpt.measure.run_in_subprocess`): warm-up step (compiles, for ``torch.compile``), then
+the RSS protocol over ``repeats`` steps, then one step under the live-tensor tracker.
+``measure_time`` runs with glibc's default allocator and times the method and a deep copy of
+the unmodified model by turns in the same process, so the ratio sees the same machine load.
+``solve_scaling`` times the budget solver alone on GPT-2 graphs of growing depth.
+
+Every function catches what goes wrong with the method and returns it as
+``{"status": "error", "error": ...}`` (or ``"infeasible"``, ``"n/a"``): one peer failing never stops
+the benchmark.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any, Callable, Optional
+
+import torch
+
+from fxckpt.bench.methods import COMPILE_BACKEND, Budget, NotApplicable, prepare, solve_seconds
+from fxckpt.bench.models import ModelSpec, spec_for
+
+__all__ = ["measure_memory", "measure_time", "solve_scaling", "error_text"]
+
+Result = dict[str, Any]
+
+
+def error_text(e: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of an exception, cut to ``limit`` characters."""
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _setup(model: str, quick: bool) -> tuple[ModelSpec, torch.nn.Module, tuple[Any, ...], Callable[[Any], Any]]:
+    torch.set_num_threads(1)
+    spec = spec_for(model)
+    torch.manual_seed(0)
+    built, inputs, loss = spec.build(spec.quick if quick else spec.full)
+    return spec, built, inputs, loss
+
+
+def _step(module: Callable[..., Any], inputs: tuple[Any, ...], loss: Callable[[Any], Any]) -> Callable[[], None]:
+    def step() -> None:  # gradients accumulate: allocated in warm-up, not part of the step's peak
+        loss(module(*inputs)).backward()
+
+    return step
+
+
+def _failure(e: BaseException) -> Result:
+    from fxckpt.budget import BudgetInfeasibleError
+
+    if isinstance(e, NotApplicable):
+        return {"status": "n/a", "error": str(e)}
+    if isinstance(e, BudgetInfeasibleError):
+        return {"status": "infeasible", "error": error_text(e), "min_budget": e.min_budget}
+    return {"status": "error", "error": error_text(e)}
+
+
+def measure_memory(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
+                   repeats: int = 3, compile_backend: str = COMPILE_BACKEND, time_solver: bool = True) -> Result:
+    """Peak activation memory of one step: RSS protocol (median) and live-tensor tracker."""
+    from fxckpt.measure import step_peak_rss
+
+    spec, built, inputs, loss = _setup(model, quick)
+    try:
+        module, facts = prepare(method, built, inputs, spec, budget, compile_backend, time_solver)
+        step = _step(module, inputs, loss)
+        rss = step_peak_rss(step, warmup=1, repeats=repeats)
+    except Exception as e:  # noqa: BLE001 - any failure of a method is a result to report
+        return _failure(e)
+    result = {"status": "ok", "rss_bytes": rss["peak_bytes"], "rss_samples": rss["samples"], **facts}
+    result.update(_tracked(step) if method != "compile" else _UNTRACKABLE)
+    return result
+
+
+_UNTRACKABLE = {"tracked_bytes": None, "tracked_error": (
+    "not measured: under a TorchDispatchMode dynamo skips the compiled frame and the step runs "
+    "eagerly, so the tracker would count the unmodified model")}
+
+
+def _tracked(step: Callable[[], None]) -> Result:
+    from fxckpt.measure import step_peak_tracked
+
+    try:
+        return {"tracked_bytes": step_peak_tracked(step, warmup=0, repeats=1)["peak_bytes"]}
+    except Exception as e:  # noqa: BLE001 - the tracker is a cross-check; RSS stands without it
+        return {"tracked_bytes": None, "tracked_error": error_text(e)}
+
+
+def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
+                 repeats: int = 5, compile_backend: str = COMPILE_BACKEND, time_solver: bool = False) -> Result:
+    """Median step seconds of the method and of the unmodified model, timed by turns.
+
+    ``time_solver`` is accepted so that memory and time children take the same arguments; the
+    time child never times the solver.
+    """
+    from fxckpt.measure import time_step
+
+    spec, built, inputs, loss = _setup(model, quick)
+    baseline = copy.deepcopy(built)
+    try:
+        module, _ = prepare(method, built, inputs, spec, budget, compile_backend, time_solver=False)
+        steps = {"method": _step(module, inputs, loss), "base": _step(baseline, inputs, loss)}
+        samples: dict[str, list[float]] = {name: [] for name in steps}
+        for step in steps.values():
+            step()  # warm-up (compiles)
+        for _ in range(repeats):
+            for name, step in steps.items():
+                samples[name].append(time_step(step, repeats=1, warmup=0))
+    except Exception as e:  # noqa: BLE001
+        return _failure(e)
+    method_s, base_s = statistics.median(samples["method"]), statistics.median(samples["base"])
+    return {"status": "ok", "step_s": method_s, "base_step_s": base_s, "time_ratio": method_s / base_s,
+            "step_samples": samples["method"], "base_samples": samples["base"]}
+
+
+def solve_scaling(layers: list[int], budgets: list[float], repeats: int = 3) -> Result:
+    """``fxckpt.solver.solve`` wall time on GPT-2 graphs with each layer count (tiny width:
+    the graph's size is what the solver's time depends on)."""
+    torch.set_num_threads(1)
+    sizes = {"width": 32, "heads": 2, "vocab": 64, "batch": 2, "seq": 32}
+    rows: list[Result] = []
+    for n in layers:
+        torch.manual_seed(0)
+        built, inputs, _ = spec_for("gpt2").build(dict(sizes, layers=n))
+        try:
+            rows += [{"layers": n, "status": "ok", **r} for r in solve_seconds(built, inputs, budgets, repeats)]
+        except Exception as e:  # noqa: BLE001
+            rows.append({"layers": n, "status": "error", "error": error_text(e)})
+    return {"status": "ok", "rows": rows, "sizes": sizes}

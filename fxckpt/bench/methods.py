@@ -1,0 +1,181 @@
+"""The methods the benchmark compares, each a function ``model -> (module to run, facts)``.
+
+* ``unmodified``: the model itself (the baseline of every ratio).
+* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=...)``; facts from ``tm.plan``
+  (predicted peak, eager peak, budget in bytes), the wall time of ``transform`` and of the budget
+  solver alone. ``b`` is a fraction (``float``) or, for rows matched to a peer, bytes (``int``).
+* ``checkpoint_per_block``: every block's ``forward`` wrapped in
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+* ``checkpoint_sequential``: the blocks run through ``torch.utils.checkpoint.checkpoint_sequential``
+  with ``round(sqrt(n))`` segments (torch leaves the last segment un-checkpointed). Hugging Face
+  blocks take extra arguments (attention mask, ...): the container of blocks is replaced by one
+  module that closes over them, so the model's own loop calls it once.
+* ``compile``: ``torch.compile(model, backend=...)`` with
+  ``torch._functorch.config.activation_memory_budget = b`` (set before the first, compiling step).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from fxckpt.bench.models import ModelSpec
+
+__all__ = ["METHODS", "BUDGETED", "NotApplicable", "prepare", "solve_seconds", "COMPILE_BACKEND"]
+
+METHODS = ("unmodified", "fxckpt", "checkpoint_per_block", "checkpoint_sequential", "compile")
+"""Every method, in report order."""
+
+BUDGETED = frozenset({"fxckpt", "compile"})
+"""Methods run once per budget; the others once per model."""
+
+COMPILE_BACKEND = "aot_eager_decomp_partition"
+
+Facts = dict[str, Any]
+
+
+class NotApplicable(Exception):
+    """The method cannot be applied to this model; the message says why."""
+
+
+Budget = Union[float, int]
+"""A fraction of the eager peak (``float``) or bytes (``int``, fxckpt only)."""
+
+
+def prepare(method: str, model: nn.Module, inputs: tuple[Any, ...], spec: ModelSpec, budget: Optional[Budget],
+            compile_backend: str = COMPILE_BACKEND, time_solver: bool = True) -> tuple[Callable[..., Any], Facts]:
+    """The module to call with ``inputs`` under ``method``, and facts to report about it.
+
+    ``time_solver``: for ``fxckpt``, also time the solver alone (captures the model once more).
+    """
+    if method == "unmodified":
+        return model, {"detail": "the model as built (baseline)"}
+    if method == "fxckpt":
+        return _fxckpt(model, inputs, _need(budget, method), time_solver)
+    if method == "checkpoint_per_block":
+        return _per_block(model, spec)
+    if method == "checkpoint_sequential":
+        return _sequential(model, spec)
+    if method == "compile":
+        return _compile(model, float(_need(budget, method)), compile_backend)
+    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def _need(budget: Optional[Budget], method: str) -> Budget:
+    if budget is None:
+        raise ValueError(f"method {method!r} needs a budget fraction (got None)")
+    return budget
+
+
+def _fxckpt(model: nn.Module, inputs: tuple[Any, ...], budget: Budget, time_solver: bool) -> tuple[nn.Module, Facts]:
+    import fxckpt
+
+    start = time.perf_counter()
+    tm = fxckpt.transform(model, budget=budget, example_inputs=inputs)
+    plan_s = time.perf_counter() - start
+    plan = tm.plan
+    solve = solve_seconds(model, inputs, [budget], repeats=1)[0] if time_solver else {"solve_s": None}
+    facts = {
+        "predicted_peak": plan.predicted_peak, "eager_predicted": plan.eager_peak,
+        "budget_bytes": plan.budget, "plan_s": plan_s, "solve_s": solve["solve_s"],
+        "segments": len(plan.segments), "capture": plan.capture,
+        "recompute_flops_fraction": plan.recompute_flops / plan.total_flops if plan.total_flops else 0.0,
+        "detail": f"{len(plan.segments)} segments, recomputes "
+                  f"{plan.recompute_flops / max(plan.total_flops, 1):.0%} of forward FLOPs",
+    }
+    return tm, facts
+
+
+def _blocks(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, str, list[nn.Module]]:
+    parent_path, _, attr = spec.blocks.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    container = getattr(parent, attr)
+    blocks = list(container.children())
+    if not blocks:
+        raise NotApplicable(f"{spec.blocks} holds no blocks")
+    return parent, attr, blocks
+
+
+def _per_block(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, Facts]:
+    _, _, blocks = _blocks(model, spec)
+    for block in blocks:  # an instance attribute shadows the class's forward; __call__ uses it
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+    return model, {"detail": f"{len(blocks)} blocks, each under checkpoint(use_reentrant=False)"}
+
+
+def _call_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], x: Any) -> Any:
+    return block(x, *args, **kwargs)
+
+
+class CheckpointedChain(nn.Module):
+    """The blocks as one module: ``chain(x, *extra)`` runs ``checkpoint_sequential`` over
+    ``block(x, *extra)`` for each block (the extra arguments are the same for every block)."""
+
+    def __init__(self, blocks: list[nn.Module], segments: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.segments = segments
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        functions = [functools.partial(_call_block, b, args, kwargs) for b in self.blocks]
+        return checkpoint_sequential(functions, self.segments, x, use_reentrant=False)
+
+
+def _sequential(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, Facts]:
+    parent, attr, blocks = _blocks(model, spec)
+    segments = max(1, round(math.sqrt(len(blocks))))
+    chain = CheckpointedChain(blocks, segments)
+    setattr(parent, attr, nn.ModuleList([chain]) if spec.iterated else chain)
+    return model, {"detail": f"{len(blocks)} blocks in {segments} segments (last one not checkpointed)",
+                   "segments": segments}
+
+
+def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..., Any], Facts]:
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = budget
+    compiled = torch.compile(model, backend=backend)
+    return compiled, {"detail": f"torch.compile(backend={backend!r}), activation_memory_budget={budget}"}
+
+
+def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budget],
+                  repeats: int = 1) -> list[Facts]:
+    """Wall time of ``fxckpt.solver.solve`` alone, per budget fraction, after capture + annotate.
+
+    The budget in bytes (an ``int`` as given, a ``float`` as that fraction of the predicted eager
+    peak) minus the reserve is what the solver gets, as in ``transform``. Each timing gets a fresh ``Problem`` (the solver caches its index
+    on it); the median of ``repeats`` solves is reported.
+    """
+    from fxckpt.passes import annotate, capture
+    from fxckpt.passes.graph_view import problem_of
+
+    captured = capture(model, inputs, {})
+    annotate(captured.gm, captured.graph_args(inputs, {}))
+    return [_time_solve(lambda: problem_of(captured.gm), b, repeats) for b in budgets]
+
+
+def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
+    from fxckpt.passes.budget import reserve
+    from fxckpt.solver import BudgetInfeasible, simulate, solve
+
+    problem = make()
+    extra = reserve(problem)
+    total = budget if isinstance(budget, int) else int(budget * (simulate(problem, ()).peak_bytes + extra))
+    limit = total - extra
+    times, feasible = [], True
+    for _ in range(repeats):
+        problem = make()
+        start = time.perf_counter()
+        try:
+            solve(problem, max(limit, 0))
+        except BudgetInfeasible:
+            feasible = False
+        times.append(time.perf_counter() - start)
+    return {"budget": budget, "ops": len(problem.ops), "solve_s": sorted(times)[len(times) // 2],
+            "feasible": feasible}

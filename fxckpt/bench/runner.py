@@ -1,0 +1,238 @@
+"""Run every configuration in its own subprocesses and gather the rows.
+
+    for each (model, method, budget):
+        memory child  (MALLOC_MMAP_THRESHOLD_ set)  -> RSS peak, tracked peak, plan facts
+    for each peer that saved memory (match_peers):
+        memory child  fxckpt with budget = the peer's measured peak in bytes ("fxckpt @peer")
+    for each configuration that worked:
+        time child    (default allocator)           -> median step, baseline step, ratio
+    for each layer count:
+        scaling child                                -> solver seconds on a GPT-2 graph
+
+Memory children may run ``jobs`` at a time (each process's RSS is its own); time children run
+one at a time. A child that crashes or times out becomes an error row.
+
+The ``fxckpt @peer`` rows make the Pareto comparison exact: a peer is compared with fxckpt asked
+for the very memory the peer was measured to use, not only with the nearest budget of the grid.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS
+from fxckpt.bench.models import MODEL_NAMES, spec_for
+
+__all__ = ["BenchOptions", "Config", "configurations", "run_bench", "label"]
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """What to run."""
+
+    models: tuple[str, ...] = MODEL_NAMES
+    """Benchmark models (keys of :data:`fxckpt.bench.models.MODELS`)."""
+    methods: tuple[str, ...] = METHODS
+    """Methods to run; ``unmodified`` is always added (every ratio needs it)."""
+    budgets: tuple[float, ...] = (0.25, 0.5, 0.75)
+    """Budget fractions for ``fxckpt`` and ``compile``."""
+    repeats: int = 3
+    """Steps per median (memory and time)."""
+    quick: bool = False
+    """Tiny model sizes (tests)."""
+    jobs: int = 2
+    """Memory-measuring subprocesses at once."""
+    compile_backend: str = COMPILE_BACKEND
+    """Backend of the ``compile`` peer (a test hook: a bogus name must give error rows)."""
+    scaling_layers: tuple[int, ...] = (12, 48, 192)
+    """GPT-2 layer counts for the solver-scaling measurement (empty: skip it)."""
+    scaling_budget: float = 0.5
+    """Budget fraction the solver-scaling measurement solves for."""
+    match_peers: bool = True
+    """Also run fxckpt with each peer's measured peak as its budget in bytes."""
+    timeout: float = 900.0
+    """Seconds before a child is abandoned (its row becomes an error)."""
+
+    def __post_init__(self) -> None:
+        for name in self.models:
+            spec_for(name)
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+        if any(not 0.0 < b <= 1.0 for b in self.budgets) or not self.budgets:
+            raise ValueError(f"budgets must be fractions in (0, 1] (got {self.budgets})")
+        if self.repeats < 1 or self.jobs < 1:
+            raise ValueError(f"repeats and jobs must be positive (got {self.repeats}, {self.jobs})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One measured configuration."""
+
+    model: str
+    method: str
+    budget: Optional[float]
+    """A fraction; for a ``match`` row, bytes (an ``int``)."""
+    match: Optional[str] = None
+    """Label of the peer whose measured peak is this row's budget."""
+
+    @property
+    def label(self) -> str:
+        return label(self.method, self.budget, self.match)
+
+
+def label(method: str, budget: Optional[float], match: Optional[str] = None) -> str:
+    """Row label: ``fxckpt b=0.5``, ``checkpoint_per_block``, ``fxckpt @checkpoint_per_block``."""
+    if match is not None:
+        return f"{method} @{match}"
+    return method if budget is None else f"{method} b={budget:g}"
+
+
+def configurations(opts: BenchOptions) -> list[Config]:
+    """Every (model, method, budget) to measure, unmodified first within each model."""
+    methods = ["unmodified"] + [m for m in METHODS if m in opts.methods and m != "unmodified"]
+    return [Config(model, method, budget)
+            for model in opts.models for method in methods
+            for budget in (opts.budgets if method in BUDGETED else (None,))]
+
+
+def _child(function: str, kwargs: dict[str, Any], *, mmap: bool, timeout: float) -> Row:
+    from fxckpt.measure import MMAP_THRESHOLD, MeasureError, run_in_subprocess
+
+    try:
+        return run_in_subprocess(f"fxckpt.bench.child:{function}", kwargs,
+                                 mmap_threshold=MMAP_THRESHOLD if mmap else None, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"the {function} subprocess took more than {timeout:.0f} s"}
+    except MeasureError as e:
+        tail = str(e).strip().splitlines()[-1] if str(e).strip() else "no output"
+        return {"status": "error", "error": f"subprocess crashed: {tail}"}
+
+
+def _kwargs(cfg: Config, opts: BenchOptions) -> dict[str, Any]:
+    kwargs = {"model": cfg.model, "method": cfg.method, "budget": cfg.budget, "quick": opts.quick,
+              "repeats": opts.repeats, "compile_backend": opts.compile_backend}
+    return kwargs if cfg.match is None else dict(kwargs, time_solver=False)
+
+
+def _progress(start: float, done: int, total: int, cfg: Config, row: Row, what: str) -> None:
+    status = row.get("status")
+    if status == "ok" and what == "memory":
+        result = f"{row['rss_bytes'] / 2**20:.1f} MiB"
+    elif status == "ok":
+        result = f"{row['step_s'] * 1000:.0f} ms ({row['time_ratio']:.2f}x)"
+    else:
+        result = f"{status}: {str(row.get('error'))[:100]}"
+    print(f"[{time.perf_counter() - start:6.0f} s] {what} {done}/{total} {cfg.model} "
+          f"{cfg.label}: {result}", file=sys.stderr, flush=True)
+
+
+def _measure_all(configs: list[Config], opts: BenchOptions, function: str, jobs: int,
+                 start: float) -> dict[Config, Row]:
+    what = "memory" if function == "measure_memory" else "time"
+    results: dict[Config, Row] = {}
+
+    def one(cfg: Config) -> tuple[Config, Row]:
+        return cfg, _child(function, _kwargs(cfg, opts), mmap=what == "memory", timeout=opts.timeout)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for cfg, row in pool.map(one, configs):
+            results[cfg] = row
+            _progress(start, len(results), len(configs), cfg, row, what)
+    return results
+
+
+def _merge(cfg: Config, memory: Row, timing: Optional[Row]) -> Row:
+    row: Row = {"model": cfg.model, "method": cfg.method, "budget": cfg.budget, "match": cfg.match,
+                "label": cfg.label, **memory}
+    if timing is None:
+        return row
+    if timing.get("status") == "ok":
+        row.update({k: v for k, v in timing.items() if k != "status"})
+    else:
+        row["time_error"] = timing.get("error")
+    return row
+
+
+def _add_ratios(rows: list[Row]) -> None:
+    """Memory ratios against the unmodified row of the same model (time ratios come from the
+    time child, which timed its own baseline)."""
+    base = {r["model"]: r for r in rows if r["method"] == "unmodified" and r.get("status") == "ok"}
+    for row in rows:
+        b = base.get(row["model"])
+        if row.get("status") != "ok" or b is None:
+            continue
+        row["peak_ratio"] = row["rss_bytes"] / b["rss_bytes"] if b["rss_bytes"] else None
+        if row.get("tracked_bytes") and b.get("tracked_bytes"):
+            row["tracked_ratio"] = row["tracked_bytes"] / b["tracked_bytes"]
+        if row.get("predicted_peak") and row["rss_bytes"]:
+            row["predicted_over_measured"] = row["predicted_peak"] / row["rss_bytes"]
+
+
+PEER_METHODS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
+
+
+def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:
+    """``fxckpt`` with each peer's measured peak as its budget, for every peer that used less
+    memory than the unmodified model (peaks within 1% of one already matched share its row)."""
+    base = {c.model: memory[c].get("rss_bytes") for c in configs if c.method == "unmodified"}
+    matched: list[Config] = []
+    for cfg in configs:
+        peak = memory[cfg].get("rss_bytes") if memory[cfg].get("status") == "ok" else None
+        limit = base.get(cfg.model)
+        if cfg.method not in PEER_METHODS or not peak or not limit or peak >= limit:
+            continue
+        if any(m.model == cfg.model and abs(int(m.budget or 0) - peak) <= 0.01 * peak for m in matched):
+            continue
+        matched.append(Config(cfg.model, "fxckpt", int(peak), match=cfg.label))
+    return matched
+
+
+def _in_report_order(configs: list[Config]) -> list[Config]:
+    """Per model: unmodified, fxckpt on the grid, fxckpt matched to peers, then the peers."""
+    models = list(dict.fromkeys(c.model for c in configs))
+    rank = {m: i for i, m in enumerate(METHODS)}
+    return sorted(configs, key=lambda c: (models.index(c.model), rank[c.method], c.match is not None))
+
+
+def _scaling(opts: BenchOptions, start: float) -> list[Row]:
+    rows: list[Row] = []
+    for n in opts.scaling_layers:
+        result = _child("solve_scaling", {"layers": [n], "budgets": [opts.scaling_budget], "repeats": 1},
+                        mmap=False, timeout=opts.timeout)
+        got = result.get("rows") or [{"layers": n, "status": "error", "error": result.get("error")}]
+        rows += got
+        print(f"[{time.perf_counter() - start:6.0f} s] solver scaling {n} layers: "
+              f"{', '.join(_scaling_text(r) for r in got)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _scaling_text(row: Row) -> str:
+    return f"{row['ops']} ops, {row['solve_s']:.2f} s" if row.get("status") == "ok" else f"error: {row.get('error')}"
+
+
+def run_bench(opts: BenchOptions, *, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Measure every configuration; returns ``{"options", "rows", "scaling", "seconds"}``."""
+    start = clock()
+    configs = configurations(opts)
+    memory = _measure_all(configs, opts, "measure_memory", opts.jobs, start)
+    if opts.match_peers:
+        matched = matched_configs(configs, memory)
+        memory.update(_measure_all(matched, opts, "measure_memory", opts.jobs, start))
+        configs = _in_report_order(configs + matched)
+    timed = [c for c in configs if memory[c].get("status") == "ok"]
+    timing = _measure_all(timed, opts, "measure_time", 1, start)
+    rows = [_merge(c, memory[c], timing.get(c)) for c in configs]
+    _add_ratios(rows)
+    scaling = _scaling(opts, start)
+    return {"options": dataclasses.asdict(opts), "rows": rows, "scaling": scaling, "seconds": clock() - start}

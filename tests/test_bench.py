@@ -1,0 +1,209 @@
+"""Tests for fxckpt/bench/: the quick run's report, error rows for failing peers, the targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fxckpt.bench import BenchOptions, check_targets, configurations, prepare, render_markdown, run_bench
+from fxckpt.bench.__main__ import main
+from fxckpt.bench.child import solve_scaling
+from fxckpt.bench.methods import CheckpointedChain
+from fxckpt.bench.models import MODELS, spec_for
+from fxckpt.bench.report import machine_info
+from fxckpt.bench.runner import matched_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+ROW_KEYS = {"model", "method", "budget", "label", "status"}
+MEASURED_KEYS = {"rss_bytes", "rss_samples", "tracked_bytes", "step_s", "base_step_s", "time_ratio", "peak_ratio"}
+
+
+@pytest.mark.slow  # ten fresh Python processes: 30-50 s on a shared 2-core machine
+def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fxckpt.bench", "--quick", "--models", "mlp", "--scaling-layers", "",
+         "--repeats", "2", "--jobs", "3", "--no-match-peers", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    labels = [r["label"] for r in data["rows"]]
+    assert labels == ["unmodified", "fxckpt b=0.5", "checkpoint_per_block", "checkpoint_sequential", "compile b=0.5"]
+    for row in data["rows"]:
+        assert ROW_KEYS <= set(row) and row["status"] == "ok", row
+        assert MEASURED_KEYS <= set(row), row
+        assert row["rss_bytes"] > 0 and row["step_s"] > 0
+    fx = data["rows"][1]
+    assert fx["predicted_peak"] > 0 and fx["budget_bytes"] > 0 and fx["solve_s"] >= 0
+    assert fx["predicted_over_measured"] == pytest.approx(fx["predicted_peak"] / fx["rss_bytes"])
+    assert data["machine"]["cores"] == os.cpu_count() and data["machine"]["threads"] == 1
+    assert data["scaling"] == []
+    assert {t["verdict"] for t in data["targets"]} <= {"PASS", "FAIL", "SKIP"}
+
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "## Machine" in md and data["machine"]["cpu"] in md and f"torch {torch.__version__}" in md
+    for label in labels:
+        assert f"| {label} |" in md
+    assert "## Targets" in md and "## Solver alone" not in md
+    assert md.count("budget held") == 1 and "Pareto dominance" in md
+    assert "PASS" in proc.stdout or "FAIL" in proc.stdout
+
+
+def test_a_failing_compile_backend_becomes_an_error_row(tmp_path: Path) -> None:
+    opts = BenchOptions(quick=True, models=("mlp",), methods=("compile",), budgets=(0.5,),
+                        repeats=1, scaling_layers=(), compile_backend="no_such_backend")
+    result = dict(run_bench(opts), machine=machine_info())
+    base, compiled = result["rows"]
+    assert base["method"] == "unmodified" and base["status"] == "ok" and base["step_s"] > 0
+    assert compiled["status"] == "error" and "no_such_backend" in compiled["error"]
+    assert "step_s" not in compiled  # its timing child was not run
+    checks = check_targets(result["rows"], result["scaling"])
+    peer = [c for c in checks if c.target == "Pareto dominance"]
+    assert [c.verdict for c in peer] == ["SKIP"] and "no_such_backend" in peer[0].detail
+    md = render_markdown(result, checks)
+    assert "| compile b=0.5 | — |" in md and "**error**: " in md
+
+
+def _row(model: str, method: str, budget: float | None, rss: float, time_ratio: float, **extra: Any) -> dict:
+    label = method if budget is None else f"{method} b={budget:g}"
+    return {"model": model, "method": method, "budget": budget, "label": label, "status": "ok",
+            "rss_bytes": int(rss * MiB), "time_ratio": time_ratio, **extra}
+
+
+def _by_target(checks: list, target: str) -> list:
+    return [c for c in checks if c.target == target]
+
+
+def test_solve_scaling_times_the_solver_per_layer_count() -> None:
+    pytest.importorskip("transformers")
+    result = solve_scaling([1, 2], [0.5], repeats=1)
+    rows = result["rows"]
+    assert [(r["layers"], r["status"], r["budget"]) for r in rows] == [(1, "ok", 0.5), (2, "ok", 0.5)]
+    assert rows[0]["ops"] < rows[1]["ops"] and all(r["solve_s"] > 0 and isinstance(r["feasible"], bool) for r in rows)
+
+
+def test_targets_check_budget_prediction_and_dominance_with_their_numbers() -> None:
+    rows = [
+        _row("m", "unmodified", None, 100, 1.0),
+        _row("m", "fxckpt", 0.25, 27, 1.20, predicted_peak=int(25 * MiB), budget_bytes=int(25 * MiB),
+             eager_predicted=int(100 * MiB)),
+        _row("m", "fxckpt", 0.5, 49, 1.10, predicted_peak=int(40 * MiB), budget_bytes=int(50 * MiB),
+             eager_predicted=int(100 * MiB)),
+        _row("m", "checkpoint_per_block", None, 30, 1.30),
+        _row("m", "compile", 0.25, 50, 1.05),
+        _row("m", "checkpoint_sequential", None, 20, 1.25),
+    ]
+    checks = check_targets(rows, [])
+    assert [c.verdict for c in _by_target(checks, "budget held")] == ["FAIL", "PASS"]  # 27 > 1.05 * 25
+    assert [c.verdict for c in _by_target(checks, "prediction")] == ["PASS", "FAIL", "PASS"]  # 40 vs 49: -18%
+    dom = _by_target(checks, "Pareto dominance")
+    assert [c.subject for c in dom] == ["m checkpoint_per_block", "m compile b=0.25", "m checkpoint_sequential"]
+    assert [c.verdict for c in dom] == ["PASS", "FAIL", "FAIL"]
+    assert "fxckpt/peer time = 0.92" in dom[0].detail  # 1.20 / 1.30, at 27 MiB <= 30 MiB
+    assert "fxckpt/peer time = 1.05" in dom[1].detail  # 1.10 / 1.05 at 49 MiB <= 50 MiB
+    assert "no fxckpt point at or below the peer's peak 20.0 MiB (lowest: 27.0 MiB)" in dom[2].detail
+
+
+def test_infeasible_budgets_are_skipped_and_failed_runs_fail() -> None:
+    rows = [_row("m", "unmodified", None, 100, 1.0),
+            {"model": "m", "method": "fxckpt", "budget": 0.1, "label": "fxckpt b=0.1", "status": "infeasible",
+             "error": "smallest is 0.3"},
+            {"model": "m", "method": "fxckpt", "budget": 0.5, "label": "fxckpt b=0.5", "status": "error",
+             "error": "KeyError: 'kind'"}]
+    verdicts = [(c.verdict, c.detail) for c in _by_target(check_targets(rows, []), "budget held")]
+    assert verdicts[0][0] == "SKIP" and "smallest is 0.3" in verdicts[0][1]
+    assert verdicts[1][0] == "FAIL" and "KeyError" in verdicts[1][1]
+
+
+def test_solver_targets_use_time_limit_and_log_log_slope() -> None:
+    scaling = [{"layers": 12, "status": "ok", "ops": 600, "solve_s": 0.5, "budget": 0.5},
+               {"layers": 48, "status": "ok", "ops": 2400, "solve_s": 2.2, "budget": 0.5},
+               {"layers": 192, "status": "ok", "ops": 9600, "solve_s": 8.4, "budget": 0.5}]
+    checks = check_targets([_row("gpt2", "unmodified", None, 10, 1.0)], scaling)
+    (solve,) = _by_target(checks, "solve time < 1 s")
+    (slope,) = _by_target(checks, "linear scaling")
+    assert solve.verdict == "PASS" and slope.verdict == "PASS" and "consecutive sizes 1.07, 0.97 " in slope.detail
+    scaling[1]["solve_s"] = 4.0  # 12 -> 48 layers: log(8)/log(4) = 1.5, though 12 -> 192 is 1.02
+    assert _by_target(check_targets([], scaling), "linear scaling")[0].verdict == "FAIL"
+
+
+def test_each_peer_that_saved_memory_gets_an_fxckpt_row_with_its_peak_as_budget() -> None:
+    opts = BenchOptions(models=("mlp",), methods=("checkpoint_per_block", "checkpoint_sequential", "compile"),
+                        budgets=(0.25, 0.5))
+    configs = configurations(opts)
+    peaks = {"unmodified": 100, "checkpoint_per_block": 50, "checkpoint_sequential": 50.4,
+             "compile b=0.25": 120, "compile b=0.5": 60}
+    memory = {c: {"status": "ok", "rss_bytes": int(peaks[c.label] * MiB)} for c in configs}
+    matched = matched_configs(configs, memory)
+    # sequential is within 1% of per-block (shares its row); compile b=0.25 saved nothing
+    assert [(c.method, c.budget, c.match, c.label) for c in matched] == [
+        ("fxckpt", 50 * MiB, "checkpoint_per_block", "fxckpt @checkpoint_per_block"),
+        ("fxckpt", 60 * MiB, "compile b=0.5", "fxckpt @compile b=0.5"),
+    ]
+    rows = [{"model": "mlp", "method": "unmodified", "budget": None, "label": "unmodified", "status": "ok",
+             "rss_bytes": 100 * MiB},
+            {"model": "mlp", "method": "fxckpt", "budget": 50 * MiB, "match": "checkpoint_per_block",
+             "label": "fxckpt @checkpoint_per_block", "status": "ok", "rss_bytes": int(53 * MiB)}]
+    (held,) = _by_target(check_targets(rows, []), "budget held")
+    assert held.verdict == "FAIL" and "1.060x the budget" in held.detail
+
+
+def test_configurations_run_budgeted_methods_per_budget_and_unmodified_first() -> None:
+    opts = BenchOptions(models=("mlp", "gpt2"), methods=("compile", "checkpoint_per_block"), budgets=(0.25, 0.75))
+    got = [(c.model, c.method, c.budget) for c in configurations(opts)]
+    assert got[:4] == [("mlp", "unmodified", None), ("mlp", "checkpoint_per_block", None),
+                       ("mlp", "compile", 0.25), ("mlp", "compile", 0.75)]
+    assert len(got) == 8
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet"])
+def test_checkpoint_peers_keep_the_models_gradients(name: str) -> None:
+    spec = spec_for(name)
+    grads = []
+    for method in ("unmodified", "checkpoint_per_block", "checkpoint_sequential"):
+        torch.manual_seed(0)
+        model, inputs, loss = spec.build(spec.quick)
+        module, _ = prepare(method, model, inputs, spec, None)
+        loss(module(*inputs)).backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.allclose(a, b) for g in grads[1:] for a, b in zip(grads[0], g))
+
+
+def test_checkpoint_sequential_wraps_hugging_face_blocks_as_one_chain() -> None:
+    pytest.importorskip("transformers")
+    spec = MODELS["gpt2"]
+    torch.manual_seed(0)
+    model, inputs, loss = spec.build(spec.quick)
+    module, facts = prepare("checkpoint_sequential", model, inputs, spec, None)
+    (chain,) = model.transformer.h
+    assert isinstance(chain, CheckpointedChain) and len(chain.blocks) == spec.quick["layers"]
+    loss(module(*inputs)).backward()
+    assert facts["segments"] == 1 and model.transformer.wte.weight.grad is not None
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--models", "nope"], ["--budgets", "1.5"],
+                                  ["--methods", "magic"], ["--budgets", "a,b"]])
+def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "usage: python -m fxckpt.bench" in capsys.readouterr().err
+
+
+def test_dominance_within_the_timing_noise_says_so() -> None:
+    rows = [_row("m", "unmodified", None, 100, 1.04),
+            _row("m", "fxckpt", 0.5, 40, 1.20, predicted_peak=int(40 * MiB)),
+            _row("m", "checkpoint_per_block", None, 41, 1.18),
+            _row("m", "checkpoint_sequential", None, 45, 1.40)]
+    close, far = _by_target(check_targets(rows, []), "Pareto dominance")
+    assert close.verdict == "FAIL" and "within the timing noise of ±4%" in close.detail  # 1.20 / 1.18
+    assert far.verdict == "PASS" and "noise" not in far.detail  # 1.20 / 1.40 = 0.86
