@@ -27,7 +27,8 @@ from fxckpt.passes.graph_view import SYNTHETIC
 from fxckpt.plan import Segment, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, Segments, min_feasible_peak, simulate, solve
 
-__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve", "choose_actions", "measure_rates"]
+__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve", "choose_actions", "measure_rates",
+           "offload_cost_per_byte"]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,11 @@ class Prediction:
     """Predicted peak and recompute cost of a set of runs, and the eager peak, in bytes/cost units."""
 
     def __init__(self, problem: Problem, runs: Sequence[Run]) -> None:
-        sim = simulate(problem, to_segments(problem, runs))
+        ranges = to_segments(problem, runs)
+        sim = simulate(problem, ranges)
         extra = reserve(problem)
         self.peak = sim.peak_bytes + extra
-        self.recompute = sim.recompute_cost
+        self.recompute = sum(problem.index.segment_cost(a, b) for a, b in ranges)  # offload-aware
         self.eager_peak = simulate(problem, ()).peak_bytes + extra
 
 
@@ -120,23 +122,27 @@ def measure_rates() -> tuple[float, float]:
     return flops, (1 << 22) / max(time.perf_counter() - start, 1e-9)
 
 
-def choose_actions(segments: Sequence[Segment], bandwidth: Optional[float], notes: list[str]) -> tuple[Segment, ...]:
-    """Per segment: recompute it, or keep it with its saved tensors offloaded, whichever is cheaper.
-
-    Recomputing costs the segment's forward again (its FLOPs at the measured matmul rate);
-    offloading costs copying what it would free there and back at ``bandwidth`` (measured when
-    ``None``). Memory is predicted as for recompute: both keep the segment's tensors off the
-    device between its forward and its backward.
-    """
+def offload_cost_per_byte(bandwidth: Optional[float]) -> float:
+    """FLOP-equivalents of moving one saved byte to host memory and back, at ``bandwidth`` B/s
+    (measured when ``None``), priced in the same units as recomputation."""
     flops_rate, measured_bw = measure_rates()
-    bw = bandwidth or measured_bw
-    chosen = []
-    for seg in segments:
-        recompute_s = seg.recompute_flops / flops_rate
-        offload_s = 2 * seg.freed_bytes / bw
-        action = "offload" if offload_s < recompute_s else "recompute"
-        chosen.append(dataclasses.replace(seg, action=action))
+    return 2.0 * flops_rate / (bandwidth or measured_bw)
+
+
+def choose_actions(problem: Problem, segments: Sequence[Segment], runs: Sequence[Run],
+                   notes: list[str]) -> tuple[Segment, ...]:
+    """Each segment's action: offload when the problem's offload price beats recomputing it.
+
+    The solver already priced every segment at the cheaper of the two (``Problem``'s
+    ``offload_cost_per_byte``), so the segments it chose are the cheapest plan under the budget
+    with three states per op: kept, recomputed, or kept with its saved tensors offloaded.
+    """
+    ranges = to_segments(problem, runs)
+    chosen = tuple(
+        dataclasses.replace(seg, action="offload" if problem.index.segment_offloads(a, b) else "recompute")
+        for seg, (a, b) in zip(segments, ranges)
+    )
     moved = sum(s.action == "offload" for s in chosen)
-    notes.append(f"offload='auto': {moved} of {len(chosen)} segment(s) offload at {bw:.3g} B/s, the rest "
-                 f"recompute at {flops_rate:.3g} FLOP/s")
-    return tuple(chosen)
+    notes.append(f"offload='auto': {moved} of {len(chosen)} segment(s) offload, the rest recompute "
+                 f"(moving a byte costs {problem.offload_cost_per_byte:.3g} FLOP-equivalents)")
+    return chosen

@@ -28,7 +28,7 @@ import torch.fx
 from fxckpt.config import TransformConfig
 from fxckpt.errors import PlanError
 from fxckpt.passes.annotate import compute_nodes, info
-from fxckpt.passes.budget import choose_actions, predict, solve_runs
+from fxckpt.passes.budget import choose_actions, offload_cost_per_byte, predict, solve_runs
 from fxckpt.passes.graph_view import problem_of
 from fxckpt.plan import Plan, Segment
 
@@ -46,6 +46,8 @@ def select(
     order = [n for n in compute_nodes(gm.graph) if not _is_guard(n)]
     notes: list[str] = []
     problem = problem_of(gm)
+    if config.offload == "auto" and config.replay is None:
+        problem = dataclasses.replace(problem, offload_cost_per_byte=offload_cost_per_byte(config.offload_bandwidth))
     limit = None
     if config.replay is not None:
         runs = _replayed(order, config.replay)
@@ -60,7 +62,7 @@ def select(
         notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget {limit} B")
     segments = tuple(_describe(f"segment_{i}", run, config) for i, run in enumerate(runs))
     if config.offload == "auto" and config.replay is None:
-        segments = choose_actions(segments, config.offload_bandwidth, notes)
+        segments = choose_actions(problem, segments, runs, notes)
     elif config.replay is not None:
         actions = [s.action for s in config.replay.segments]
         segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))

@@ -99,6 +99,10 @@ class Problem:
     """Every compute node, in a topological order (the order forward runs them)."""
     outputs: tuple[str, ...]
     """Ops whose values the model returns; alive until backward starts, and seeded with grads."""
+    offload_cost_per_byte: float | None = None
+    """When set, a segment may instead keep its ops and move what they save to host memory and
+    back, at this cost per byte; each segment then costs the cheaper of the two. Memory is the
+    same either way: the segment's tensors are off the device between its forward and backward."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, list):
@@ -109,6 +113,10 @@ class Problem:
             raise ValueError(f"Problem.ops must be a tuple of Op (got {self.ops!r})")
         _check_names("Problem.outputs", self.outputs)
         _validate_order(self.ops, self.outputs)
+        per_byte = self.offload_cost_per_byte
+        if per_byte is not None and (isinstance(per_byte, bool) or not isinstance(per_byte, (int, float))
+                                     or not 0 <= per_byte < math.inf):
+            raise ValueError(f"Problem.offload_cost_per_byte must be a finite number >= 0 (got {per_byte!r})")
 
     @functools.cached_property
     def index(self) -> "Index":
@@ -202,6 +210,10 @@ class Index:
     """Smallest position saving the value, ``n`` if none."""
     grad_from: tuple[int, ...]
     """Position whose backward creates the gradient (``n`` = backward start, -1 = never)."""
+    cum_saved: tuple[int, ...] = ()
+    """``cum_saved[i]`` = output bytes of ops ``0..i-1`` that some op saves (what offload moves)."""
+    offload_per_byte: float | None = None
+    """:attr:`Problem.offload_cost_per_byte`."""
     memo: dict[object, object] = dataclasses.field(
         default_factory=dict, compare=False, hash=False, repr=False)
     """Solver caches that depend only on the problem (profiles, segment facts)."""
@@ -220,9 +232,10 @@ class Index:
         is_output = tuple(op.name in outputs for op in ops)
         last_use = tuple(t[-1] if t else i for i, t in enumerate(touchers))
         grad_from = tuple(n if is_output[i] else max_reader[i] for i in range(n))
-        cum = [0.0]
-        for op in ops:
+        cum, saved = [0.0], [0]
+        for i, op in enumerate(ops):
             cum.append(cum[-1] + float(op.cost))
+            saved.append(saved[-1] + (op.out_bytes if savers[i] else 0))
         return Index(
             n=n,
             out=tuple(op.out_bytes for op in ops),
@@ -238,11 +251,20 @@ class Index:
             last_alive=tuple(n if is_output[i] else last_use[i] for i in range(n)),
             first_saver=tuple(s[0] if s else n for s in savers),
             grad_from=grad_from,
+            cum_saved=tuple(saved),
+            offload_per_byte=problem.offload_cost_per_byte,
         )
 
     def segment_cost(self, start: int, end: int) -> float:
-        """Cost of recomputing ops ``start..end-1`` once."""
-        return self.cum_cost[end] - self.cum_cost[start]
+        """Cost of segment ``start..end-1``: recomputing it once, or offloading it if cheaper."""
+        recompute = self.cum_cost[end] - self.cum_cost[start]
+        if self.offload_per_byte is None:
+            return recompute
+        return min(recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start]))
+
+    def segment_offloads(self, start: int, end: int) -> bool:
+        """True when offloading segment ``start..end-1`` costs less than recomputing it."""
+        return self.segment_cost(start, end) < self.cum_cost[end] - self.cum_cost[start]
 
 
 def _reverse(n: int, reads: list[list[int]], saves: tuple[tuple[int, ...], ...],

@@ -162,3 +162,22 @@ def test_modes_say_whether_the_answer_is_optimal() -> None:
     assert solve(problem, budget).optimal  # 9 ops: auto searches exactly
     assert solve(problem, budget, mode="exact").optimal
     assert not solve(problem, budget, mode="fast").optimal
+
+
+def test_offload_is_a_third_state_priced_per_byte() -> None:
+    """With cheap copies the least-cost plan offloads; with dear ones it recomputes as before."""
+    from fxckpt.solver import Op, Problem, simulate, solve
+
+    ops = [Op(name="a", out_bytes=100, cost=1000.0, inputs=("x",), saves=("x",))]
+    for prev, name in zip("abcd", "bcde"):
+        ops.append(Op(name=name, out_bytes=100, cost=1000.0, inputs=(prev,), saves=(prev,)))
+    plain = Problem(ops=tuple(ops), outputs=("e",))
+    budget = simulate(plain, ()).peak_bytes - 150
+    recompute = solve(plain, budget)
+    cheap = solve(Problem(ops=tuple(ops), outputs=("e",), offload_cost_per_byte=0.01), budget)
+    dear = solve(Problem(ops=tuple(ops), outputs=("e",), offload_cost_per_byte=1e6), budget)
+    assert recompute.recompute_cost >= 1000.0
+    assert cheap.recompute_cost < 10.0 and cheap.predicted_peak <= budget
+    assert dear.recompute_cost == recompute.recompute_cost
+    cheap_ix = Problem(ops=tuple(ops), outputs=("e",), offload_cost_per_byte=0.01).index
+    assert all(cheap_ix.segment_offloads(a, b) for a, b in cheap.segments)
