@@ -74,7 +74,8 @@ def transform(
         )
     parsed = None if budget is None else parse_budget(budget)
     config = TransformConfig(
-        every=every, depth=depth, force=force or {}, budget=parsed, chunks=chunks,
+        every=every, depth=depth, force=force or {},  # type: ignore[arg-type]  # validate() checks it
+        budget=parsed, chunks=chunks,
         devices=None if devices is None else _as_tuple(devices, "devices"), checkpoint=checkpoint,
         stages=stages, balance=None if balance is None else _as_tuple(balance, "balance"),
         offload=offload, offload_device=None if offload_device is None else str(offload_device),

@@ -87,9 +87,9 @@ class TransformConfig:
             return "replay"
         return "force" if self.force else "none"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         budget = None if self.budget is None else dataclasses.asdict(self.budget)
-        out = {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
+        out: dict[str, Any] = {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
         if self.offload:
             out.update(offload=self.offload, offload_device=self.offload_device,
                        offload_threshold=self.offload_threshold, offload_bandwidth=self.offload_bandwidth)

@@ -48,7 +48,8 @@ class Segment:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Segment":
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -40,7 +40,7 @@ class Compiled:
     """The pipelined module (``fxckpt.pipeline_build.PipelinedModule``) when stages were asked for."""
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        return self.captured.call(self.pipeline or self.gm, args, kwargs)
+        return self.captured.call(self.pipeline or self.gm, args, kwargs)  # type: ignore[arg-type]
 
 
 def build(model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict) -> Compiled:

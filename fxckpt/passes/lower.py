@@ -70,8 +70,8 @@ def _lower_segment(
     outputs = [nodes[name] for name in seg.outputs]
     sub = _extract(gm, members, inputs, outputs)
     sub.training = training  # not .train(): that would also flip the model's own submodules
-    sub._fxckpt_name = seg.name
-    sub._fxckpt_restores = seg.restores
+    sub.__dict__["_fxckpt_name"] = seg.name  # plain attributes the runtime reads
+    sub.__dict__["_fxckpt_restores"] = seg.restores
     gm.add_submodule(seg.name, sub)
 
     graph = gm.graph
@@ -110,7 +110,7 @@ def _extract(
     for n in members:
         for a in n.all_input_nodes:
             if a.op == "get_attr" and a not in env:
-                env[a] = graph.get_attr(a.target)
+                env[a] = graph.get_attr(str(a.target))
                 env[a].meta = dict(a.meta)
         env[n] = graph.node_copy(n, lambda a: env[a])
     result = tuple(env[o] for o in outputs)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch.fx
 
@@ -176,7 +176,7 @@ def _depth(order: Sequence[torch.fx.Node], depth: int) -> list[Run]:
     return runs
 
 
-def _pinned(n: torch.fx.Node, force: dict) -> str | None:
+def _pinned(n: torch.fx.Node, force: Mapping[str, str]) -> str | None:
     path = info(n).module_path
     best = None
     for p, mode in force.items():
@@ -185,7 +185,7 @@ def _pinned(n: torch.fx.Node, force: dict) -> str | None:
     return best[1] if best else None
 
 
-def _apply_force(order: Sequence[torch.fx.Node], runs: list[Run], force: dict) -> list[Run]:
+def _apply_force(order: Sequence[torch.fx.Node], runs: list[Run], force: Mapping[str, str]) -> list[Run]:
     if not force:
         return runs
     free = [[n for n in r if _pinned(n, force) is None] for r in runs]

@@ -155,8 +155,8 @@ class Offloader:
         key = self._key_of(storage, t.device)
         self._stored[key].refs += 1
         self.stats.offloaded += 1
-        handle = _Handle(key, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.requires_grad,
-                         len(self._order))
+        handle = _Handle(key, t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
+                         t.requires_grad, len(self._order))
         self._order.append(handle)
         return handle
 
@@ -198,6 +198,7 @@ class Offloader:
         if stored.device.type == "cuda":
             self._prefetch_before(handle.order)
         out = torch.empty(0, dtype=handle.dtype, device=stored.device)
+        assert stored.restored is not None  # _bring_back restored it
         out.set_(stored.restored, handle.offset, handle.size, handle.stride)
         self.stats.unpacked += 1
         stored.refs -= 1
