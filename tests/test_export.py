@@ -46,6 +46,7 @@ class Net(nn.Module):
 CHILD = '''
 import importlib.util, sys, torch
 import fxckpt
+torch.set_num_threads({threads})  # as the parent computed the expected values: results depend on it
 sys.path.insert(0, {tests!r})
 from support import run_step
 assert importlib.util.find_spec({module!r}) is None, "the model's module must not be importable here"
@@ -84,7 +85,8 @@ def test_round_trip_in_a_fresh_process_without_the_model_code(tmp_path: Path) ->
         tm = fxckpt.transform(model, **options, example_inputs=args)
         fxckpt.save(tm, tmp_path / name)  # before the step: the export holds the weights the step starts from
         torch.save(_expected(tm, args), tmp_path / f"{name}.expected.pt")
-    script = CHILD.format(tests=str(REPO / "tests"), module=module, names=list(cases), root=str(tmp_path))
+    script = CHILD.format(tests=str(REPO / "tests"), module=module, names=list(cases), root=str(tmp_path),
+                          threads=torch.get_num_threads())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     (tmp_path / "run").mkdir()
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "run", env=env, capture_output=True,

@@ -119,8 +119,8 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
 
 def solve_scaling(layers: list[int], budgets: list[float], repeats: int = 3) -> Result:
     """``fxckpt.solver.solve`` wall time on GPT-2 graphs with each layer count (tiny width:
-    the graph's size is what the solver's time depends on)."""
-    torch.set_num_threads(1)
+    the graph's size is what the solver's time depends on). Pure Python: threads do not matter,
+    and it also runs inside the test process, whose settings it must leave alone."""
     sizes = {"width": 32, "heads": 2, "vocab": 64, "batch": 2, "seq": 32}
     rows: list[Result] = []
     for n in layers:
