@@ -119,12 +119,17 @@ def test_offload_without_cuda_needs_a_device() -> None:
         fxckpt.transform(MLP(), every=1, offload=True)
 
 
-@cuda
-def test_cuda_offload_uses_pinned_pool_and_matches() -> None:
+def _cuda_pair() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+    """A checkpointed MLP on CUDA with and without offload, and an input."""
     model = MLP(depth=4, width=256, p=0.0).cuda()
     plain = fxckpt.transform(copy.deepcopy(model), every=1)
     tm = fxckpt.transform(model, every=1, offload=True, offload_threshold=0)
-    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    return plain, tm, torch.randn(64, 256, device="cuda", requires_grad=True)
+
+
+@cuda
+def test_cuda_offload_uses_pinned_pool_and_matches() -> None:
+    plain, tm, x = _cuda_pair()
     assert_steps_equal(run_step(tm, (x,), {}), run_step(plain, (x,), {}))
     assert tm._offloader.pool.pin and all(b.is_pinned() for bs in tm._offloader.pool.free.values() for b in bs)
 
@@ -132,10 +137,7 @@ def test_cuda_offload_uses_pinned_pool_and_matches() -> None:
 @cuda
 def test_cuda_race_with_a_delayed_compute_stream() -> None:
     """Copies must wait for the compute stream: a sleeping kernel before each step must not matter."""
-    model = MLP(depth=4, width=256, p=0.0).cuda()
-    plain = fxckpt.transform(copy.deepcopy(model), every=1)
-    tm = fxckpt.transform(model, every=1, offload=True, offload_threshold=0)
-    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    plain, tm, x = _cuda_pair()
     for step in range(100):
         torch.cuda._sleep(1_000_000)
         got = run_step(tm, (x,), {}, seed=step)
