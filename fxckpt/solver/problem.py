@@ -99,6 +99,9 @@ class Problem:
     """Every compute node, in a topological order (the order forward runs them)."""
     outputs: tuple[str, ...]
     """Ops whose values the model returns; alive until backward starts, and seeded with grads."""
+    segment_overhead: float = 0.0
+    """Fixed cost of running one segment under checkpoint (hooks, RNG state, the extra call), in
+    the units of ``Op.cost``: it makes the solver prefer fewer, larger segments at equal recompute."""
     offload_cost_per_byte: float | None = None
     """When set, a segment may instead keep its ops and move what they save to host memory and
     back, at this cost per byte; each segment then costs the cheaper of the two. Memory is the
@@ -113,6 +116,9 @@ class Problem:
             raise ValueError(f"Problem.ops must be a tuple of Op (got {self.ops!r})")
         _check_names("Problem.outputs", self.outputs)
         _validate_order(self.ops, self.outputs)
+        if isinstance(self.segment_overhead, bool) or not isinstance(self.segment_overhead, (int, float)) \
+                or not 0 <= self.segment_overhead < math.inf:
+            raise ValueError(f"Problem.segment_overhead must be a finite number >= 0 (got {self.segment_overhead!r})")
         per_byte = self.offload_cost_per_byte
         if per_byte is not None and (isinstance(per_byte, bool) or not isinstance(per_byte, (int, float))
                                      or not 0 <= per_byte < math.inf):
@@ -214,6 +220,8 @@ class Index:
     """``cum_saved[i]`` = output bytes of ops ``0..i-1`` that some op saves (what offload moves)."""
     offload_per_byte: float | None = None
     """:attr:`Problem.offload_cost_per_byte`."""
+    overhead: float = 0.0
+    """:attr:`Problem.segment_overhead`."""
     memo: dict[object, object] = dataclasses.field(
         default_factory=dict, compare=False, hash=False, repr=False)
     """Solver caches that depend only on the problem (profiles, segment facts)."""
@@ -253,18 +261,19 @@ class Index:
             grad_from=grad_from,
             cum_saved=tuple(saved),
             offload_per_byte=problem.offload_cost_per_byte,
+            overhead=float(problem.segment_overhead),
         )
 
     def segment_cost(self, start: int, end: int) -> float:
         """Cost of segment ``start..end-1``: recomputing it once, or offloading it if cheaper."""
         recompute = self.cum_cost[end] - self.cum_cost[start]
-        if self.offload_per_byte is None:
-            return recompute
-        return min(recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start]))
+        if self.offload_per_byte is not None:
+            recompute = min(recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start]))
+        return recompute + self.overhead
 
     def segment_offloads(self, start: int, end: int) -> bool:
         """True when offloading segment ``start..end-1`` costs less than recomputing it."""
-        return self.segment_cost(start, end) < self.cum_cost[end] - self.cum_cost[start]
+        return self.segment_cost(start, end) - self.overhead < self.cum_cost[end] - self.cum_cost[start]
 
 
 def _reverse(n: int, reads: list[list[int]], saves: tuple[tuple[int, ...], ...],
