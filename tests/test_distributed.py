@@ -64,6 +64,10 @@ def _worker(rank: int, world: int, port: int) -> None:
             held: list = [None] * world
             dist.all_gather_object(held, sorted(mine))
             assert sorted(n for h in held for n in h) == sorted(n for n, _ in model.named_parameters())
+        # Both ranks done sending before either tears gloo down: destroying a group while the peer
+        # still has point-to-point work in flight aborted a rank ("terminate called without an
+        # active exception") in one CI run.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
