@@ -23,7 +23,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.errors import PlanError
 
-__all__ = ["META_KEY", "NodeInfo", "annotate", "info", "module_path_of"]
+__all__ = ["META_KEY", "NodeInfo", "annotate", "info", "module_path_of", "compute_nodes", "is_guard",
+           "planned_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -239,3 +240,13 @@ class _Annotator(torch.fx.Interpreter):
 def compute_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
     """Nodes that compute something (not placeholders, attribute reads or the output)."""
     return (n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
+def is_guard(n: torch.fx.Node) -> bool:
+    """torch.export's input checks (``self._guards_fn(x)``): run once, never planned."""
+    return n.op == "call_module" and n.target == "_guards_fn"
+
+
+def planned_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The compute nodes strategies and solvers plan over, in topological order."""
+    return [n for n in compute_nodes(graph) if not is_guard(n)]

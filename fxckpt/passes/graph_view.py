@@ -27,7 +27,7 @@ from __future__ import annotations
 import networkx as nx
 import torch.fx
 
-from fxckpt.passes.annotate import NodeInfo, compute_nodes, info
+from fxckpt.passes.annotate import NodeInfo, info, planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
 __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS"]
@@ -46,8 +46,9 @@ LOSS = "loss::assumed"
 def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
     """Compute nodes (in fx order) and graph inputs, with data-flow edges and cost attributes."""
     graph = nx.DiGraph()
-    order = [n for n in compute_nodes(gm.graph) if not (n.op == "call_module" and n.target == "_guards_fn")]
+    order = planned_nodes(gm.graph)
     members = set(order)
+    nodes = {n.name: n for n in gm.graph.nodes}
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             graph.add_node(n.name, kind="input", out_bytes=0, cost=0.0, saves=(), internal=0)
@@ -55,16 +56,16 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
         i = info(n)
         graph.add_node(
             n.name, kind="op", position=position, out_bytes=i.new_bytes,
-            cost=_cost(i), saves=tuple(_root(gm, s) for s in i.saves),
+            cost=_cost(i), saves=tuple(_root(nodes, s) for s in i.saves),
             internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
             module_path=i.module_path,
         )
         for a in n.all_input_nodes:
-            root = _root(gm, a.name)  # a view of a parameter or buffer has a get_attr root: not an edge
+            root = _root(nodes, a.name)  # a view of a parameter or buffer has a get_attr root: not an edge
             if (a in members or a.op == "placeholder") and root in graph:
                 graph.add_edge(root, n.name)
     graph.graph["outputs"] = tuple(dict.fromkeys(
-        _root(gm, a.name) for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes if a in members
+        _root(nodes, a.name) for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes if a in members
     ))
     return graph
 
@@ -77,20 +78,13 @@ def _floating(dtypes: tuple[str, ...]) -> bool:
     return any(d.startswith(("float", "bfloat", "complex")) for d in dtypes)
 
 
-def _root(gm: torch.fx.GraphModule, name: str) -> str:
+def _root(nodes: dict[str, torch.fx.Node], name: str) -> str:
     """The node owning the storage of ``name``'s output (itself unless it is a view/alias)."""
-    node = _node(gm, name)
+    node = nodes.get(name)
     if node is None or "fxckpt" not in node.meta:
         return name
     aliases = info(node).aliases
     return aliases[0] if aliases and info(node).new_bytes == 0 else name
-
-
-def _node(gm: torch.fx.GraphModule, name: str) -> torch.fx.Node | None:
-    cache = gm.__dict__.setdefault("_fxckpt_nodes", {})
-    if not cache:
-        cache.update({n.name: n for n in gm.graph.nodes})
-    return cache.get(name)
 
 
 def to_problem(graph: nx.DiGraph) -> Problem:

@@ -36,7 +36,7 @@ import torch
 import torch.fx
 
 from fxckpt.errors import ConfigError, PlanError
-from fxckpt.passes.annotate import info
+from fxckpt.passes.annotate import info, is_guard
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint as _checkpoint_fn
 from fxckpt.solver import partition as solver
@@ -100,10 +100,6 @@ def stage_order(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def _is_checkpoint_call(n: torch.fx.Node) -> bool:
     return n.op == "call_function" and n.target is _checkpoint_fn
-
-
-def _is_guard(n: torch.fx.Node) -> bool:
-    return n.op == "call_module" and n.target == "_guards_fn"  # torch.export's input checks
 
 
 def _is_getitem(n: torch.fx.Node) -> bool:
@@ -224,7 +220,7 @@ def _stage_plan(order: list[torch.fx.Node], part: solver.Partition, method: str,
         stage_of={n.name: s for s, g in enumerate(groups) for n in g},
         nodes=tuple(tuple(n.name for n in g) for g in groups),
         costs=part.costs,
-        module_paths=tuple(_outermost(info(n).module_path for n in g if "fxckpt" in n.meta and not _is_guard(n))
+        module_paths=tuple(_outermost(info(n).module_path for n in g if "fxckpt" in n.meta and not is_guard(n))
                            for g in groups),
         method=method,
         cost=cost,

@@ -27,7 +27,7 @@ import torch.fx
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import PlanError
-from fxckpt.passes.annotate import compute_nodes, info
+from fxckpt.passes.annotate import info, planned_nodes
 from fxckpt.passes.budget import choose_actions, offload_cost_per_byte, predict, solve_runs
 from fxckpt.passes.graph_view import problem_of
 from fxckpt.plan import Plan, Segment
@@ -43,7 +43,7 @@ def select(
     gm: torch.fx.GraphModule, config: TransformConfig, *, capture: str, training: bool, signature: str
 ) -> Plan:
     """Choose segments for the annotated ``gm`` as ``config`` asks."""
-    order = [n for n in compute_nodes(gm.graph) if not _is_guard(n)]
+    order = planned_nodes(gm.graph)
     notes: list[str] = []
     problem = problem_of(gm)
     if config.offload == "auto" and config.replay is None:
@@ -117,10 +117,6 @@ def _replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
             raise PlanError(f"the saved plan's {seg.name} is not a contiguous run of this graph's nodes")
         runs.append([order[i] for i in idx])
     return runs
-
-
-def _is_guard(n: torch.fx.Node) -> bool:
-    return n.op == "call_module" and n.target == "_guards_fn"
 
 
 def _every(order: Sequence[torch.fx.Node], every: int, notes: list[str]) -> list[Run]:

@@ -234,8 +234,8 @@ class Offloader:
 
     def _prefetch_before(self, order: int) -> None:
         """Backward runs in reverse pack order: start bringing back the previous storage."""
-        for handle in reversed(self._order[:order]):
-            stored = self._stored.get(handle.key)
+        for i in range(order - 1, -1, -1):
+            stored = self._stored.get(self._order[i].key)
             if stored is not None:
                 if stored.restored is None and stored.device.type == "cuda":
                     self._copy_in(stored)
