@@ -2,7 +2,7 @@
 
     tm = fxckpt.transform(model, every=2)     # or depth=2, force={...}
     loss = loss_fn(tm(x), y); loss.backward() # same gradients, less memory
-    print(tm.plan); print(tm.code)
+    info = fxckpt.inspect(tm); print(info.plan); print(info.code)
 """
 
 from fxckpt.api import pareto, transform
@@ -13,9 +13,11 @@ from fxckpt.errors import (
     CaptureError,
     ConfigError,
     FxckptError,
+    InputError,
     NotPlannedError,
     PlanError,
 )
+from fxckpt.inspection import Inspection, inspect
 from fxckpt.module import TransformedModule
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
@@ -25,6 +27,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "transform",
+    "inspect",
+    "Inspection",
     "pareto",
     "show",
     "plot_memory",
@@ -43,4 +47,5 @@ __all__ = [
     "CaptureError",
     "PlanError",
     "NotPlannedError",
+    "InputError",
 ]

@@ -9,7 +9,7 @@ import torch
 from fxckpt.budget import parse_budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
-from fxckpt.module import TransformedModule
+from fxckpt.module import STATE, TransformedModule, dispatcher_of, make_transformed
 from fxckpt.plan import Plan
 
 __all__ = ["transform", "pareto"]
@@ -61,16 +61,24 @@ def transform(
         offload_bandwidth: copy bandwidth (bytes/s) for ``offload="auto"``; measured if omitted.
         plan: a :class:`~fxckpt.plan.Plan` (or its ``to_dict()``) to replay: its segments are
             used as they are, without solving again. The model must capture to the same nodes.
-        example_inputs: positional inputs to plan with now; without them fxckpt plans at the
-            first call, once per input signature (shapes, dtypes, devices, non-tensor values).
+        example_inputs: positional inputs to plan with now (in the model's current mode); without
+            them fxckpt captures at the first training call, once per mode and call structure
+            (non-tensor values, dtypes, devices), not per shape.
         example_kwargs: keyword inputs to plan with now.
 
-    With no strategy nothing is checkpointed, and the plan says so.
+    With no strategy nothing is checkpointed, and the plan says so. The result is the model
+    itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's
+    plan and code with :func:`fxckpt.inspect`.
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
             f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
             "nn.Module whose forward calls it"
+        )
+    if STATE in model.__dict__:
+        raise ConfigError(
+            f"this {type(model).__name__} is already transformed; transform the original model "
+            "(fxckpt.inspect(tm).model) with the new options instead"
         )
     parsed = None if budget is None else parse_budget(budget)
     config = TransformConfig(
@@ -82,16 +90,14 @@ def transform(
         offload_threshold=offload_threshold, offload_bandwidth=offload_bandwidth,
         replay=_as_plan(plan),
     ).validate(model)
-    from fxckpt.planner import build  # the passes load only when a transform is made
-
-    tm = TransformedModule(model, config, build)
+    tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:
         if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
             raise ConfigError(
                 f"example_inputs must be a tuple of positional inputs (got {type(example_inputs).__name__}); "
                 "write example_inputs=(x,)"
             )
-        tm.plan_for(*(example_inputs or ()), **dict(example_kwargs or {}))
+        dispatcher_of(tm).plan_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
     return tm
 
 
@@ -102,7 +108,7 @@ def _as_plan(plan: Any) -> Optional[Plan]:
         try:
             return Plan.from_dict(dict(plan))
         except (TypeError, KeyError) as e:
-            raise ConfigError(f"plan is not a saved fxckpt plan ({e}); pass tm.plan or tm.plan.to_dict()") from e
+            raise ConfigError(f"plan is not a saved fxckpt plan ({e}); pass fxckpt.inspect(tm).plan or its to_dict()") from e
     raise ConfigError(f"plan must be a fxckpt.Plan or its to_dict() (got {type(plan).__name__})")
 
 

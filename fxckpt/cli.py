@@ -108,7 +108,7 @@ def _plan(args: argparse.Namespace) -> int:
         inputs = make_inputs(shapes, dtypes)
         tm = fxckpt.transform(model, **options, example_inputs=inputs)
         progress.step("planned")
-        print(tm.plan)
+        print(fxckpt.inspect(tm).plan)
         if args.save:
             path = fxckpt.save(tm, args.save)
             progress.step("saved")

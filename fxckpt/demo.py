@@ -135,12 +135,13 @@ def _step_for(
 ) -> tuple[Callable[[], None], str]:
     """A training step (forward, loss, backward) under ``strategy``, and the plan's summary."""
     from fxckpt.api import transform
+    from fxckpt.inspection import inspect
 
     run: nn.Module = model
     summary = "unmodified model (baseline)"
     if STRATEGIES[strategy]:
         run = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
-        summary = run.plan.summary()
+        summary = inspect(run).plan.summary()
 
     def step() -> None:  # gradients accumulate: allocated in warm-up, not part of the step's peak
         F.cross_entropy(run(idx).flatten(0, 1), targets.flatten()).backward()

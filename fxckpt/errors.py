@@ -14,6 +14,7 @@ __all__ = [
     "CaptureError",
     "PlanError",
     "NotPlannedError",
+    "InputError",
 ]
 
 
@@ -35,3 +36,7 @@ class PlanError(FxckptError, RuntimeError):
 
 class NotPlannedError(FxckptError, RuntimeError):
     """The transformed module has not planned yet (no call and no ``example_inputs``)."""
+
+
+class InputError(FxckptError, TypeError):
+    """A call's arguments cannot be planned for safely (e.g. a mutable object fxckpt cannot key)."""

@@ -1,156 +1,105 @@
-"""The module ``fxckpt.transform`` returns.
+"""The module ``fxckpt.transform`` returns: the model itself, with a rewritten training forward.
 
-It *is* the model, as far as state goes: the model's children, parameters and buffers are
-registered on it under their own names, so ``tm.state_dict()`` has the original keys and an
-optimizer built on either module trains both. Its ``forward`` runs a rewritten graph chosen by
-input signature and mode; a signature not seen before is planned on the spot and cached.
-Changing device or dtype (``tm.to(...)``) drops the cache, because captured graphs hold their
-own references to buffers.
+``fxckpt.transform(model)`` returns an instance of a class derived from both
+:class:`TransformedModule` and the model's own class, holding the same state as the model (a
+shallow copy of its ``__dict__``: the same children, parameters, buffers, hooks and attributes).
+So the transformed module *is* the model as far as anyone can tell:
+
+* ``tm.config``, ``tm.generate(...)``, ``tm.get_input_embeddings()``, ``isinstance(tm,
+  GPT2LMHeadModel)``: the model's attributes and methods, unchanged;
+* ``tm.state_dict()`` has the model's keys, and an optimizer built on either trains both;
+* no name of fxckpt's can collide with the model's: fxckpt adds no attribute but one dunder
+  slot, ``__fxckpt__``. Its plans, code and stages are read through :func:`fxckpt.inspect`.
+
+Only ``forward`` differs, and only in training: with ``self.training`` and grad enabled it runs
+the rewritten graph chosen by :class:`~fxckpt.dispatch.Dispatcher`; in ``eval()`` or under
+``torch.no_grad()`` (without pipeline stages) it runs the model's own forward — no capture, no
+planning, no overhead.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable
 
 import torch
 
 from fxckpt.config import TransformConfig
-from fxckpt.errors import NotPlannedError
-from fxckpt.plan import Plan
-from fxckpt.signature import signature_key
+from fxckpt.dispatch import Dispatcher
 
-__all__ = ["TransformedModule"]
+__all__ = ["TransformedModule", "make_transformed", "dispatcher_of", "STATE"]
 
 log = logging.getLogger(__name__)
 
-MAX_CACHED_SIGNATURES = 16
+STATE = "__fxckpt__"
+"""The one instance attribute fxckpt adds (a dunder name, so no model uses it)."""
+
+_CLASSES: dict[type, type] = {}
 
 
 class TransformedModule(torch.nn.Module):
-    """A model rewritten by fxckpt; see :func:`fxckpt.transform`."""
-
-    def __init__(self, model: torch.nn.Module, config: TransformConfig, build: Callable) -> None:
-        super().__init__()
-        for name, child in model.named_children():
-            self.add_module(name, child)
-        for name, p in model.named_parameters(recurse=False):
-            self.register_parameter(name, p)
-        for name, b in model.named_buffers(recurse=False):
-            self.register_buffer(name, b, persistent=name not in model._non_persistent_buffers_set)
-        self.training = model.training
-        # Not registered as submodules: they must not show up in state_dict() or parameters().
-        self.__dict__["_model"] = model
-        self.__dict__["_build"] = build
-        self.__dict__["_compiled"] = {}
-        self.__dict__["_last"] = None
-        self.config = config
-        self.__dict__["_offloader"] = _make_offloader(config)
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The original model (shares every parameter and buffer with this module)."""
-        return self.__dict__["_model"]
+    """Base of every module :func:`fxckpt.transform` returns (see the module docstring)."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        compiled = self._compiled_for(args, kwargs)
-        self.__dict__["_last"] = compiled
-        offloader = self.__dict__["_offloader"]
-        if offloader is None or not (self.training and torch.is_grad_enabled()):
-            return compiled(args, kwargs)
-        offloader.stats = type(offloader.stats)()
-        if self.config.offload == "auto":
-            return compiled(args, kwargs)
-        with offloader.hooks(self):
-            return compiled(args, kwargs)
-
-    @property
-    def offload_stats(self) -> Any:
-        """What the latest training step offloaded (``None`` without ``offload=``)."""
-        offloader = self.__dict__["_offloader"]
-        return None if offloader is None else offloader.stats
-
-    def plan_for(self, *args: Any, **kwargs: Any) -> Plan:
-        """Plan (if needed) for these inputs without running a step, and return the plan."""
-        compiled = self._compiled_for(args, kwargs)
-        self.__dict__["_last"] = compiled
-        return compiled.plan
-
-    def _compiled_for(self, args: tuple, kwargs: dict) -> Any:
-        key: Hashable = signature_key(self.training, args, kwargs)
-        cache = self.__dict__["_compiled"]
-        compiled = cache.get(key)
-        if compiled is None:
-            if len(cache) >= MAX_CACHED_SIGNATURES:
-                log.warning("fxckpt: %d input signatures planned; dropping the oldest (are shapes changing "
-                            "every step?)", len(cache))
-                cache.pop(next(iter(cache)))
-            self.model.train(self.training)
-            compiled = cache[key] = self.__dict__["_build"](self.model, self.config, args, kwargs)
-            _attach_offloader(compiled, self.__dict__["_offloader"])
-        return compiled
-
-    def _current(self) -> Any:
-        compiled = self.__dict__["_last"]
-        if compiled is None:
-            raise NotPlannedError(
-                "this module has not planned yet: it plans at its first call; call it once, or pass "
-                "example_inputs= to fxckpt.transform, or use tm.plan_for(*inputs)"
-            )
-        return compiled
-
-    @property
-    def plan(self) -> Plan:
-        """The plan used by the latest call (or made at transform time)."""
-        return self._current().plan
-
-    @property
-    def graph_module(self) -> torch.fx.GraphModule:
-        """The rewritten GraphModule used by the latest call."""
-        return self._current().gm
-
-    @property
-    def pipeline(self) -> Optional[torch.nn.Module]:
-        """The pipelined runner of the latest call (``None`` without stages): ``.recomputed``,
-        ``.stage_modules``, ``.describe()``."""
-        return self._current().pipeline
-
-    @property
-    def code(self) -> str:
-        """Python code of the rewritten graph (segments appear as ``fxckpt_checkpoint(...)`` calls)."""
-        return self.graph_module.code
+        dispatcher = dispatcher_of(self)
+        if dispatcher.runs_model_itself(self.training):
+            return super().forward(*args, **kwargs)  # the model's own forward, on the same state
+        return dispatcher(self, args, kwargs)
 
     def train(self, mode: bool = True) -> "TransformedModule":
         super().train(mode)
-        self.model.train(mode)
+        dispatcher_of(self).model.training = mode  # the model's root flag follows, as its children do
         return self
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "TransformedModule":
-        # Captured graphs keep references to buffers that .to()/.half() replace: plan again.
-        self.__dict__["_compiled"].clear()
-        self.__dict__["_last"] = None
-        super()._apply(fn, recurse)
-        model = self.model  # its own direct tensors may have been replaced on this module only
-        for name in model._parameters:
-            model._parameters[name] = self._parameters[name]
-        for name in model._buffers:
-            model._buffers[name] = self._buffers[name]
-        return self
+        # Captured graphs keep references to tensors that .to() / .half() replace: capture again.
+        dispatcher_of(self).forget()
+        return super()._apply(fn, recurse)
 
-    def extra_repr(self) -> str:
-        return f"strategy={self.config.strategy}, options={self.config.to_dict()}"
+    def _get_name(self) -> str:
+        return "fxckpt." + super()._get_name()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickle and deepcopy rebuild from the model and the options; plans are made again lazily.
+        dispatcher = dispatcher_of(self)
+        return (_restore, (dispatcher.model, dispatcher.config, self.training))
 
 
-def _make_offloader(config: TransformConfig) -> Any:
-    if not config.offload:
-        return None
-    from fxckpt.runtime.offload import Offloader
+def make_transformed(model: torch.nn.Module, config: TransformConfig) -> TransformedModule:
+    """A new transformed module sharing ``model``'s state (``model`` itself is not changed)."""
+    cls = _class_for(type(model))
+    tm = cls.__new__(cls)
+    tm.__dict__.update(model.__dict__)
+    tm.__dict__.pop(STATE, None)
+    if tm.__dict__.get("_compiled_call_impl") is not None:  # model.compile(): would skip our forward
+        log.warning("fxckpt: %s was compiled with module.compile(); the transformed module runs "
+                    "uncompiled (compile it after transforming: tm.compile())", type(model).__name__)
+        tm.__dict__["_compiled_call_impl"] = None
+    tm.__dict__[STATE] = Dispatcher(model, config)
+    return tm
 
-    return Offloader(config.offload_device or "cpu", threshold=config.offload_threshold)
+
+def dispatcher_of(tm: torch.nn.Module) -> Dispatcher:
+    """The :class:`Dispatcher` behind a transformed module."""
+    return tm.__dict__[STATE]
 
 
-def _attach_offloader(compiled: Any, offloader: Any) -> None:
-    """Segments the plan offloads run their forward under this module's offloader."""
-    for seg in compiled.plan.segments:
-        if seg.action == "offload":
-            compiled.gm.get_submodule(seg.name)._fxckpt_offloader = offloader
+def _class_for(model_cls: type) -> type:
+    """``TransformedModule`` + the model's class, made once per model class."""
+    cls = _CLASSES.get(model_cls)
+    if cls is None:
+        if issubclass(model_cls, TransformedModule):
+            return model_cls
+        cls = type(model_cls.__name__, (TransformedModule, model_cls), {
+            "__module__": model_cls.__module__,
+            "__qualname__": model_cls.__qualname__,
+            "__doc__": model_cls.__doc__,
+        })
+        _CLASSES[model_cls] = cls
+    return cls
+
+
+def _restore(model: torch.nn.Module, config: TransformConfig, training: bool) -> TransformedModule:
+    tm = make_transformed(model, config)
+    tm.training = training
+    return tm

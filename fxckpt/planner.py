@@ -1,7 +1,12 @@
-"""The pass pipeline: capture -> annotate -> select -> lower, for one input signature.
+"""The pass pipeline: capture once, then annotate -> select -> lower per plan.
 
-    model --capture--> GraphModule --annotate--> costed graph --select--> Plan
-          --lower--> rewritten GraphModule (segments called through fxckpt.checkpoint)
+    model --capture--> GraphModule ............................. (once per mode and call structure)
+          --copy--> --annotate--> costed graph --select--> Plan --lower--> rewritten GraphModule
+                                                                  (segments call fxckpt.checkpoint)
+
+Capture is the slow step (seconds with ``torch.export``) and is shape-free where it can be, so
+the transformed module captures once and plans on copies of the captured graph: once in all,
+or once per input shape when the plan depends on shapes (a memory budget).
 """
 
 from __future__ import annotations
@@ -21,40 +26,55 @@ from fxckpt.runtime.microbatch import batch_size, scatter
 from fxckpt.runtime.schedule import bubble_fraction
 from fxckpt.passes import annotate, capture, lower, select
 from fxckpt.passes.capture import Captured
+from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.passes.state_guard import hooks_off
 from fxckpt.plan import Plan
-from fxckpt.signature import describe_signature
+from fxckpt.signature import describe_signature, signature_key
 
-__all__ = ["Compiled", "build"]
+__all__ = ["Compiled", "capture_for", "build", "first_micro_batch"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class Compiled:
-    """What the transformed module runs for one signature."""
+    """What the transformed module runs for one plan: the rewritten graph, its plan, its stages."""
 
     captured: Captured
     gm: torch.fx.GraphModule
     plan: Plan
     pipeline: Optional[torch.nn.Module] = None
     """The pipelined module (``fxckpt.pipeline_build.PipelinedModule``) when stages were asked for."""
+    key: Any = None
+    """The signature key of the call it was planned for (what an export matches calls by)."""
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        return self.captured.call(self.pipeline or self.gm, args, kwargs)  # type: ignore[arg-type]
+        return self.captured.call(self.pipeline or self.gm, args, kwargs)
 
 
-def build(model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict) -> Compiled:
-    """Plan and rewrite ``model`` for calls like ``model(*args, **kwargs)`` in its current mode."""
+def capture_for(model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict) -> Captured:
+    """Capture ``model`` for calls like ``model(*args, **kwargs)`` (one micro-batch, for stages)."""
+    plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
+    return capture(model, plan_args, plan_kwargs)
+
+
+def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, *,
+          training: bool, model: torch.nn.Module) -> Compiled:
+    """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``."""
     start = time.perf_counter()
-    plan_args, plan_kwargs = _first_micro_batch(config, args, kwargs)
-    captured = capture(model, plan_args, plan_kwargs)
-    if config.pipelined and captured.method != "symbolic_trace":
+    plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
+    if config.pipelined and not captured.shape_free:
         _check_even_split(config, args, kwargs)
-    gm = captured.gm
-    annotate(gm, captured.graph_args(plan_args, plan_kwargs))
+    gm = copy_graph_module(captured.gm)
+    gm.training = training
+    hooked = [model.get_submodule(p) for p in captured.hooked]
+    with hooks_off(hooked):  # the user's hooks must not fire on annotate's fake tensors
+        annotate(gm, captured.graph_args(plan_args, plan_kwargs))
+    keep = {n.name: str(n.target) for n in gm.graph.nodes
+            if n.op == "call_module" and str(n.target) in captured.hooked}
     plan = select(
-        gm, config, capture=captured.method, training=model.training,
-        signature=describe_signature(args, kwargs),
+        gm, config, capture=captured.method, training=training,
+        signature=describe_signature(args, kwargs), keep=keep,
     )
     lower(gm, plan)
     pipeline = None
@@ -66,10 +86,10 @@ def build(model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: 
         )
         plan = dataclasses.replace(plan, pipeline=_pipeline_view(pipeline, config))
     log.info("planned %s for %s in %.2fs", type(model).__name__, plan.signature, time.perf_counter() - start)
-    return Compiled(captured, gm, plan, pipeline)
+    return Compiled(captured, gm, plan, pipeline, signature_key(training, args, kwargs))
 
 
-def _first_micro_batch(config: TransformConfig, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def first_micro_batch(config: TransformConfig, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Stages run one micro-batch at a time: plan (and capture, for export) at that shape."""
     if not config.pipelined or not config.chunks:
         return args, kwargs

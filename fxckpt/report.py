@@ -56,10 +56,10 @@ def write_report(tm: Any, model: torch.nn.Module, inputs: Sequence[Any], out_dir
     """Write the report of ``tm``'s latest plan (made for ``inputs``) to ``out_dir``; returns index.html."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plan = tm.plan
+    plan = _inspect(tm).plan
     (out / "plan.txt").write_text(str(plan) + "\n")
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
-    (out / "code.py").write_text(tm.code)
+    (out / "code.py").write_text(_inspect(tm).code)
     pictures, skipped = _pictures(tm, model, tuple(inputs), out, pareto)
     index = out / "index.html"
     index.write_text(_html(tm, pictures, skipped))
@@ -76,7 +76,7 @@ def _pictures(tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto:
         return [], str(e)
     from fxckpt.viz import plot_memory, plot_pareto, plot_schedule, show
 
-    plan = tm.plan
+    plan = _inspect(tm).plan
     measure = plan.training and not plan.pipeline  # a pipelined step has no single-graph timeline
     jobs: list[tuple[str, Callable[[Path], Any]]] = [
         ("graph.png", lambda p: show(tm, p)),
@@ -96,7 +96,7 @@ def _pictures(tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto:
 
 
 def _html(tm: Any, pictures: list[str], skipped: str) -> str:
-    plan = tm.plan
+    plan = _inspect(tm).plan
     images = "".join(f'<figure><img src="{name}" alt="{name}"><figcaption>{name}</figcaption></figure>'
                      for name in pictures)
     note = f"<p><i>Pictures skipped: {html.escape(skipped)}</i></p>" if skipped else ""
@@ -112,9 +112,15 @@ padding:8px;overflow-x:auto;font-size:12px}}</style></head>
 {plan._repr_html_()}
 {stages}
 <h2>Pictures</h2>{note}{images}
-<h2>Rewritten forward</h2><pre>{html.escape(tm.code)}</pre>
+<h2>Rewritten forward</h2><pre>{html.escape(_inspect(tm).code)}</pre>
 </body></html>
 """
+
+
+def _inspect(tm: Any) -> Any:
+    from fxckpt.inspection import inspect
+
+    return inspect(tm)
 
 
 def _stage_text(plan: Any) -> str:

@@ -17,7 +17,7 @@ def test_randn_in_forward_is_fresh_each_call() -> None:
     tm = fxckpt.transform(Noisy(), every=1)
     x = torch.zeros(2, 8)
     assert not torch.equal(tm(x), tm(x))
-    reference = copy.deepcopy(tm.model)
+    reference = copy.deepcopy(fxckpt.inspect(tm).model)
     assert_steps_equal(run_step(tm, (x.requires_grad_(),), {}, seed=3), run_step(reference, (x,), {}, seed=3))
 
 
@@ -90,7 +90,7 @@ def test_custom_autograd_function_inside_a_segment() -> None:
     tm = fxckpt.transform(model, every=2)
     x = torch.randn(3, 8, requires_grad=True)
     assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
-    assert tm.plan.segments
+    assert fxckpt.inspect(tm).plan.segments
 
 
 def test_autocast_is_reapplied_during_recompute() -> None:
@@ -134,15 +134,16 @@ def test_shares_parameters_buffers_and_state_dict_keys() -> None:
     assert not torch.equal(before, tm.fc.weight) and tm.fc.weight is model.fc.weight
 
 
-def test_new_signature_replans_and_old_one_is_cached(caplog: pytest.LogCaptureFixture) -> None:
+def test_new_call_structure_replans_and_a_new_shape_does_not(caplog: pytest.LogCaptureFixture) -> None:
     tm = fxckpt.transform(KwargsDict(), every=1)
     x = torch.randn(4, 16)
     with caplog.at_level(logging.INFO, logger="fxckpt"):
         tm(x)
         tm(x)
         out = tm(x, return_hidden=True)
-        tm(torch.randn(8, 16))
-    assert sum("planned KwargsDict" in r.message for r in caplog.records) == 3
+        tm(torch.randn(8, 16))  # another batch size: the symbolic graph serves it as it is
+    assert sum("planned KwargsDict" in r.message for r in caplog.records) == 2
+    assert fxckpt.inspect(tm).captures == 2 and fxckpt.inspect(tm).plans_made == 2
     assert "hidden" in out and "hidden" not in tm(x)
     assert any("segment_0" in r.message for r in caplog.records)
 
@@ -150,18 +151,18 @@ def test_new_signature_replans_and_old_one_is_cached(caplog: pytest.LogCaptureFi
 def test_example_inputs_plan_at_transform_time() -> None:
     x = torch.randn(4, 32)
     tm = fxckpt.transform(MLP(), depth=2, example_inputs=(x,))
-    assert [s.module_paths for s in tm.plan.segments] == [(f"layers.{i}",) for i in range(6)]
-    assert "fxckpt_checkpoint(segment_0, x)" in tm.code
-    assert fxckpt.Plan.from_dict(tm.plan.to_dict()) == tm.plan
-    assert "segment_5" in str(tm.plan)
+    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [(f"layers.{i}",) for i in range(6)]
+    assert "fxckpt_checkpoint(segment_0, x)" in fxckpt.inspect(tm).code
+    assert fxckpt.Plan.from_dict(fxckpt.inspect(tm).plan.to_dict()) == fxckpt.inspect(tm).plan
+    assert "segment_5" in str(fxckpt.inspect(tm).plan)
 
 
 def test_force_pins_recompute_and_save() -> None:
     x = torch.randn(4, 32)
     tm = fxckpt.transform(MLP(), depth=2, force={"layers.1": "save", "head": "recompute"},
                           example_inputs=(x,))
-    paths = [s.module_paths for s in tm.plan.segments]
+    paths = [s.module_paths for s in fxckpt.inspect(tm).plan.segments]
     assert ("layers.1",) not in paths and ("layers.0",) in paths
     forced = fxckpt.transform(MLP(), force={"layers.2": "recompute"}, example_inputs=(x,))
-    assert [s.module_paths for s in forced.plan.segments] == [("layers.2",)]
-    assert forced.plan.segments[0].reason == "force: recompute"
+    assert [s.module_paths for s in fxckpt.inspect(forced).plan.segments] == [("layers.2",)]
+    assert fxckpt.inspect(forced).plan.segments[0].reason == "force: recompute"

@@ -30,7 +30,7 @@ def test_measured_peak_stays_under_the_budget(name: str, make, inputs, fraction:
     reference = copy.deepcopy(model)
     args = inputs()
     tm = fxckpt.transform(model, budget=fraction, example_inputs=args)
-    plan = tm.plan
+    plan = fxckpt.inspect(tm).plan
     assert plan.budget == int(fraction * plan.eager_peak)
     assert plan.predicted_peak <= plan.budget and plan.segments
     assert_steps_equal(run_step(tm, args, {}, seed=5), run_step(reference, args, {}, seed=5))
@@ -43,7 +43,7 @@ def test_smaller_budget_never_gives_higher_peak() -> None:
     model, x = MLP(depth=12, width=64), torch.randn(16, 64)
     peaks = []
     for fraction in (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3):
-        plan = fxckpt.transform(copy.deepcopy(model), budget=fraction, example_inputs=(x,)).plan
+        plan = fxckpt.inspect(fxckpt.transform(copy.deepcopy(model), budget=fraction, example_inputs=(x,))).plan
         peaks.append(plan.predicted_peak)
     assert peaks == sorted(peaks, reverse=True)
     curve = fxckpt.pareto(model, example_inputs=(x,))
@@ -54,9 +54,9 @@ def test_smaller_budget_never_gives_higher_peak() -> None:
 
 def test_absolute_budget_in_bytes_and_units() -> None:
     model, x = MLP(depth=12, width=64), torch.randn(16, 64)
-    eager = fxckpt.transform(copy.deepcopy(model), budget=1.0, example_inputs=(x,)).plan.eager_peak
+    eager = fxckpt.inspect(fxckpt.transform(copy.deepcopy(model), budget=1.0, example_inputs=(x,))).plan.eager_peak
     tm = fxckpt.transform(model, budget=f"{eager * 0.6 / 1024:.1f}KiB", example_inputs=(x,))
-    assert tm.plan.predicted_peak <= eager * 0.6 and tm.plan.strategy == "budget"
+    assert fxckpt.inspect(tm).plan.predicted_peak <= eager * 0.6 and fxckpt.inspect(tm).plan.strategy == "budget"
 
 
 def test_infeasible_budget_states_the_minimum() -> None:
@@ -67,7 +67,7 @@ def test_infeasible_budget_states_the_minimum() -> None:
     assert isinstance(err, ValueError) and err.min_budget > err.budget
     assert f"Give budget >= {err.min_budget}" in str(err) and "cannot be met" in str(err)
     ok = fxckpt.transform(MLP(depth=12, width=64), budget=err.min_budget, example_inputs=(x,))
-    assert ok.plan.predicted_peak <= err.min_budget
+    assert fxckpt.inspect(ok).plan.predicted_peak <= err.min_budget
 
 
 @pytest.mark.parametrize("other", [{"every": 2}, {"depth": 2}])

@@ -47,8 +47,8 @@ def test_depth_2_makes_one_segment_per_block_and_keeps_gradients() -> None:
     model = GPT(QUICK).train()
     idx = torch.randint(QUICK.vocab, (2, QUICK.seq))
     tm = fxckpt.transform(model, depth=2, example_inputs=(idx,))
-    assert tm.plan.capture == "symbolic_trace"
-    assert [s.module_paths for s in tm.plan.segments] == [(f"blocks.{i}",) for i in range(QUICK.layers)]
+    assert fxckpt.inspect(tm).plan.capture == "symbolic_trace"
+    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [(f"blocks.{i}",) for i in range(QUICK.layers)]
 
     grads: list[list[torch.Tensor]] = []
     for m in (model, tm):

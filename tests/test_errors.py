@@ -67,8 +67,8 @@ def test_example_inputs_must_be_a_tuple() -> None:
 
 def test_plan_before_first_call_says_how_to_get_one() -> None:
     tm = fxckpt.transform(MLP(), every=1)
-    with pytest.raises(fxckpt.NotPlannedError, match="plans at its first call"):
-        tm.plan
+    with pytest.raises(fxckpt.NotPlannedError, match="plans at its first training call"):
+        fxckpt.inspect(tm).plan
 
 
 def test_second_backward_without_retain_graph() -> None:
@@ -106,7 +106,7 @@ def test_recompute_mismatch_names_the_segment() -> None:
     model = ShapeShifter()
     x = torch.randn(3, 4, requires_grad=True)
     tm = fxckpt.transform(model, every=1, example_inputs=(x,))
-    segment = tm.graph_module.segment_0
+    segment = fxckpt.inspect(tm).graph_module.segment_0
     original = segment.forward
     calls = {"n": 0}
 

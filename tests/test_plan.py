@@ -11,7 +11,7 @@ from models import MLP
 
 
 def _plan(**options) -> fxckpt.Plan:
-    return fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),)).plan
+    return fxckpt.inspect(fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))).plan
 
 
 def test_text_table_has_a_row_per_segment_in_human_units() -> None:
@@ -53,7 +53,7 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     x = torch.randn(8, 32, requires_grad=True)
     model = MLP(depth=6)
     reference = copy.deepcopy(model)
-    solved = fxckpt.transform(copy.deepcopy(model), budget=0.5, example_inputs=(x,)).plan
+    solved = fxckpt.inspect(fxckpt.transform(copy.deepcopy(model), budget=0.5, example_inputs=(x,))).plan
     saved = json.loads(json.dumps(solved.to_dict()))
 
     def no_solving(*args, **kwargs):
@@ -61,8 +61,8 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
 
     monkeypatch.setattr(budget_pass, "solve", no_solving)
     tm = fxckpt.transform(model, plan=saved, example_inputs=(x,))
-    assert [s.nodes for s in tm.plan.segments] == [s.nodes for s in solved.segments]
-    assert tm.plan.strategy == "replay" and tm.plan.predicted_peak == solved.predicted_peak
+    assert [s.nodes for s in fxckpt.inspect(tm).plan.segments] == [s.nodes for s in solved.segments]
+    assert fxckpt.inspect(tm).plan.strategy == "replay" and fxckpt.inspect(tm).plan.predicted_peak == solved.predicted_peak
     assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
 
 

@@ -41,17 +41,17 @@ def _legend(fig) -> list[str]:
 
 def test_show_colours_every_segment(plain, tmp_path: Path) -> None:
     fig = fxckpt.show(plain, tmp_path / "g.png")
-    assert _segment_artists(fig) == sorted(s.name for s in plain.plan.segments) and len(plain.plan.segments) == 3
+    assert _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(plain).plan.segments) and len(fxckpt.inspect(plain).plan.segments) == 3
     kept = next(c for c in fig.axes[0].collections if c.get_label().startswith("kept"))
     assert len(kept.get_offsets()) == 2  # the input x and the head: kept, not recomputed
     members = {c.get_label(): len(c.get_offsets()) for c in fig.axes[0].collections}
-    assert [members[s.name] for s in plain.plan.segments] == [len(s.nodes) for s in plain.plan.segments]
+    assert [members[s.name] for s in fxckpt.inspect(plain).plan.segments] == [len(s.nodes) for s in fxckpt.inspect(plain).plan.segments]
     assert (tmp_path / "g.png").stat().st_size > 1000
 
 
 def test_show_outlines_stages(staged) -> None:
     fig = fxckpt.show(staged)
-    assert _segment_artists(fig) == sorted(s.name for s in staged.plan.segments)
+    assert _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(staged).plan.segments)
     assert [t for t in _legend(fig) if t.startswith("stage")] == ["stage 0 (cpu)", "stage 1 (cpu)"]
     borders = {tuple(c) for coll in fig.axes[0].collections if coll.get_label().startswith("segment")
                for c in coll.get_edgecolors()}
@@ -64,7 +64,7 @@ def test_big_graphs_collapse_to_modules_and_keep_every_segment() -> None:
     boxes = sum(len(c.get_offsets()) for c in fig.axes[0].collections if c.get_label() and c.get_label()[0] != "_")
     assert boxes <= 12 + 1  # + the graph input
     assert "collapsed to modules" in fig._suptitle.get_text()
-    assert _segment_artists(fig) == sorted(s.name for s in tm.plan.segments) and len(tm.plan.segments) == 8
+    assert _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(tm).plan.segments) and len(fxckpt.inspect(tm).plan.segments) == 8
 
 
 def test_show_uses_graphviz_dot_when_installed(plain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,14 +90,14 @@ def test_plot_memory_predicts_and_measures(plain) -> None:
     ratio = max(measured.get_ydata()) / max(predicted.get_ydata())
     assert 0.8 <= ratio <= 1.3, ratio  # the tracker agrees with the simulator within a few ops' worth
     spans = [p for p in ax.patches if p.get_gid() == "recompute"]
-    assert len(spans) == len(plain.plan.segments)  # each segment is recomputed once, in its own span
+    assert len(spans) == len(fxckpt.inspect(plain).plan.segments)  # each segment is recomputed once, in its own span
     assert [p.grad for p in plain.parameters()] == grads_before and torch.equal(torch.get_rng_state(), rng)
 
 
 def test_plot_memory_of_a_staged_plan_is_per_micro_batch(staged) -> None:
     fig = fxckpt.plot_memory(staged)
     assert "one micro-batch" in fig.axes[0].get_title()
-    assert len([p for p in fig.axes[0].patches if p.get_gid() == "recompute"]) == len(staged.plan.segments)
+    assert len([p for p in fig.axes[0].patches if p.get_gid() == "recompute"]) == len(fxckpt.inspect(staged).plan.segments)
 
 
 def test_plot_pareto_draws_the_curve_and_marked_plans(plain) -> None:

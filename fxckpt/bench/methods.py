@@ -1,7 +1,7 @@
 """The methods the benchmark compares, each a function ``model -> (module to run, facts)``.
 
 * ``unmodified``: the model itself (the baseline of every ratio).
-* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=...)``; facts from ``tm.plan``
+* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=...)``; facts from ``fxckpt.inspect(tm).plan``
   (predicted peak, eager peak, budget in bytes), the wall time of ``transform`` and of the budget
   solver alone. ``b`` is a fraction (``float``) or, for rows matched to a peer, bytes (``int``).
 * ``checkpoint_per_block``: every block's ``forward`` wrapped in
@@ -79,7 +79,7 @@ def _fxckpt(model: nn.Module, inputs: tuple[Any, ...], budget: Budget, time_solv
     start = time.perf_counter()
     tm = fxckpt.transform(model, budget=budget, example_inputs=inputs)
     plan_s = time.perf_counter() - start
-    plan = tm.plan
+    plan = fxckpt.inspect(tm).plan
     solve = solve_seconds(model, inputs, [budget], repeats=1)[0] if time_solver else {"solve_s": None}
     facts = {
         "predicted_peak": plan.predicted_peak, "eager_predicted": plan.eager_peak,

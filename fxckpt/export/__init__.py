@@ -46,16 +46,17 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     replaced; any other existing, non-empty directory is refused.
     """
     from fxckpt.export.describe import describe
-    from fxckpt.module import TransformedModule
+    from fxckpt.module import STATE, dispatcher_of
 
-    if not isinstance(tm, TransformedModule):
+    if STATE not in getattr(tm, "__dict__", {}):
         raise ExportError(f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})")
-    if getattr(tm.config, "offload", False):
+    dispatcher = dispatcher_of(tm)
+    if dispatcher.config.offload:
         raise ExportError("offload= moves saved tensors with hooks around the whole step, which an export does "
                           "not carry yet; transform without offload= to save this model")
     if example_inputs is not None or example_kwargs is not None:
         _plan_both_modes(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
-    if tm.__dict__["_last"] is None:
+    if dispatcher.last is None:
         raise ExportError("this module has not planned yet, so there is no graph to save: call it once, or pass "
                           "example_inputs= to fxckpt.transform or to fxckpt.save")
     described = describe(tm)
@@ -67,11 +68,13 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
 
 
 def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
+    from fxckpt.module import dispatcher_of
+
     mode = tm.training
     try:
         for training in (not mode, mode):  # the original mode last: it stays the latest plan
             tm.train(training)
-            tm.plan_for(*args, **kwargs)
+            dispatcher_of(tm).plan_for(tm, args, kwargs)
     finally:
         tm.train(mode)
 

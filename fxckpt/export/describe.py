@@ -60,9 +60,11 @@ class _Tensors:
 
 def describe(tm: torch.nn.Module) -> Described:
     """Describe every planned variant of the transformed module ``tm`` (latest first)."""
-    compiled: dict[Any, Any] = tm.__dict__["_compiled"]
-    last = tm.__dict__["_last"]
-    items = sorted(compiled.items(), key=lambda kv: kv[1] is not last)
+    from fxckpt.module import dispatcher_of
+
+    dispatcher = dispatcher_of(tm)
+    last = dispatcher.last
+    items = sorted(((c.key, c) for c in dispatcher.compiled()), key=lambda kv: kv[1] is not last)
     tensors = _Tensors()
     state = _state(tm, tensors)
     texts: dict[str, str] = {}
@@ -100,7 +102,7 @@ def _variant(i: int, key: Any, compiled: Any, tensors: _Tensors, texts: dict[str
     return {
         "key": repr(key), "loose_key": repr(loose_key(key)), "training": plan.training,
         "signature": plan.signature, "capture": method,
-        "parameters": _parameters(compiled.captured.forward) if method == "symbolic_trace" else None,
+        "parameters": _parameters(compiled.captured.binder.signature) if method == "symbolic_trace" else None,
         "plan": plan.to_dict(), "view": f"graphs/v{i}.json",
         "modules": _modules(compiled.gm, f"code/v{i}", tensors, texts),
         "pipeline": None if compiled.pipeline is None else _pipeline(compiled.pipeline, compiled.gm, i, tensors, texts),
@@ -125,10 +127,10 @@ def loose_key(key: Any) -> Any:
     return training, spec, tuple(("tensor", leaf[2]) if leaf and leaf[0] == "tensor" else leaf for leaf in leaves)
 
 
-def _parameters(forward: Any) -> list[dict[str, Any]]:
+def _parameters(signature: inspect.Signature) -> list[dict[str, Any]]:
     """The model's ``forward`` signature: a symbolic graph takes every parameter positionally."""
     out = []
-    for p in inspect.signature(forward).parameters.values():
+    for p in signature.parameters.values():
         entry: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
         if p.default is not inspect.Parameter.empty:
             try:

@@ -156,7 +156,11 @@ class _Annotator(torch.fx.Interpreter):
         self.fakes = {name: fake_mode.from_tensor(t) for name, t in {**params, **buffers}.items()}
         self.buffer_names = {id(b): name for name, b in buffers.items()}
         self.buffer_names.update({id(self.fakes[name]): name for name in buffers})
+        # A leaf module's op sees the real tensors at the autograd layer (saved-tensor hooks get
+        # the real Parameter), a get_attr node the fake: both are state, not activations.
         self.param_storages = {StorageWeakRef(self.fakes[name].untyped_storage()) for name in params}
+        self.param_storages |= {StorageWeakRef(t.untyped_storage()) for t in {**params, **buffers}.values()}
+        self.param_storages |= {StorageWeakRef(self.fakes[name].untyped_storage()) for name in buffers}
 
     def _owners(self, tensors: list) -> tuple[list[str], int]:
         """Nodes owning these saved tensors' storages, and bytes of those no node owns."""

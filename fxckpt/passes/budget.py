@@ -1,7 +1,7 @@
 """Budget selection and memory prediction: node runs <-> the solver's op ranges.
 
 Every plan gets a predicted peak from the simulator (:mod:`fxckpt.solver.simulate`), so
-``tm.plan`` reports one number for every strategy. With ``budget=``, the solver
+``fxckpt.inspect(tm).plan`` reports one number for every strategy. With ``budget=``, the solver
 (:mod:`fxckpt.solver.budget`) chooses the op ranges with the least recompute whose predicted peak
 fits; they become node runs here, and go through the same clean-up as every other strategy.
 

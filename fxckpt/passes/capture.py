@@ -1,32 +1,45 @@
-"""Capture: turn an ``nn.Module`` into a ``torch.fx.GraphModule``.
+"""Capture: turn an ``nn.Module`` into a ``torch.fx.GraphModule`` that computes what it computes.
 
-``torch.fx.symbolic_trace`` comes first: it keeps leaf modules as ``call_module`` nodes, so module
-paths and the generated code stay readable, and it runs nothing. Non-tensor arguments seen at the
-call (``mask=None``, ``return_dict=False``) are passed as ``concrete_args`` so Python branches on
-them resolve. When symbolic tracing fails (data-dependent Python, Hugging Face models) and inputs
-are known, ``torch.export`` (non-strict, training IR) captures the graph instead; its
-``module()`` replays the eager model exactly and shares the model's Parameters. A graph is
-captured per training mode, because both methods bake ``self.training`` into the graph.
+``torch.fx.symbolic_trace`` (with :class:`~fxckpt.passes.tracer.FxckptTracer`) comes first: it
+keeps leaf modules as ``call_module`` nodes, so module paths and the generated code stay
+readable, and it is shape-free. Non-tensor arguments seen at the call (``mask=None``,
+``return_dict=False``) are passed as ``concrete_args`` so Python branches on them resolve. When
+symbolic tracing fails (data-dependent Python, Hugging Face models) and inputs are known,
+``torch.export`` (non-strict, training IR, dynamic shapes) captures the graph instead; see
+:mod:`fxckpt.passes.exporter`.
 
-    model --symbolic_trace--> GraphModule            (no inputs needed)
-          `-export(args)----> GraphModule (aten)     (fallback, needs inputs)
+    model --symbolic_trace--> GraphModule            (no inputs needed, any shape)
+          `-export(args)----> GraphModule (aten)     (fallback, needs inputs; dynamic dims)
+
+Either way the graph must compute what the model computes, or capture refuses:
+
+* custom autograd Functions stay opaque calls (their backward runs);
+* modules with hooks are called as they are, so hooks fire on real tensors once per call;
+* a forward that draws numpy/Python random numbers or changes Python state is refused with
+  :class:`~fxckpt.errors.CaptureError`, naming what changed (:mod:`fxckpt.passes.state_guard`);
+* global module hooks are refused: a graph cannot call them once per module.
+
+A graph is captured per mode of every module and per autocast state (the caller's key), because
+both methods bake ``self.training`` and autocast casts into the graph.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import CaptureError
-from fxckpt.signature import bind_positional, is_static_value
+from fxckpt.passes.exporter import ShapeRule, export_graph
+from fxckpt.passes.state_guard import StateGuard
+from fxckpt.passes.tracer import FxckptTracer, has_hooks
+from fxckpt.signature import Binder, Shapes, is_static_value
 
-__all__ = ["Captured", "capture"]
+__all__ = ["Captured", "capture", "SYMBOLIC", "EXPORT"]
 
 log = logging.getLogger(__name__)
 
@@ -36,74 +49,126 @@ EXPORT = "export"
 
 @dataclasses.dataclass
 class Captured:
-    """A captured graph and how to feed it the model's call arguments."""
+    """A captured graph, which inputs it serves, and how to feed it the model's call arguments."""
 
     gm: torch.fx.GraphModule
     method: str
-    """``symbolic_trace`` (placeholders are the forward's parameters) or ``export`` (pytree leaves)."""
-    forward: Any
-    """The model's bound ``forward``, used to bind calls for symbolic graphs."""
+    """``symbolic_trace`` (placeholders are the forward's parameters) or ``export``."""
+    binder: Binder
+    """Binds calls to the model's ``forward`` parameters."""
+    shape_rule: Optional[ShapeRule] = None
+    """For exported graphs: the shapes the graph accepts (``None``: any shape)."""
+    hooked: tuple[str, ...] = ()
+    """Modules with hooks, called as they are; kept out of recompute segments."""
+
+    def accepts(self, shapes: Shapes) -> bool:
+        """True when this graph computes the model for tensors of these shapes."""
+        return self.shape_rule is None or self.shape_rule.accepts(shapes)
+
+    @property
+    def shape_free(self) -> bool:
+        """True when the graph serves more than the shapes it was captured with."""
+        return self.shape_rule is None or self.shape_rule.dynamic
 
     def graph_args(self, args: tuple, kwargs: dict) -> list:
         """The values of the graph's placeholders, in order, for a call ``model(*args, **kwargs)``."""
         if self.method == SYMBOLIC:
-            return list(bind_positional(self.forward, args, kwargs).arguments.values())
-        return pytree.tree_leaves((args, kwargs))
+            return list(self.binder.bind(args, kwargs).values())
+        names = [n.target for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if self._flat_inputs():
+            return pytree.tree_leaves((args, kwargs))
+        bound = self.binder.bind(args, kwargs)
+        return [bound[str(name)] for name in names]
 
-    def call(self, gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> Any:
+    def call(self, gm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         """Run ``gm`` (this graph, or a rewrite of it) as the model would run on these inputs."""
         if self.method == SYMBOLIC:
-            return gm(*bind_positional(self.forward, args, kwargs).arguments.values())
+            return gm(*self.binder.bind(args, kwargs).values())
         return gm(*args, **kwargs)
 
+    def _flat_inputs(self) -> bool:
+        """Exported graphs take pytree leaves, unless opaque modules were swapped in (named args)."""
+        return not isinstance(self.gm.graph._codegen, torch.fx.graph.CodeGen) or \
+            type(self.gm.graph._codegen) is not torch.fx.graph.CodeGen
 
-def capture(
-    model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Optional[dict] = None
-) -> Captured:
+
+def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Optional[dict] = None) -> Captured:
     """Capture ``model`` as a GraphModule; see the module docstring for the order of methods."""
+    _refuse_global_hooks()
+    binder = Binder(model.forward)
+    modules = list(model.named_modules())
+    hooked = tuple(path for path, m in modules if path and has_hooks(m))
+    quiet = [m for _, m in modules if has_hooks(m)]
     failures: list[tuple[str, BaseException]] = []
+    guard = StateGuard(model, quiet)
     try:
-        concrete = _concrete_args(model, args, kwargs)
-        gm = torch.fx.symbolic_trace(model, concrete_args=concrete)
-        log.debug("captured %s with symbolic_trace (%d nodes)", type(model).__name__, len(gm.graph.nodes))
-        return Captured(gm, SYMBOLIC, model.forward)
+        with guard:
+            gm = _symbolic(model, binder, args, kwargs, hooked)
     except Exception as e:  # any tracer failure: fall back and report it if export fails too
         failures.append((SYMBOLIC, e))
+    else:
+        _refuse_changes(model, guard.changes)
+        log.debug("captured %s with symbolic_trace (%d nodes)", type(model).__name__, len(gm.graph.nodes))
+        return Captured(gm, SYMBOLIC, binder, None, hooked)
     if args is None and kwargs is None:
+        _refuse_changes(model, guard.changes)
         raise CaptureError(_message(model, failures, have_inputs=False)) from failures[0][1]
+    guard = StateGuard(model, quiet)
     try:
-        with _preserved_state(model):
-            ep = torch.export.export(model, tuple(args or ()), dict(kwargs or {}), strict=False)
-        gm = ep.module()
-        log.info("captured %s with torch.export (symbolic_trace failed: %s)", type(model).__name__,
-                 _first_line(failures[0][1]))
-        return Captured(gm, EXPORT, model.forward)
+        with guard:
+            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}), hooked)
+    except CaptureError:
+        raise
     except Exception as e:
         failures.append((EXPORT, e))
+        _refuse_changes(model, guard.changes)
         raise CaptureError(_message(model, failures, have_inputs=True)) from e
+    _refuse_changes(model, guard.changes)
+    log.info("captured %s with torch.export (%s shapes; symbolic_trace failed: %s)", type(model).__name__,
+             "dynamic" if exported.shapes.dynamic else "fixed", _first_line(failures[0][1]))
+    return Captured(exported.gm, EXPORT, binder, exported.shapes, hooked)
 
 
-def _concrete_args(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dict]) -> Optional[dict]:
-    """Arguments holding no tensor, by name, so the tracer resolves branches on them."""
-    if args is None and kwargs is None:
-        return None
-    bound = bind_positional(model.forward, tuple(args or ()), dict(kwargs or {}))
-    return {k: v for k, v in bound.arguments.items() if is_static_value(v)} or None
+def _symbolic(model: torch.nn.Module, binder: Binder, args: Optional[tuple], kwargs: Optional[dict],
+              hooked: tuple[str, ...]) -> torch.fx.GraphModule:
+    concrete = None
+    if args is not None or kwargs is not None:
+        bound = binder.bind(tuple(args or ()), dict(kwargs or {}))
+        concrete = {k: v for k, v in bound.items() if is_static_value(v)} or None
+    tracer = FxckptTracer(leaves=frozenset(hooked))
+    graph = tracer.trace(model, concrete_args=concrete)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
-@contextlib.contextmanager
-def _preserved_state(model: torch.nn.Module) -> Iterator[None]:
-    """Capture must not change what the next real step computes: keep RNG and buffers as they were."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            torch.clear_autocast_cache()  # export's fake casts must not reach the real step
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+def _refuse_global_hooks() -> None:
+    m = torch.nn.modules.module
+    tables = {"forward": m._global_forward_hooks, "forward pre-": m._global_forward_pre_hooks,
+              "backward": m._global_backward_hooks, "backward pre-": m._global_backward_pre_hooks}
+    found = [kind for kind, table in tables.items() if table]
+    if found:
+        raise CaptureError(
+            f"global module {' and '.join(found)} hooks are registered "
+            "(torch.nn.modules.module.register_module_*_hook); they fire for every module call, which "
+            "a captured graph cannot reproduce. Register the hooks on the modules you need instead "
+            "(module.register_forward_hook): fxckpt calls those modules as they are, so their hooks fire"
+        )
+
+
+def _refuse_changes(model: torch.nn.Module, changes: list[str]) -> None:
+    if not changes:
+        return
+    listed = "\n".join(f"  - {c}" for c in changes)
+    raise CaptureError(
+        f"fxckpt cannot capture {type(model).__name__} exactly: while it was traced,\n{listed}\n"
+        "A captured graph replays what it saw while tracing on every call, so it would diverge from "
+        "the model. How to fix it:\n"
+        "  - draw random numbers with torch (torch.rand, torch.bernoulli, dropout), which fxckpt "
+        "replays exactly, or compute them outside the model and pass them in as inputs (Hugging Face "
+        "Wav2Vec2: pass mask_time_indices=..., or set config.mask_time_prob=0);\n"
+        "  - keep counters and other state that forward updates in a buffer "
+        "(self.register_buffer('step', torch.zeros(()))) and update it in place (self.step.add_(1)), "
+        "which fxckpt replays every call."
+    )
 
 
 def _first_line(e: BaseException) -> str:

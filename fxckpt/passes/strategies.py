@@ -40,9 +40,14 @@ Run = list[torch.fx.Node]
 
 
 def select(
-    gm: torch.fx.GraphModule, config: TransformConfig, *, capture: str, training: bool, signature: str
+    gm: torch.fx.GraphModule, config: TransformConfig, *, capture: str, training: bool, signature: str,
+    keep: Mapping[str, str] = {},
 ) -> Plan:
-    """Choose segments for the annotated ``gm`` as ``config`` asks."""
+    """Choose segments for the annotated ``gm`` as ``config`` asks.
+
+    ``keep`` maps nodes that must never be recomputed (calls of modules with hooks, which would
+    fire again) to their module paths; they are taken out of every segment.
+    """
     order = planned_nodes(gm.graph)
     notes: list[str] = []
     problem = problem_of(gm)
@@ -57,6 +62,8 @@ def select(
         runs = [r for r in map(_safe_suffix, _apply_force(order, solved, config.force)) if r]
     else:
         runs = segment_runs(order, config, notes)
+    runs = _without_kept(order, runs, keep, notes)
+    _explain_force(order, runs, config.force, notes)
     prediction = predict(problem, runs)
     if limit is not None and prediction.peak > limit:
         notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget {limit} B")
@@ -218,8 +225,44 @@ def _safe_suffix(run: Run) -> Run:
 
 
 def _frees_memory(run: Run) -> bool:
+    """Would recomputing ``run`` free anything: a tensor used only inside it, or a leaf module's
+    insides (what autograd keeps within ``nn.TransformerEncoderLayer`` and the like)?"""
     members = set(run)
-    return any(info(n).new_bytes > 0 and all(u in members for u in n.users) for n in run)
+    return any((info(n).new_bytes > 0 and all(u in members for u in n.users)) or info(n).saves_internal_bytes > 0
+               for n in run)
+
+
+def _without_kept(order: Sequence[torch.fx.Node], runs: list[Run], keep: Mapping[str, str],
+                  notes: list[str]) -> list[Run]:
+    """Take the ``keep`` nodes out of every run; say which modules that affected and why."""
+    if not keep:
+        return runs
+    hit = sorted({keep[n.name] for r in runs for n in r if n.name in keep})
+    for path in hit:
+        notes.append(f"{path} has hooks: it runs as it is, outside recompute segments, so its hooks fire "
+                     "once per forward")
+    pieces = [piece for r in runs for piece in _contiguous([n for n in r if n.name not in keep], order)]
+    return [p for p in pieces if p and _frees_memory(p)]
+
+
+def _explain_force(order: Sequence[torch.fx.Node], runs: list[Run], force: Mapping[str, str],
+                   notes: list[str]) -> None:
+    """Never drop a ``force`` pin silently: say why a module forced to recompute is not a segment."""
+    in_runs = {n for r in runs for n in r}
+    for path, mode in force.items():
+        if mode != "recompute":
+            continue
+        nodes = [n for n in order if _pinned(n, force) == "recompute" and _under(info(n).module_path, path)]
+        if not nodes:
+            notes.append(f"force[{path!r}] = 'recompute' has no effect: no compute node of the captured "
+                         "graph comes from that module (is it called in forward?)")
+        elif not any(n in in_runs for n in nodes):
+            notes.append(f"force[{path!r}] = 'recompute' has no effect: recomputing it would free nothing "
+                         "(every tensor it makes is used after it), or it has hooks")
+
+
+def _under(module_path: str, path: str) -> bool:
+    return module_path == path or module_path.startswith(path + ".")
 
 
 def _describe(name: str, run: Run, config: TransformConfig) -> Segment:

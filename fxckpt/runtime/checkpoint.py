@@ -7,14 +7,18 @@ runs it again in backward when autograd needs them. It is PyTorch's non-reentran
 same mask, autocast is re-entered during recompute, non-tensor inputs and outputs pass through,
 and parameter gradients arrive even when no input requires grad. On top of it fxckpt adds:
 
-* buffers written by the first run (BatchNorm ``running_mean``/``running_var``/
-  ``num_batches_tracked``) are put back after the recompute, so a training step updates them once;
+* buffers the segment writes in place (BatchNorm ``running_mean``/``running_var``/
+  ``num_batches_tracked``, a step counter) are set back to their values from before the first
+  run while it is recomputed, and to their values after it once the recompute is done: the
+  recompute reads what the first run read, and a training step updates them once;
 * a recompute whose saved tensors differ from the first run's (shape, dtype, device) raises
   PyTorch's ``CheckpointError``, whose metadata names the segment and the tensor position;
 * in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead.
 
-    forward:   inputs --segment (no grad, nothing kept)--> outputs        [keeps: inputs]
-    backward:  inputs --segment again (kept)--> grads flow; buffers restored
+    forward:   inputs --segment (no grad, nothing kept)--> outputs        [keeps: inputs, and
+                                                                           written buffers' values]
+    backward:  buffers as before forward; inputs --segment again (kept)--> grads flow;
+               buffers as after forward
 """
 
 from __future__ import annotations
@@ -85,6 +89,18 @@ class _Named:
         _local.segment = self.outer
 
 
+class _FirstRun(_Named):
+    """The forward context: names the segment and keeps the values of the buffers it writes."""
+
+    def __init__(self, call: "_SegmentCall") -> None:
+        super().__init__(call.name)
+        self.call = call
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        self.call.before = [b.detach().clone() for b in self.call.buffers]
+
+
 class _SegmentCall:
     """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes again).
 
@@ -96,23 +112,28 @@ class _SegmentCall:
     def __init__(self, segment: torch.nn.Module) -> None:
         self.segment = segment
         self.name = getattr(segment, "_fxckpt_name", type(segment).__name__)
-        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.named = _Named(self.name)
+        self.buffers = [segment.get_buffer(n) for n in getattr(segment, "_fxckpt_restores", ())]
+        self.before: list[torch.Tensor] = []
+        self.after: list[torch.Tensor] = []
 
-    def contexts(self) -> tuple[_Named, "_SegmentCall"]:
-        return self.named, self
+    def contexts(self) -> tuple[_FirstRun, "_SegmentCall"]:
+        return _FirstRun(self), self
 
     def __enter__(self) -> None:
         log.debug("recomputing %s", self.name)
-        buffers = [self.segment.get_buffer(n) for n in getattr(self.segment, "_fxckpt_restores", ())]
-        self.saved = [(b, b.detach().clone()) for b in buffers]
+        self.after = [b.detach().clone() for b in self.buffers]
+        _put(self.buffers, self.before)  # the recompute reads what the first run read
         _local.depth = getattr(_local, "depth", 0) + 1
         # Left set on exit: torch compares the recomputed tensors' metadata right after this.
         _local.segment = self.name
 
     def __exit__(self, *exc: Any) -> None:
         _local.depth -= 1
-        with torch.no_grad():
-            for b, value in self.saved:
-                b.copy_(value)
-        self.saved = []
+        _put(self.buffers, self.after)
+        self.after = []
+
+
+def _put(buffers: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for b, value in zip(buffers, values):
+            b.copy_(value)

@@ -90,9 +90,12 @@ def inspect_module(module: Any) -> Inspected:
     from fxckpt.module import TransformedModule
 
     if isinstance(module, TransformedModule):
+        from fxckpt.inspection import inspect
+        from fxckpt.module import dispatcher_of
         from fxckpt.passes.flatten import graph_view
 
-        compiled = module._current()
+        inspect(module).plan  # raises NotPlannedError before the first plan
+        compiled = dispatcher_of(module).last
         view = compiled.__dict__.get("_fxckpt_view")  # flattening costs a pass over the graph: once
         if view is None:
             view = compiled.__dict__["_fxckpt_view"] = graph_view(compiled.gm, compiled.plan)

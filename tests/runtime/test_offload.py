@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fxckpt
+from fxckpt.module import dispatcher_of
 from fxckpt.measure import LiveTensorTracker
 from fxckpt.runtime.offload import Offloader
 from models import MLP, ResNet
@@ -24,10 +25,10 @@ def test_offload_equals_the_plain_checkpointed_run(make, shape) -> None:
     x = torch.randn(*shape, requires_grad=True)
     for step in range(2):
         assert_steps_equal(run_step(tm, (x,), {}, seed=step), run_step(plain, (x,), {}, seed=step))
-    stats = tm.offload_stats
+    stats = fxckpt.inspect(tm).offload_stats
     assert stats.offloaded > 0 and stats.offloaded == stats.unpacked
     assert stats.skipped_state > 0  # weight.t() and friends stayed put
-    assert tm._offloader.in_flight == 0 and not tm._offloader.pool.in_use
+    assert dispatcher_of(tm).offloader.in_flight == 0 and not dispatcher_of(tm).offloader.pool.in_use
 
 
 class Layouts(torch.nn.Module):
@@ -64,7 +65,7 @@ def test_host_memory_is_flat_and_forward_residency_drops() -> None:
     x = torch.randn(32, 64)
     plain = fxckpt.transform(copy.deepcopy(model), every=1)
     tm = fxckpt.transform(model, every=1, offload=True, offload_device="cpu", offload_threshold=0)
-    pool = tm._offloader.pool
+    pool = dispatcher_of(tm).offloader.pool
     sizes = []
     for _ in range(10):
         loss_of(tm(x)).backward()
@@ -79,7 +80,7 @@ def test_host_memory_is_flat_and_forward_residency_drops() -> None:
         return held
 
     plain_held, offloaded_held = resident_after_forward(plain), resident_after_forward(tm)
-    moved = tm.offload_stats.bytes_moved - x.numel() * 4  # x is the caller's: not a new allocation
+    moved = fxckpt.inspect(tm).offload_stats.bytes_moved - x.numel() * 4  # x is the caller's: not a new allocation
     assert plain_held - offloaded_held == moved > 0
 
 
@@ -89,12 +90,12 @@ def test_auto_offloads_when_copies_are_free_and_recomputes_when_slow() -> None:
                             offload_threshold=0, offload_bandwidth=1e18, example_inputs=(x,))
     slow = fxckpt.transform(MLP(depth=6, width=64), budget=0.6, offload="auto", offload_device="cpu",
                             offload_threshold=0, offload_bandwidth=1.0, example_inputs=(x,))
-    assert {s.action for s in fast.plan.segments if s.recompute_flops} == {"offload"}
-    assert {s.action for s in slow.plan.segments} == {"recompute"}
-    assert "offloaded" in str(fast.plan)
-    reference = copy.deepcopy(fast.model)
+    assert {s.action for s in fxckpt.inspect(fast).plan.segments if s.recompute_flops} == {"offload"}
+    assert {s.action for s in fxckpt.inspect(slow).plan.segments} == {"recompute"}
+    assert "offloaded" in str(fxckpt.inspect(fast).plan)
+    reference = copy.deepcopy(fxckpt.inspect(fast).model)
     assert_steps_equal(run_step(fast, (x,), {}), run_step(reference, (x,), {}))
-    assert fast.offload_stats.offloaded > 0
+    assert fxckpt.inspect(fast).offload_stats.offloaded > 0
 
 
 @pytest.mark.parametrize(
@@ -131,7 +132,7 @@ def _cuda_pair() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
 def test_cuda_offload_uses_pinned_pool_and_matches() -> None:
     plain, tm, x = _cuda_pair()
     assert_steps_equal(run_step(tm, (x,), {}), run_step(plain, (x,), {}))
-    assert tm._offloader.pool.pin and all(b.is_pinned() for bs in tm._offloader.pool.free.values() for b in bs)
+    assert dispatcher_of(tm).offloader.pool.pin and all(b.is_pinned() for bs in dispatcher_of(tm).offloader.pool.free.values() for b in bs)
 
 
 @cuda

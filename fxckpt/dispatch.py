@@ -1,0 +1,174 @@
+"""Which captured graph and which plan serve a call, made once and reused.
+
+    call --CallKey--> Entry (one capture) --shapes--> Compiled (one plan: rewritten graph)
+
+A :class:`~fxckpt.signature.CallKey` (module modes, autocast, call structure, non-tensor values,
+tensor dtypes/devices/ranks) selects the captures made for such calls; the first whose shapes
+rule accepts the call's shapes serves it (a ``symbolic_trace`` graph, or an exported graph with
+dynamic dimensions, accepts any batch or sequence length). A capture serves one plan for every
+shape, except under a memory budget, where the plan depends on sizes: then each new shape is
+planned on a copy of the captured graph — unless a plan made for a larger shape exists, whose
+peak on the smaller one is lower still. Training with dynamic padding therefore costs one capture
+and, under a budget, a few plans.
+
+Capture and planning happen only when a training step needs them (``training`` with grad
+enabled) or when asked (:meth:`Dispatcher.plan_for`). The model's own forward serves ``eval()``
+and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Optional
+
+import torch
+
+from fxckpt.config import TransformConfig
+from fxckpt.signature import CallKey, Shapes, call_key, dominates
+
+__all__ = ["Dispatcher", "Entry", "MAX_CAPTURES"]
+
+log = logging.getLogger(__name__)
+
+MAX_CAPTURES = 16
+"""Captures kept per transformed module; beyond it the oldest is dropped (with a warning)."""
+
+
+@dataclasses.dataclass
+class Entry:
+    """One capture and the plans made on it, keyed by shapes (``None``: any shape)."""
+
+    captured: Any
+    plans: dict[Optional[Shapes], Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Counts:
+    """How often the module captured and planned (tests and benchmarks read these)."""
+
+    captures: int = 0
+    plans: int = 0
+
+
+class Dispatcher:
+    """The state behind a transformed module: its model, options, captures, plans and offloader."""
+
+    def __init__(self, model: torch.nn.Module, config: TransformConfig) -> None:
+        self.model = model
+        self.config = config
+        self.entries: dict[CallKey, list[Entry]] = {}
+        self.last: Optional[Any] = None
+        self.counts = Counts()
+        self.offloader = _make_offloader(config)
+
+    def runs_model_itself(self, training: bool) -> bool:
+        """True when a call runs the model's own forward (eval / no_grad, no pipeline stages)."""
+        return not self.config.pipelined and not (training and torch.is_grad_enabled())
+
+    def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        compiled = self.compiled_for(tm, args, kwargs)
+        self.last = compiled
+        offloader = self.offloader
+        if offloader is None or not (tm.training and torch.is_grad_enabled()):
+            return compiled(args, kwargs)
+        offloader.stats = type(offloader.stats)()
+        if self.config.offload == "auto":
+            return compiled(args, kwargs)
+        with offloader.hooks(tm):
+            return compiled(args, kwargs)
+
+    def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
+        compiled = self.compiled_for(tm, args, kwargs)
+        self.last = compiled
+        return compiled
+
+    def forget(self) -> None:
+        """Drop every capture and plan (after ``.to()`` / ``.half()`` replaced the tensors)."""
+        self.entries.clear()
+        self.last = None
+
+    def compiled(self) -> list[Any]:
+        """Every plan made so far, oldest first."""
+        return [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
+
+    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        from fxckpt.planner import first_micro_batch
+
+        plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
+        key, shapes = call_key(tuple(m.training for m in tm.modules()), plan_args, plan_kwargs)
+        entry = self._entry(tm, key, shapes, args, kwargs)
+        return self._plan(tm, entry, shapes, args, kwargs)
+
+    def _entry(self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict) -> Entry:
+        from fxckpt.planner import capture_for
+
+        entries = self.entries.setdefault(key, [])
+        for entry in entries:
+            if entry.captured.accepts(shapes):
+                return entry
+        if sum(len(e) for e in self.entries.values()) >= MAX_CAPTURES:
+            oldest = next(k for k, v in self.entries.items() if v)
+            log.warning("fxckpt: %d captures made; dropping the oldest (do modes, dtypes or non-tensor "
+                        "arguments change every step?)", MAX_CAPTURES)
+            self.entries[oldest].pop(0)
+        captured = capture_for(_view(tm, self.model), self.config, args, kwargs)
+        self.counts.captures += 1
+        entry = Entry(captured)
+        entries.append(entry)
+        return entry
+
+    def _plan(self, tm: torch.nn.Module, entry: Entry, shapes: Shapes, args: tuple, kwargs: dict) -> Any:
+        from fxckpt.planner import build
+
+        key = shapes if self._shape_dependent(entry) else None
+        compiled = entry.plans.get(key)
+        if compiled is None and key is not None:
+            larger = [s for s in entry.plans if s is not None and dominates(s, key)]
+            if larger:
+                compiled = entry.plans[min(larger, key=_volume)]
+                log.debug("reusing the plan made for %s for %s", min(larger, key=_volume), key)
+        if compiled is None:
+            compiled = build(entry.captured, self.config, args, kwargs, training=tm.training, model=tm)
+            self.counts.plans += 1
+            _attach_offloader(compiled, self.offloader)
+            entry.plans[key] = compiled
+        return compiled
+
+    def _shape_dependent(self, entry: Entry) -> bool:
+        """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
+        return self.config.budget is not None or not entry.captured.shape_free
+
+
+def _volume(shapes: Shapes) -> int:
+    total = 0
+    for shape in shapes:
+        n = 1
+        for s in shape:
+            n *= s
+        total += n
+    return total
+
+
+def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
+    """An instance of the model's class over ``tm``'s current state, to capture (never ``tm``)."""
+    view = type(model).__new__(type(model))
+    view.__dict__.update(tm.__dict__)
+    view.__dict__.pop("__fxckpt__", None)
+    return view
+
+
+def _make_offloader(config: TransformConfig) -> Any:
+    if not config.offload:
+        return None
+    from fxckpt.runtime.offload import Offloader
+
+    return Offloader(config.offload_device or "cpu", threshold=config.offload_threshold)
+
+
+def _attach_offloader(compiled: Any, offloader: Any) -> None:
+    """Segments the plan offloads run their forward under this module's offloader."""
+    for seg in compiled.plan.segments:
+        if seg.action == "offload":
+            compiled.gm.get_submodule(seg.name)._fxckpt_offloader = offloader

@@ -1,0 +1,120 @@
+"""What fxckpt decided for a transformed module, read through one function: :func:`inspect`.
+
+The transformed module is the model (see :mod:`fxckpt.module`), so fxckpt's own views cannot be
+attributes of it — a model may have a child called ``model`` or ``plan``, and every Hugging Face
+model has a ``config``. They live here instead::
+
+    info = fxckpt.inspect(tm)
+    print(info.plan)        # segments, what each keeps and frees, predicted peak, stages
+    print(info.code)        # the rewritten forward: `x = fxckpt_checkpoint(segment_0, x)`
+    info.plan_for(x)        # plan now for these inputs (no step), returns the plan
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from fxckpt.config import TransformConfig
+from fxckpt.errors import ConfigError, NotPlannedError
+from fxckpt.plan import Plan
+
+__all__ = ["Inspection", "inspect"]
+
+
+class Inspection:
+    """fxckpt's view of one transformed module: its options, plans, graphs and stages."""
+
+    def __init__(self, tm: torch.nn.Module) -> None:
+        from fxckpt.module import dispatcher_of
+
+        self.module = tm
+        self._dispatcher = dispatcher_of(tm)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model ``fxckpt.transform`` was given (it shares every parameter and buffer)."""
+        return self._dispatcher.model
+
+    @property
+    def config(self) -> TransformConfig:
+        """The options ``fxckpt.transform`` was given, checked."""
+        return self._dispatcher.config
+
+    def plan_for(self, *args: Any, **kwargs: Any) -> Plan:
+        """Plan (if needed) for these inputs in the module's current mode, without running a step.
+
+        Unlike a call, this plans in ``eval()`` mode too (an export saves eval graphs this way).
+        """
+        return self._dispatcher.plan_for(self.module, args, kwargs).plan
+
+    @property
+    def plan(self) -> Plan:
+        """The plan used by the latest training call (or made by ``plan_for`` / ``example_inputs``)."""
+        return self._current().plan
+
+    @property
+    def plans(self) -> list[Plan]:
+        """Every plan made so far, oldest first."""
+        return [c.plan for c in self._dispatcher.compiled()]
+
+    @property
+    def graph_module(self) -> torch.fx.GraphModule:
+        """The rewritten GraphModule of the latest plan."""
+        return self._current().gm
+
+    @property
+    def code(self) -> str:
+        """Python code of the rewritten graph (segments appear as ``fxckpt_checkpoint(...)`` calls)."""
+        return self.graph_module.code
+
+    @property
+    def pipeline(self) -> Optional[torch.nn.Module]:
+        """The pipelined runner of the latest plan (``None`` without stages): ``.recomputed``,
+        ``.stage_modules``, ``.describe()``."""
+        return self._current().pipeline
+
+    @property
+    def offload_stats(self) -> Any:
+        """What the latest training step offloaded (``None`` without ``offload=``)."""
+        offloader = self._dispatcher.offloader
+        return None if offloader is None else offloader.stats
+
+    @property
+    def captures(self) -> int:
+        """How many graphs were captured so far (one per mode and call structure, not per shape)."""
+        return self._dispatcher.counts.captures
+
+    @property
+    def plans_made(self) -> int:
+        """How many plans were made so far."""
+        return self._dispatcher.counts.plans
+
+    def _current(self) -> Any:
+        compiled = self._dispatcher.last
+        if compiled is None:
+            raise NotPlannedError(
+                "this module has not planned yet: it plans at its first training call (eval() and "
+                "no_grad() calls run the model itself); call it once in training, pass example_inputs= "
+                "to fxckpt.transform, or use fxckpt.inspect(tm).plan_for(*inputs)"
+            )
+        return compiled
+
+    def __repr__(self) -> str:
+        last = self._dispatcher.last
+        what = "not planned yet" if last is None else last.plan.summary()
+        return f"<fxckpt.inspect of {type(self.module).__name__}: {what}>"
+
+
+def inspect(tm: torch.nn.Module) -> Inspection:
+    """fxckpt's plans, code and stages for a module :func:`fxckpt.transform` returned."""
+    from fxckpt.module import STATE
+
+    if not isinstance(tm, torch.nn.Module) or STATE not in tm.__dict__:
+        raise ConfigError(
+            f"fxckpt.inspect takes a module fxckpt.transform returned (got {type(tm).__name__}); "
+            "transform the model first: tm = fxckpt.transform(model, ...)"
+        )
+    return Inspection(tm)

@@ -1,0 +1,195 @@
+"""Capture with ``torch.export`` (non-strict training IR): dynamic shapes and opaque modules.
+
+``symbolic_trace`` cannot follow data-dependent Python or most Hugging Face models; export can.
+Two additions make its graph fit fxckpt:
+
+* **Dynamic shapes.** Every tensor dimension is exported as ``Dim.AUTO``, so export keeps the
+  batch and sequence dimensions symbolic where the model allows and specialises the rest. One
+  capture then serves every batch size and sequence length (dynamic padding costs no capture).
+  :class:`ShapeRule` records which dimensions stayed fixed and the range of the others, so a
+  call outside them captures again instead of failing a guard. If export refuses dynamic
+  shapes, the graph is exported for the example's shapes.
+* **Opaque modules.** Export inlines custom ``torch.autograd.Function``s (their backward is lost)
+  and bakes forward hooks into the graph. The modules that call such Functions, and modules
+  with hooks, are exported with ``preserve_module_call_signature`` and swapped back in as
+  ``call_module`` nodes, so the real module runs: custom backward, hooks and all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from fxckpt.errors import CaptureError
+from fxckpt.signature import Binder, Shapes
+
+__all__ = ["ShapeRule", "Exported", "export_graph"]
+
+log = logging.getLogger(__name__)
+_function_cls = torch.autograd.function.Function
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeRule:
+    """Which tensor shapes an exported graph accepts: fixed sizes, or a range per dimension."""
+
+    dims: tuple[tuple[tuple[int, Optional[int]], ...], ...]
+    """Per tensor input, per dimension, ``(low, high)``; ``high`` ``None`` means unbounded."""
+
+    def accepts(self, shapes: Shapes) -> bool:
+        if len(shapes) != len(self.dims):
+            return False
+        for shape, dims in zip(shapes, self.dims):
+            if len(shape) != len(dims):
+                return False
+            for size, (low, high) in zip(shape, dims):
+                if size < low or (high is not None and size > high):
+                    return False
+        return True
+
+    @property
+    def dynamic(self) -> bool:
+        return any(low != high for dims in self.dims for low, high in dims)
+
+
+@dataclasses.dataclass
+class Exported:
+    gm: torch.fx.GraphModule
+    shapes: ShapeRule
+    opaque: tuple[str, ...]
+    """Module paths called as they are (``call_module`` nodes), not traced through."""
+
+
+def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict, opaque: Sequence[str]) -> Exported:
+    """Export ``model`` for calls like these, dynamic where possible, ``opaque`` modules kept."""
+    opaque = tuple(opaque)
+    with _recording(model) as calls:
+        ep = _export_program(model, args, kwargs, opaque)
+    callers = _function_callers(model, calls, opaque)
+    if callers:  # export again, calling those modules as they are
+        log.info("keeping modules that call custom autograd Functions opaque: %s", ", ".join(callers))
+        opaque = opaque + callers
+        ep = _export_program(model, args, kwargs, opaque)
+    rule = _shape_rule(ep)
+    if opaque:
+        from torch.export._swap import _swap_modules
+
+        gm = _swap_modules(ep, {p: model.get_submodule(p) for p in opaque})
+    else:
+        gm = ep.module()
+    return Exported(gm, rule, opaque)
+
+
+def _function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],
+                      opaque: tuple[str, ...]) -> tuple[str, ...]:
+    """The innermost modules of custom autograd Function calls that are not opaque yet."""
+    at_root = sorted({cls.__qualname__ for cls, path in calls if path == ""})
+    if at_root:
+        raise CaptureError(
+            f"{type(model).__name__}.forward calls the custom autograd Function(s) {', '.join(at_root)} "
+            "directly, and torch.export replaces a Function's backward with autograd of its forward. "
+            "fxckpt keeps such calls exact by calling the module that makes them as it is: move the "
+            "call into a submodule (an nn.Module whose forward calls Fn.apply), or make the model "
+            "traceable by torch.fx.symbolic_trace, which keeps Function calls opaque"
+        )
+    inside = [p for _, p in calls if not any(p == o or p.startswith(o + ".") for o in opaque)]
+    return tuple(dict.fromkeys(inside))
+
+
+@contextlib.contextmanager
+def _recording(model: torch.nn.Module) -> Iterator[list[tuple[type, str]]]:
+    """Record ``(Function class, innermost module path)`` for each Function.apply call."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    stack: list[str] = []
+    calls: list[tuple[type, str]] = []
+    original = _function_cls.__dict__["apply"]
+
+    def pre(module: torch.nn.Module, _args: Any) -> None:
+        stack.append(paths.get(id(module), stack[-1] if stack else ""))
+
+    def post(module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if stack:
+            stack.pop()
+
+    def apply(cls: type, *a: Any, **k: Any) -> Any:
+        if cls.__module__.split(".")[0] != "torch":
+            calls.append((cls, stack[-1] if stack else ""))
+        return original.__func__(cls, *a, **k)
+
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+               torch.nn.modules.module.register_module_forward_hook(post, always_call=True)]
+    _function_cls.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+    try:
+        yield calls
+    finally:
+        _function_cls.apply = original  # type: ignore[method-assign]
+        for h in handles:
+            h.remove()
+
+
+def _export_program(model: torch.nn.Module, args: tuple, kwargs: dict,
+                    opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
+    """Export with every dimension dynamic where the model allows; for these shapes if it refuses."""
+    def run(shapes: Optional[dict[str, Any]]) -> torch.export.ExportedProgram:
+        return torch.export.export(model, tuple(args), dict(kwargs), strict=False, dynamic_shapes=shapes,
+                                   preserve_module_call_signature=opaque)
+
+    try:
+        return run(_dynamic_shapes(model, args, kwargs))
+    except Exception as e:  # export refused symbolic sizes somewhere: specialise to these shapes
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        log.info("torch.export with dynamic shapes failed (%s); exporting for these shapes only", first)
+        return run(None)
+
+
+def _dynamic_shapes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``{parameter name: {dim: Dim.AUTO}}`` for every tensor of the call, ``None`` elsewhere."""
+    auto = torch.export.Dim.AUTO
+    bound = Binder(model.forward).bind(args, kwargs)
+    passed = set(list(Binder(model.forward).names)[: len(args)]) | set(kwargs)
+
+    def spec(value: Any) -> Any:
+        return pytree.tree_map(
+            lambda t: {i: auto for i in range(t.dim())} if isinstance(t, torch.Tensor) else None, value
+        )
+
+    return {name: spec(value) for name, value in bound.items() if name in passed}
+
+
+def _finite(bound: Any) -> Optional[int]:
+    """A range bound as an int, or ``None`` for infinity (``int_oo``)."""
+    try:
+        value = int(bound)
+    except Exception:  # sympy's infinities raise assorted errors on int()
+        return None
+    return value if abs(value) < 2**62 else None
+
+
+def _shape_rule(ep: torch.export.ExportedProgram) -> ShapeRule:
+    """Per user tensor input: fixed sizes as ``(n, n)``, symbolic ones as their value range."""
+    inputs = set(ep.graph_signature.user_inputs)
+    ranges = {str(k): v for k, v in ep.range_constraints.items()}
+    dims = []
+    for node in ep.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in inputs or not isinstance(value, torch.Tensor):
+            continue
+        per_dim = []
+        for size in value.shape:
+            if isinstance(size, int):
+                per_dim.append((size, size))
+                continue
+            r = ranges.get(str(size.node.expr))
+            if r is None:  # an expression of other sizes: accept only the example's value
+                hint = int(size.node.hint) if size.node.hint is not None else 0
+                per_dim.append((hint, hint))
+                continue
+            per_dim.append((int(r.lower), _finite(r.upper)))
+        dims.append(tuple(per_dim))
+    return ShapeRule(tuple(dims))

@@ -1,0 +1,34 @@
+"""Small ``torch.fx`` helpers the passes share.
+
+* :func:`copy_graph_module`: a new GraphModule over a copy of the graph, sharing every
+  submodule, parameter and buffer with the original, so one capture can be annotated and
+  lowered into several plans (one per shape under a budget) without capturing again.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx
+
+__all__ = ["copy_graph_module"]
+
+_CARRIED = ("_in_spec", "_out_spec", "range_constraints", "validate_inputs")
+"""Plain attributes of ``ExportedProgram.module()`` its generated code and guards read."""
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule computing what ``gm`` computes, with its own graph and the same state."""
+    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    out, output_node = graph.graph_copy(gm.graph, env, return_output_node=True)  # type: ignore[misc]
+    new_output = graph.output(out, type_expr=output_node.type)
+    new_output.meta = copy.copy(output_node.meta)
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    new = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    for name in _CARRIED:
+        if name in gm.__dict__:
+            new.__dict__[name] = gm.__dict__[name]
+    new.meta = dict(gm.meta)
+    return new

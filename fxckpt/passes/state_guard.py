@@ -1,0 +1,240 @@
+"""Capture runs the model's forward once; it must leave no trace and reveal what a graph can't replay.
+
+``StateGuard`` wraps one capture attempt. On exit it puts back everything the attempt may have
+changed — torch, numpy and Python random state, buffer values, module attributes and hook
+tables — and reports the changes that mean a captured graph would diverge from the model:
+
+* the forward drew from numpy's or Python's global random generator (Wav2Vec2's SpecAugment
+  draws its masks with numpy): a graph would replay one draw forever;
+* the forward changed a Python attribute of a module (``self.calls += 1``) or rebound a tensor
+  attribute or buffer: a graph would run with the value seen while tracing.
+
+Attributes the forward only *adds* (a lazily built cache) are removed again without complaint:
+the graph computes them inline every call.
+
+Hooks of the given modules are switched off while the guard is active, so that capture and
+annotation neither fire the user's hooks on fake tensors nor bake them into the graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+
+__all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
+
+_PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
+_CONTAINERS = ("_parameters", "_buffers", "_modules")
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_MISSING = object()
+
+
+class StateGuard:
+    """Context manager around one capture attempt; ``changes`` lists what the forward changed."""
+
+    def __init__(self, model: torch.nn.Module, quiet: Iterable[torch.nn.Module] = ()) -> None:
+        self.model = model
+        self.quiet = list(quiet)
+        self.changes: list[str] = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "StateGuard":
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        self._stack.enter_context(torch.random.fork_rng(devices=devices))
+        self._stack.enter_context(preserved_tensors(self.model.buffers()))
+        self._stack.enter_context(hooks_off(self.quiet))
+        self.draws: list[str] = []
+        self._stack.enter_context(_recording_draws(self.draws))
+        self._random = random.getstate()
+        self._numpy = _numpy_state()
+        self._attrs = {path: _snapshot(m) for path, m in self.model.named_modules(remove_duplicate=False)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._check_random()
+            modules = dict(self.model.named_modules(remove_duplicate=False))
+            for path, before in self._attrs.items():
+                if path in modules:
+                    self._restore(path, modules[path], before)
+        finally:
+            random.setstate(self._random)
+            _set_numpy_state(self._numpy)
+            self._stack.close()
+            torch.clear_autocast_cache()  # fake casts made under a user's autocast must not leak
+
+    def _check_random(self) -> None:
+        where = f" ({'; '.join(dict.fromkeys(self.draws))})" if self.draws else ""
+        if random.getstate() != self._random:
+            self.changes.append(f"the forward draws from Python's `random` module{where}")
+        now = _numpy_state()
+        if now is not None and self._numpy is not None and not _same_numpy_state(now, self._numpy):
+            self.changes.append(f"the forward draws from numpy's global random generator{where}")
+
+    def _restore(self, path: str, module: torch.nn.Module, before: dict[str, Any]) -> None:
+        where = path or "<root>"
+        after = _snapshot(module)
+        for key in set(before) | set(after):
+            old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+            if _same(old, new):
+                continue
+            if old is not _MISSING:
+                self.changes.append(f"the forward changes `{_name(where, key)}` "
+                                    f"(from {_short(old)} to {_short(new)})")
+            _put_back(module, key, old)
+
+
+def _snapshot(module: torch.nn.Module) -> dict[str, Any]:
+    """Top-level attributes, plus each parameter/buffer/child entry (``_buffers.running_mean``).
+
+    Lists, dicts and sets are recorded with their length, so one grown in place is noticed.
+    """
+    out: dict[str, Any] = {}
+    for key, value in module.__dict__.items():
+        if key in _CONTAINERS:
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        elif isinstance(value, (list, dict, set)):
+            out[key] = _Sized(value, len(value))
+        else:
+            out[key] = value
+    return out
+
+
+class _Sized:
+    def __init__(self, value: Any, size: int) -> None:
+        self.value, self.size = value, size
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Unchanged: the same object (a container of the same length), or an equal plain value."""
+    if isinstance(old, _Sized) and isinstance(new, _Sized):
+        return old.value is new.value and old.size == new.size or _equal(old.value, new.value)
+    return old is new or _equal(old, new)
+
+
+def _equal(old: Any, new: Any) -> bool:
+    if type(old) is not type(new) or isinstance(old, torch.Tensor) or old is _MISSING:
+        return False
+    try:
+        return bool(old == new)
+    except Exception:  # values whose == is not a plain bool (tensors inside): treat as changed
+        return False
+
+
+def _put_back(module: torch.nn.Module, key: str, old: Any) -> None:
+    container, _, name = key.partition(".")
+    if container in _CONTAINERS and name:
+        table = module.__dict__[container]
+        if old is _MISSING:
+            table.pop(name, None)
+        else:
+            table[name] = old
+        return
+    if old is _MISSING:
+        module.__dict__.pop(key, None)
+    else:
+        module.__dict__[key] = old.value if isinstance(old, _Sized) else old
+
+
+def _name(where: str, key: str) -> str:
+    container, _, name = key.partition(".")
+    attr = name if container in _CONTAINERS and name else key
+    return attr if where == "<root>" else f"{where}.{attr}"
+
+
+def _short(value: Any) -> str:
+    if value is _MISSING:
+        return "nothing"
+    if isinstance(value, _Sized):
+        return f"a {type(value.value).__name__} of {value.size}"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor{list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@contextlib.contextmanager
+def preserved_tensors(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
+    """Put the values of ``tensors`` back on exit (buffers a forward writes in place)."""
+    saved = [(t, t.detach().clone()) for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, value in saved:
+                t.copy_(value)
+
+
+@contextlib.contextmanager
+def hooks_off(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """Switch off the modules' own hooks for the duration (they are put back on exit)."""
+    saved = [(m, {t: m.__dict__[t] for t in _HOOK_TABLES}) for m in modules]
+    for m, _ in saved:
+        for table in _HOOK_TABLES:
+            m.__dict__[table] = type(m.__dict__[table])()
+    try:
+        yield
+    finally:
+        for m, tables in saved:
+            m.__dict__.update(tables)
+
+
+_NOT_DRAWS = {"get_state", "set_state", "seed", "default_rng", "getstate", "setstate", "get_bit_generator",
+              "set_bit_generator", "test"}
+
+
+@contextlib.contextmanager
+def _recording_draws(draws: list[str]) -> Iterator[None]:
+    """Note the call site of every numpy / ``random`` module-level draw, to name it in errors."""
+    patched: list[tuple[Any, str, Any]] = []
+    modules = [(random, "random")]
+    if "numpy" in sys.modules:
+        modules.append((sys.modules["numpy"].random, "np.random"))
+    for module, label in modules:
+        for name in dir(module):
+            fn = getattr(module, name)
+            if name.startswith("_") or name in _NOT_DRAWS or isinstance(fn, type) or not callable(fn):
+                continue
+            patched.append((module, name, fn))
+            setattr(module, name, _noting(fn, f"{label}.{name}", draws))
+    try:
+        yield
+    finally:
+        for module, name, fn in patched:
+            setattr(module, name, fn)
+
+
+def _noting(fn: Any, label: str, draws: list[str]) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        draws.append(f"{label}() in {frame.f_code.co_name} at {_file(frame.f_code.co_filename)}:{frame.f_lineno}")
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _file(path: str) -> str:
+    for marker in ("site-packages/", "/fxckpt/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def _numpy_state() -> Optional[Any]:
+    numpy = sys.modules.get("numpy")
+    return None if numpy is None else numpy.random.get_state()
+
+
+def _set_numpy_state(state: Optional[Any]) -> None:
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and state is not None:
+        numpy.random.set_state(state)
+
+
+def _same_numpy_state(a: Any, b: Any) -> bool:
+    numpy = sys.modules["numpy"]
+    return a[0] == b[0] and bool(numpy.array_equal(a[1], b[1])) and a[2:] == b[2:]

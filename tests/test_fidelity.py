@@ -1,0 +1,171 @@
+"""Same bits or a clear refusal: every way a captured graph can diverge from the model.
+
+Each pattern of ``tests/patterns.py`` runs eager and transformed for two training steps with every
+strategy; outputs, input grads, every parameter grad and every buffer must be bit-identical, the
+modules' modes untouched, and hooks must fire once per forward — or the transform must refuse
+with the documented error, leaving the model as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxckpt
+from patterns import PATTERNS, Pattern, Stack
+from support import assert_steps_equal, loss_of, run_step
+
+STRATEGIES = [{}, {"every": 1}, {"every": 2}, {"depth": None}, {"budget": None}]
+
+
+def _strategy(pattern: Pattern, strategy: dict) -> dict:
+    if "depth" in strategy:
+        return {"depth": pattern.depth}
+    return {"budget": pattern.budget} if "budget" in strategy else strategy
+
+
+def _made(pattern: Pattern) -> nn.Module:
+    torch.manual_seed(0)  # the same weights every time: hooks make deepcopy share their log
+    return pattern.make()
+
+
+def _state(model: nn.Module) -> tuple:
+    modes = tuple(m.training for m in model.modules())
+    return modes, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    "pattern,strategy",
+    [pytest.param(p, s, id=f"{p.name}-{'-'.join(s) or 'none'}") for p in PATTERNS for s in STRATEGIES],
+)
+def test_same_bits_or_documented_error(pattern: Pattern, strategy: dict) -> None:
+    model, reference = _made(pattern), _made(pattern)
+    tm = fxckpt.transform(model, **_strategy(pattern, strategy))
+    args, kwargs = pattern.inputs()
+    if pattern.error is not None:
+        before = _state(model)
+        with pytest.raises(pattern.error[0], match=pattern.error[1]):
+            tm(*args, **kwargs)
+        after = _state(model)
+        assert before[0] == after[0] and all(torch.equal(before[1][k], after[1][k]) for k in before[1])
+        return
+    for step in range(2):
+        assert_steps_equal(run_step(tm, args, kwargs, seed=step), run_step(reference, args, kwargs, seed=step))
+    assert [m.training for m in model.modules()] == [m.training for m in reference.modules()]
+    if hasattr(model, "hook_log"):
+        assert model.hook_log.calls == reference.hook_log.calls
+        assert set(model.hook_log.calls.values()) == {2}, model.hook_log.calls
+
+
+def test_custom_backward_is_the_one_that_runs() -> None:
+    """Autograd of round() is zero; the straight-through estimator passes gradients on."""
+    pattern = next(p for p in PATTERNS if p.name == "custom_function_export")
+    tm = fxckpt.transform(_made(pattern), every=1)
+    loss_of(tm(torch.randn(4, 16))).backward()
+    assert tm.inner.blocks[0].fc.weight.grad.abs().sum() > 0
+    assert fxckpt.inspect(tm).plan.capture == "export"
+
+
+def test_forced_leaf_module_becomes_a_segment_and_recomputes() -> None:
+    pattern = next(p for p in PATTERNS if p.name == "transformer_encoder_layers")
+    x = torch.randn(2, 6, 16)
+    tm = fxckpt.transform(_made(pattern), force={"layers.2": "recompute"}, example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert [s.module_paths for s in plan.segments] == [("layers.2",)] and plan.segments[0].freed_bytes == 0
+    depth = fxckpt.transform(_made(pattern), depth=2, example_inputs=(x,))
+    assert len(fxckpt.inspect(depth).plan.segments) == 4
+
+
+def test_a_force_that_cannot_apply_says_why() -> None:
+    x = torch.randn(4, 16)
+    tm = fxckpt.transform(Stack(), force={"head": "recompute"}, example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert not plan.segments
+    assert any("force['head'] = 'recompute' has no effect" in n for n in plan.notes)
+
+
+def test_hooked_module_stays_out_of_segments_and_the_plan_says_so() -> None:
+    pattern = next(p for p in PATTERNS if p.name == "hooks")
+    tm = fxckpt.transform(_made(pattern), depth=2, example_inputs=(torch.randn(4, 16),))
+    plan = fxckpt.inspect(tm).plan
+    assert ("blocks.1",) not in [s.module_paths for s in plan.segments]
+    assert any("blocks.1 has hooks" in n for n in plan.notes)
+
+
+def test_a_mode_set_by_the_user_survives_planning() -> None:
+    pattern = next(p for p in PATTERNS if p.name == "frozen_submodule")
+    model = _made(pattern)
+    tm = fxckpt.transform(model, every=1, example_inputs=(torch.randn(2, 3, 8, 8),))
+    tm(torch.randn(2, 3, 8, 8))
+    assert not model.stem.training and not model.stem[1].training and model.body.training
+
+
+def test_first_call_under_no_grad_does_not_plan_training() -> None:
+    model, reference = Stack(), None
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=1)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        tm(x)
+    assert fxckpt.inspect(tm).captures == 0
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
+    assert fxckpt.inspect(tm).plan.segments
+
+
+def test_autocast_gets_its_own_graph_and_the_same_bits() -> None:
+    model = Stack()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=1)
+    x = torch.randn(4, 16)
+    tm(x)
+    for module in (tm, reference):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(x)
+        loss_of(out).backward()
+    assert fxckpt.inspect(tm).captures == 2 and out.dtype == torch.bfloat16
+    for (name, p), q in zip(tm.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+class WithOptions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Stack()
+
+    def forward(self, x: torch.Tensor, options: object = None) -> torch.Tensor:
+        scale = options["scale"] if isinstance(options, dict) else getattr(options, "scale", 1.0)
+        return self.body(x) * scale
+
+
+class Options:
+    scale = 2.0
+
+
+def test_a_mutable_argument_is_refused_by_name() -> None:
+    tm = fxckpt.transform(WithOptions(), every=1)
+    with pytest.raises(fxckpt.InputError, match=r"keyword argument 'options' is a Options object"):
+        tm(torch.randn(4, 16), options=Options())
+
+
+def test_argument_values_are_keys_so_a_changed_value_is_a_new_graph() -> None:
+    model = WithOptions()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=1)
+    x = torch.randn(4, 16)
+    for scale in (2.0, 3.0, 2.0):
+        opts = {"scale": scale}
+        assert torch.equal(tm(x, options=opts), reference(x, options=opts))
+    assert fxckpt.inspect(tm).captures == 2
+
+
+def test_global_module_hooks_are_refused() -> None:
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        tm = fxckpt.transform(Stack(), every=1)
+        with pytest.raises(fxckpt.CaptureError, match="global module forward hooks are registered"):
+            tm(torch.randn(4, 16))
+    finally:
+        handle.remove()
