@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Optional
 
 import torch
@@ -49,6 +50,8 @@ class Counts:
 
     captures: int = 0
     plans: int = 0
+    capture_seconds: float = 0.0
+    plan_seconds: float = 0.0
 
 
 class Dispatcher:
@@ -113,8 +116,10 @@ class Dispatcher:
             log.warning("fxckpt: %d captures made; dropping the oldest (do modes, dtypes or non-tensor "
                         "arguments change every step?)", MAX_CAPTURES)
             self.entries[oldest].pop(0)
+        start = time.perf_counter()
         captured = capture_for(_view(tm, self.model), self.config, args, kwargs)
         self.counts.captures += 1
+        self.counts.capture_seconds += time.perf_counter() - start
         entry = Entry(captured)
         entries.append(entry)
         return entry
@@ -130,8 +135,10 @@ class Dispatcher:
                 compiled = entry.plans[min(larger, key=_volume)]
                 log.debug("reusing the plan made for %s for %s", min(larger, key=_volume), key)
         if compiled is None:
+            start = time.perf_counter()
             compiled = build(entry.captured, self.config, args, kwargs, training=tm.training, model=tm)
             self.counts.plans += 1
+            self.counts.plan_seconds += time.perf_counter() - start
             _attach_offloader(compiled, self.offloader)
             entry.plans[key] = compiled
         return compiled

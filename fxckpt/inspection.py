@@ -92,6 +92,12 @@ class Inspection:
         """How many plans were made so far."""
         return self._dispatcher.counts.plans
 
+    @property
+    def planning_seconds(self) -> float:
+        """Time spent capturing and planning so far (seconds)."""
+        counts = self._dispatcher.counts
+        return counts.capture_seconds + counts.plan_seconds
+
     def _current(self) -> Any:
         compiled = self._dispatcher.last
         if compiled is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -247,11 +248,17 @@ class Encoder(nn.Module):
 
 
 class Normed(nn.Module):
-    """``weight_norm``: a forward pre-hook recomputes the weight from ``g`` and ``v`` every call."""
+    """Weight normalisation: the old ``weight_norm`` recomputes the weight from ``g`` and ``v`` in a
+    forward pre-hook every call; the new one is a parametrization (a property)."""
 
-    def __init__(self, width: int = 16) -> None:
+    def __init__(self, width: int = 16, hooked: bool = True) -> None:
         super().__init__()
-        self.fc = torch.nn.utils.weight_norm(nn.Linear(width, width))  # type: ignore[attr-defined]
+        if hooked:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # deprecated, and still in real code
+                self.fc = torch.nn.utils.weight_norm(nn.Linear(width, width))  # type: ignore[attr-defined]
+        else:
+            self.fc = torch.nn.utils.parametrizations.weight_norm(nn.Linear(width, width))
         self.out = nn.Linear(width, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -307,6 +314,7 @@ PATTERNS = [
     Pattern("hooks_export", hooked_export_only, _x(4, 16), depth=3),
     Pattern("transformer_encoder_layers", Encoder, _x(2, 6, 16)),
     Pattern("weight_norm", Normed, _x(4, 16), depth=1, budget=0.9),
+    Pattern("weight_norm_parametrized", lambda: Normed(hooked=False), _x(4, 16), depth=1, budget=0.9),
     Pattern("tied_weights_dict_out", Tied, lambda: ((torch.randint(0, 32, (2, 6)),), {})),
     Pattern("no_input_grad", Stack, _x(4, 16, grad=False)),
 ]

@@ -76,10 +76,11 @@ def info(node: torch.fx.Node) -> NodeInfo:
 
 def module_path_of(node: torch.fx.Node) -> str:
     """The dotted module path a node came from, for symbolic and exported graphs alike."""
+    target = str(node.meta.get("fxckpt_path", node.target))  # see passes.tracer.to_graph_module
     if node.op == "call_module":
-        return str(node.target)
+        return target
     if node.op == "get_attr":
-        return str(node.target).rpartition(".")[0]
+        return target.rpartition(".")[0]
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return ""

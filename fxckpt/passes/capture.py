@@ -32,11 +32,12 @@ from typing import Any, Optional
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.fx.graph import _PyTreeCodeGen
 
 from fxckpt.errors import CaptureError
 from fxckpt.passes.exporter import ShapeRule, export_graph
 from fxckpt.passes.state_guard import StateGuard
-from fxckpt.passes.tracer import FxckptTracer, has_hooks
+from fxckpt.passes.tracer import FxckptTracer, has_hooks, to_graph_module
 from fxckpt.signature import Binder, Shapes, is_static_value
 
 __all__ = ["Captured", "capture", "SYMBOLIC", "EXPORT"]
@@ -74,22 +75,16 @@ class Captured:
         """The values of the graph's placeholders, in order, for a call ``model(*args, **kwargs)``."""
         if self.method == SYMBOLIC:
             return list(self.binder.bind(args, kwargs).values())
-        names = [n.target for n in self.gm.graph.nodes if n.op == "placeholder"]
-        if self._flat_inputs():
+        if isinstance(self.gm.graph._codegen, _PyTreeCodeGen):  # placeholders: the call's leaves
             return pytree.tree_leaves((args, kwargs))
-        bound = self.binder.bind(args, kwargs)
-        return [bound[str(name)] for name in names]
+        bound = self.binder.bind(args, kwargs)  # swapped-in modules: placeholders named as forward's
+        return [bound[str(n.target)] for n in self.gm.graph.nodes if n.op == "placeholder"]
 
     def call(self, gm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         """Run ``gm`` (this graph, or a rewrite of it) as the model would run on these inputs."""
         if self.method == SYMBOLIC:
             return gm(*self.binder.bind(args, kwargs).values())
         return gm(*args, **kwargs)
-
-    def _flat_inputs(self) -> bool:
-        """Exported graphs take pytree leaves, unless opaque modules were swapped in (named args)."""
-        return not isinstance(self.gm.graph._codegen, torch.fx.graph.CodeGen) or \
-            type(self.gm.graph._codegen) is not torch.fx.graph.CodeGen
 
 
 def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Optional[dict] = None) -> Captured:
@@ -137,7 +132,7 @@ def _symbolic(model: torch.nn.Module, binder: Binder, args: Optional[tuple], kwa
         concrete = {k: v for k, v in bound.items() if is_static_value(v)} or None
     tracer = FxckptTracer(leaves=frozenset(hooked))
     graph = tracer.trace(model, concrete_args=concrete)
-    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    return to_graph_module(tracer.root, graph, type(model).__name__)
 
 
 def _refuse_global_hooks() -> None:
@@ -164,7 +159,8 @@ def _refuse_changes(model: torch.nn.Module, changes: list[str]) -> None:
         "the model. How to fix it:\n"
         "  - draw random numbers with torch (torch.rand, torch.bernoulli, dropout), which fxckpt "
         "replays exactly, or compute them outside the model and pass them in as inputs (Hugging Face "
-        "Wav2Vec2: pass mask_time_indices=..., or set config.mask_time_prob=0);\n"
+        "Wav2Vec2's SpecAugment: set config.mask_time_prob=0 and mask_feature_prob=0, and mask the "
+        "inputs before the call);\n"
         "  - keep counters and other state that forward updates in a buffer "
         "(self.register_buffer('step', torch.zeros(()))) and update it in place (self.step.add_(1)), "
         "which fxckpt replays every call."

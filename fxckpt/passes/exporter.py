@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import warnings
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -80,7 +81,9 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict, opaque: Sequ
     if opaque:
         from torch.export._swap import _swap_modules
 
-        gm = _swap_modules(ep, {p: model.get_submodule(p) for p in opaque})
+        with warnings.catch_warnings():  # torch's swap adds its pytree specs right after warning
+            warnings.filterwarnings("ignore", message="Attempted to insert a get_attr Node")
+            gm = _swap_modules(ep, {p: model.get_submodule(p) for p in opaque})
     else:
         gm = ep.module()
     return Exported(gm, rule, opaque)

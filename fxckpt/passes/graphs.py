@@ -25,7 +25,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     out, output_node = graph.graph_copy(gm.graph, env, return_output_node=True)  # type: ignore[misc]
     new_output = graph.output(out, type_expr=output_node.type)
     new_output.meta = copy.copy(output_node.meta)
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    graph._codegen = copy.copy(gm.graph._codegen)  # read-only (pytree specs): shared, not deep-copied
     new = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     for name in _CARRIED:
         if name in gm.__dict__:

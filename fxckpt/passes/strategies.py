@@ -67,7 +67,8 @@ def select(
     prediction = predict(problem, runs)
     if limit is not None and prediction.peak > limit:
         notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget {limit} B")
-    segments = tuple(_describe(f"segment_{i}", run, config) for i, run in enumerate(runs))
+    prefix = _segment_prefix(gm, len(runs))
+    segments = tuple(_describe(f"{prefix}_{i}", run, config) for i, run in enumerate(runs))
     if config.offload == "auto" and config.replay is None:
         segments = choose_actions(problem, segments, runs, notes)
     elif config.replay is not None:
@@ -90,6 +91,14 @@ def select(
     for seg in segments:
         log.info("  %s: %s (%d nodes, %s)", seg.name, ", ".join(seg.module_paths) or "-", len(seg.nodes), seg.reason)
     return plan
+
+
+def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
+    """``segment``, or a longer prefix if the graph module already has ``segment_<i>`` attributes."""
+    prefix = "segment"
+    while any(hasattr(gm, f"{prefix}_{i}") for i in range(count)):
+        prefix = "fxckpt_" + prefix
+    return prefix
 
 
 def segment_runs(order: Sequence[torch.fx.Node], config: TransformConfig, notes: list[str]) -> list[Run]:

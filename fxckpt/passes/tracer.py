@@ -23,7 +23,14 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks"]
+__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks", "to_graph_module", "ORIGINAL_PATH"]
+
+ORIGINAL_PATH = "fxckpt_path"
+"""``node.meta`` key of a module or attribute path renamed because a GraphModule owns the name."""
+
+_RESERVED = frozenset(set(dir(torch.fx.GraphModule)) - set(dir(torch.nn.Module))) | {
+    "meta", "shape_env", "graph", "code", "_code", "_graph", "_in_spec", "_out_spec", "_guards_fn",
+}
 
 _FUNCTION_CALLS: dict[type, Callable[..., Any]] = {}
 _function_cls = torch.autograd.function.Function
@@ -88,3 +95,30 @@ class FxckptTracer(torch.fx.Tracer):
             yield
         finally:
             _function_cls.apply = original  # type: ignore[method-assign]
+
+
+def to_graph_module(root: torch.nn.Module, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+    """``GraphModule(root, graph)``, renaming model attributes a GraphModule owns (``code``, ``graph``).
+
+    A model may well have a child called ``graph`` (a GNN) or ``code``; as an attribute of the
+    GraphModule it would clash with its own. Such targets get a ``_fxckpt`` suffix, and the
+    original path is kept in ``node.meta[ORIGINAL_PATH]`` for module paths in plans.
+    """
+    targets: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.op not in ("call_module", "get_attr"):
+            continue
+        original = str(node.target)
+        head, dot, rest = original.partition(".")
+        if head in _RESERVED:
+            node.meta[ORIGINAL_PATH] = original
+            node.target = f"{head}_fxckpt{dot}{rest}"
+        targets[str(node.target)] = _resolve(root, original)
+    return torch.fx.GraphModule(targets, graph, class_name)
+
+
+def _resolve(root: torch.nn.Module, path: str) -> Any:
+    value: Any = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value

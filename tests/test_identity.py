@@ -1,0 +1,125 @@
+"""Promise 6: any model works and stays itself (no name collisions, its attributes and methods)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxckpt
+from patterns import Stack
+from support import assert_steps_equal, run_step
+
+FXCKPT_NAMES = ("model", "config", "plan", "code", "pipeline", "graph_module", "plan_for", "offload_stats",
+                "inspect", "dispatcher")
+
+
+class Settings:
+    """A config object as Hugging Face models keep one: read by the model and by libraries."""
+
+    width = 16
+    vocab_size = 32
+
+
+class Colliding(nn.Module):
+    """Children, a parameter, a buffer and attributes under every name fxckpt ever used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = Settings()
+        self.model = Stack()
+        self.plan = nn.Linear(4, 16)
+        self.code = nn.Linear(16, 16)
+        self.register_parameter("pipeline", nn.Parameter(torch.ones(16)))
+        self.register_buffer("graph_module", torch.zeros(16))
+        self.graph = nn.Identity()  # a GNN's child; also a GraphModule's own attribute
+        self.segment_0 = nn.Identity()  # the name fxckpt gives its first segment
+        self.plan_for = "a string attribute"
+        self.offload_stats = 3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.code(torch.relu(self.plan(x))) * self.pipeline + self.graph_module
+        return self.model(self.segment_0(self.graph(h)))
+
+    def describe(self) -> str:
+        return f"width {self.config.width}"
+
+
+def test_a_model_with_fxckpt_names_transforms_and_trains_bit_exact() -> None:
+    model = Colliding()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, depth=2)
+    assert tm.config is model.config and tm.model is model.model and tm.plan is model.plan
+    assert tm.plan_for == "a string attribute" and tm.offload_stats == 3 and tm.describe() == "width 16"
+    assert list(tm.state_dict()) == list(model.state_dict())
+    assert isinstance(tm, Colliding) and isinstance(tm, fxckpt.TransformedModule)
+    x = torch.randn(4, 4)
+    for step in range(2):
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step), run_step(reference, (x,), {}, seed=step))
+    assert fxckpt.inspect(tm).plan.segments and fxckpt.inspect(tm).model is model
+
+
+def test_hugging_face_causal_lm_keeps_its_model_child_config_and_generate() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # Eager attention: with "sdpa", Hugging Face builds an explicit causal mask when traced and uses
+    # is_causal=True in eager, so gradients agree to rounding only (see docs/models.md).
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, use_cache=False, max_position_embeddings=64,
+                      attn_implementation="eager")
+    model = LlamaForCausalLM(cfg).train()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, depth=3)
+    assert tm.config is model.config and tm.model is model.model and tm.config.vocab_size == 64
+    assert tm.generation_config is model.generation_config
+    assert tm.get_input_embeddings() is model.model.embed_tokens
+    assert list(tm.state_dict()) == list(model.state_dict())
+    ids = torch.randint(0, 64, (2, 12))
+    for step in range(2):
+        got = run_step(tm, (ids,), {"labels": ids}, seed=step)
+        assert_steps_equal(got, run_step(reference, (ids,), {"labels": ids}, seed=step))
+    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [("model.layers.0",), ("model.layers.1",)]
+    tm.eval()
+    reference.eval()
+    prompt = torch.randint(0, 64, (1, 4))
+    assert torch.equal(tm.generate(prompt, max_new_tokens=4, do_sample=False),
+                       reference.generate(prompt, max_new_tokens=4, do_sample=False))
+    assert fxckpt.inspect(tm).captures == 1  # generate ran the model itself
+
+
+def test_deepcopy_and_pickle_give_an_independent_transformed_module() -> None:
+    model = Stack()
+    tm = fxckpt.transform(model, every=1)
+    x = torch.randn(4, 16)
+    tm(x)
+    for other in (copy.deepcopy(tm), pickle.loads(pickle.dumps(tm))):
+        assert isinstance(other, Stack) and isinstance(other, fxckpt.TransformedModule)
+        assert fxckpt.inspect(other).config == fxckpt.inspect(tm).config
+        assert all(p is not q for p, q in zip(other.parameters(), tm.parameters()))
+        assert_steps_equal(run_step(other, (x,), {}), run_step(copy.deepcopy(model), (x,), {}))
+        assert fxckpt.inspect(other).plan.segments
+
+
+def test_transforming_twice_and_inspecting_a_plain_model_are_refused() -> None:
+    tm = fxckpt.transform(Stack(), every=1)
+    with pytest.raises(fxckpt.ConfigError, match="already transformed; transform the original model"):
+        fxckpt.transform(tm, every=2)
+    with pytest.raises(fxckpt.ConfigError, match="takes a module fxckpt.transform returned"):
+        fxckpt.inspect(Stack())
+
+
+def test_train_and_eval_follow_on_the_model_and_to_drops_captured_graphs() -> None:
+    model = Stack()
+    tm = fxckpt.transform(model, every=1)
+    tm(torch.randn(4, 16))
+    tm.eval()
+    assert not model.training and not model.blocks[0].training
+    tm.train()
+    assert model.training
+    tm.to(torch.float64)
+    assert model.head.weight.dtype == torch.float64
+    out = tm(torch.randn(4, 16, dtype=torch.float64))
+    assert out.dtype == torch.float64 and fxckpt.inspect(tm).captures == 2  # captured again after .to()
