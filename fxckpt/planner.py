@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from fxckpt.config import TransformConfig
-from fxckpt.errors import ConfigError
+from fxckpt.errors import ConfigError, FxckptError, PlanError
 from fxckpt.pipeline_build import build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
 from fxckpt.runtime.schedule import bubble_fraction
@@ -60,8 +60,29 @@ def capture_for(model: torch.nn.Module, config: TransformConfig, args: tuple, kw
 
 def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, *,
           training: bool, model: torch.nn.Module) -> Compiled:
-    """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``."""
+    """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``.
+
+    A failure inside fxckpt's passes surfaces as an :class:`~fxckpt.errors.FxckptError` naming
+    the model and the pass, never as a bare ``KeyError`` from the internals.
+    """
     start = time.perf_counter()
+    try:
+        compiled = _build(captured, config, args, kwargs, training, model)
+    except FxckptError:
+        raise
+    except Exception as e:
+        raise PlanError(
+            f"fxckpt could not plan {type(model).__name__} ({captured.method} graph) for "
+            f"{describe_signature(args, kwargs)}: {type(e).__name__}: {e}. This is a limitation of "
+            "fxckpt for this model; please report it with the model's class and this message"
+        ) from e
+    log.info("planned %s for %s in %.2fs", type(model).__name__, compiled.plan.signature,
+             time.perf_counter() - start)
+    return compiled
+
+
+def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,
+           model: torch.nn.Module) -> Compiled:
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     if config.pipelined and not captured.shape_free:
         _check_even_split(config, args, kwargs)
@@ -85,7 +106,6 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
             balance=None if config.balance is None else list(config.balance),
         )
         plan = dataclasses.replace(plan, pipeline=_pipeline_view(pipeline, config))
-    log.info("planned %s for %s in %.2fs", type(model).__name__, plan.signature, time.perf_counter() - start)
     return Compiled(captured, gm, plan, pipeline, signature_key(training, args, kwargs))
 
 

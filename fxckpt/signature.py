@@ -84,7 +84,7 @@ def signature_key(training: bool, args: tuple, kwargs: dict) -> Hashable:
     leaves, spec = pytree.tree_flatten((args, kwargs))
     return (training, str(spec), tuple(
         ("tensor", tuple(x.shape), x.dtype, x.device.type, x.device.index) if isinstance(x, torch.Tensor)
-        else ("value", type(x).__qualname__, value_key(x)[-1]) for x in leaves
+        else ("value", type(x).__qualname__, value_key(x)) for x in leaves
     ))
 
 

@@ -96,6 +96,7 @@ def inspect_module(module: Any) -> Inspected:
 
         inspect(module).plan  # raises NotPlannedError before the first plan
         compiled = dispatcher_of(module).last
+        assert compiled is not None
         view = compiled.__dict__.get("_fxckpt_view")  # flattening costs a pass over the graph: once
         if view is None:
             view = compiled.__dict__["_fxckpt_view"] = graph_view(compiled.gm, compiled.plan)
