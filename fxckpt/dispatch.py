@@ -11,6 +11,10 @@ planned on a copy of the captured graph — unless a plan made for a larger shap
 peak on the smaller one is lower still. Training with dynamic padding therefore costs one capture
 and, under a budget, a few plans.
 
+Captures do not depend on fxckpt's options, so transforms of the same model (comparing
+strategies in a notebook, say) share them, as long as the model still holds the same modules,
+parameters and buffers.
+
 Capture and planning happen only when a training step needs them (``training`` with grad
 enabled) or when asked (:meth:`Dispatcher.plan_for`). The model's own forward serves ``eval()``
 and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
@@ -21,12 +25,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from typing import Any, Optional
 
 import torch
 
 from fxckpt.config import TransformConfig
-from fxckpt.signature import CallKey, Shapes, call_key, dominates
+from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 __all__ = ["Dispatcher", "Entry", "MAX_CAPTURES"]
 
@@ -34,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MAX_CAPTURES = 16
 """Captures kept per transformed module; beyond it the oldest is dropped (with a warning)."""
+
+Fingerprint = tuple[int, ...]
+_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Any]]]]" = \
+    weakref.WeakKeyDictionary()
+"""Captures per model object, shared by every transform of it (see the module docstring)."""
 
 
 @dataclasses.dataclass
@@ -100,7 +110,7 @@ class Dispatcher:
         from fxckpt.planner import first_micro_batch
 
         plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
-        key, shapes = call_key(tuple(m.training for m in tm.modules()), plan_args, plan_kwargs)
+        key, shapes = call_key(module_states(tm), plan_args, plan_kwargs)
         entry = self._entry(tm, key, shapes, args, kwargs)
         return self._plan(tm, entry, shapes, args, kwargs)
 
@@ -117,12 +127,24 @@ class Dispatcher:
                         "arguments change every step?)", MAX_CAPTURES)
             self.entries[oldest].pop(0)
         start = time.perf_counter()
-        captured = capture_for(_view(tm, self.model), self.config, args, kwargs)
-        self.counts.captures += 1
-        self.counts.capture_seconds += time.perf_counter() - start
+        fingerprint = _fingerprint(tm)
+        captured = self._shared(key, shapes, fingerprint)
+        if captured is None:
+            captured = capture_for(_view(tm, self.model), self.config, args, kwargs)
+            self.counts.captures += 1
+            self.counts.capture_seconds += time.perf_counter() - start
+            _SHARED.setdefault(self.model, {}).setdefault(key, []).append((fingerprint, captured))
         entry = Entry(captured)
         entries.append(entry)
         return entry
+
+    def _shared(self, key: CallKey, shapes: Shapes, fingerprint: Fingerprint) -> Any:
+        """A capture another transform of this model made for such calls, if still valid."""
+        for seen, captured in _SHARED.get(self.model, {}).get(key, []):
+            if seen == fingerprint and captured.accepts(shapes):
+                log.debug("reusing a capture made by another transform of %s", type(self.model).__name__)
+                return captured
+        return None
 
     def _plan(self, tm: torch.nn.Module, entry: Entry, shapes: Shapes, args: tuple, kwargs: dict) -> Any:
         from fxckpt.planner import build
@@ -146,6 +168,12 @@ class Dispatcher:
     def _shape_dependent(self, entry: Entry) -> bool:
         """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
         return self.config.budget is not None or not entry.captured.shape_free
+
+
+def _fingerprint(tm: torch.nn.Module) -> Fingerprint:
+    """Identities of every submodule, parameter and buffer: a capture holds references to them."""
+    return (tuple(id(m) for name, m in tm.named_modules() if name) + tuple(id(p) for p in tm.parameters())
+            + tuple(id(b) for b in tm.buffers()))
 
 
 def _volume(shapes: Shapes) -> int:

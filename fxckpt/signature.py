@@ -1,7 +1,7 @@
 """Input signatures: when a captured graph or a plan can be reused, and how to call a graph.
 
 A captured graph is specialised to everything Python saw while it was traced: the mode of every
-module, the autocast state, the structure of the call (which arguments, nested in which lists
+module and which modules have hooks (those are called as they are), the autocast state, the structure of the call (which arguments, nested in which lists
 and dicts), the values of its non-tensor arguments (``None`` masks, ``return_dict=False``), and
 the dtypes, devices and ranks of its tensors. That is the :class:`CallKey`. Shapes are not in it:
 a graph from ``symbolic_trace``, or from ``torch.export`` with dynamic dimensions, serves every
@@ -31,6 +31,8 @@ __all__ = [
     "CallKey",
     "Binder",
     "call_key",
+    "module_states",
+    "has_hooks",
     "shapes_of",
     "dominates",
     "describe_signature",
@@ -54,8 +56,8 @@ _IDENTITY_TYPES: tuple[type, ...] = (
 class CallKey:
     """Everything a captured graph is specialised to, except tensor shapes."""
 
-    modes: tuple[bool, ...]
-    """``training`` of the root and of every submodule, in ``modules()`` order."""
+    modules: tuple[tuple[bool, bool], ...]
+    """``(training, has hooks)`` of the root and of every submodule, in ``modules()`` order."""
     autocast: tuple[Hashable, ...]
     """Autocast enabled/dtype for CPU and CUDA."""
     spec: pytree.TreeSpec
@@ -64,7 +66,24 @@ class CallKey:
     """Per leaf: a tensor's type, dtype, device, rank and ``requires_grad``, or a value's key."""
 
 
-def call_key(modes: tuple[bool, ...], args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
+def module_states(root: torch.nn.Module) -> tuple[tuple[bool, bool], ...]:
+    """``(training, has hooks)`` of every module under ``root`` (see :class:`CallKey`)."""
+    return tuple((m.training, has_hooks(m)) for m in root.modules())
+
+
+TRANSPARENT_HOOKS = ("transformers.utils.output_capturing",)
+"""Modules whose hooks are part of the model's own forward (Hugging Face installs them to collect
+router logits and hidden states): capture traces through them, like any other code of the model."""
+
+
+def has_hooks(module: torch.nn.Module) -> bool:
+    """True when the module has forward, pre-forward or backward hooks of the user's."""
+    tables = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
+              module._backward_pre_hooks)
+    return any(getattr(h, "__module__", None) not in TRANSPARENT_HOOKS for t in tables for h in t.values())
+
+
+def call_key(modules: tuple[tuple[bool, bool], ...], args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
     """The call's :class:`CallKey` and the shapes of its tensors (leaf order)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     keys: list[Hashable] = []
@@ -75,7 +94,7 @@ def call_key(modes: tuple[bool, ...], args: tuple, kwargs: dict) -> tuple[CallKe
             shapes.append(tuple(leaf.shape))
         else:
             keys.append(value_key(leaf, lambda: _leaf_path(spec, i)))
-    return CallKey(modes, _autocast_state(), spec, tuple(keys)), tuple(shapes)
+    return CallKey(modules, _autocast_state(), spec, tuple(keys)), tuple(shapes)
 
 
 def signature_key(training: bool, args: tuple, kwargs: dict) -> Hashable:

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -98,7 +99,9 @@ def _normalise_path(path: str) -> str:
 
 def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.GraphModule:
     """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place."""
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # A shape environment (with static input shapes) lets data-dependent ops such as a boolean
+    # mask's x[mask] run: their sizes become unbacked symbols, sized by _Annotator._settle.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     fake_args = [pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor, v) for v in placeholder_values]
     saved = [b.detach().clone() for b in gm.buffers()]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -175,7 +178,7 @@ class _Annotator(torch.fx.Interpreter):
                 continue
             owner = self.owner.get(key)
             if owner is None:
-                internal[key] = t.untyped_storage().nbytes()
+                internal[key] = self._int(t.untyped_storage().nbytes())
             elif owner.op != "get_attr" and owner.name not in names:
                 names.append(owner.name)
         return names, sum(internal.values())
@@ -200,8 +203,33 @@ class _Annotator(torch.fx.Interpreter):
         except Exception as e:
             raise PlanError(f"annotate: running {n.format_node()} on fake tensors failed: {e}") from e
         if n.op != "output":
+            self._settle(n, out)
             n.meta[META_KEY] = self._describe(n, out, recorder, flops.get_total_flops(), saved)
         return out
+
+    def _settle(self, n: torch.fx.Node, out: Any) -> None:
+        """Size new data-dependent dimensions (``x[mask]``) at their upper bound: the element count
+        of the node's largest input (a mask selects at most all of it)."""
+        env = self.fake_mode.shape_env
+        if env is None:
+            return
+        sized = [v for v in pytree.tree_leaves(out) if isinstance(v, (torch.Tensor, torch.SymInt))]
+        fresh = [s for s in free_unbacked_symbols(sized) if s not in env.real_tensor_prop_unbacked_vals]
+        if not fresh:
+            return
+        inputs = [t for t in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(t, torch.fx.Node)]
+        values = [v for a in inputs for v in pytree.tree_leaves(self.env.get(a)) if isinstance(v, torch.Tensor)]
+        bound = max((self._int(v.numel()) for v in values), default=1)
+        for symbol in fresh:
+            env.set_real_tensor_prop_unbacked_vals(symbol, bound)
+
+    def _int(self, value: Any) -> int:
+        """A size, byte count or FLOP count as an int (data-dependent ones at their estimate)."""
+        if isinstance(value, torch.SymInt):
+            env = self.fake_mode.shape_env
+            assert env is not None
+            return int(env.optimization_hint(value.node.expr, fallback=1))
+        return int(value)
 
     def _describe(self, n: torch.fx.Node, out: Any, rec: _OpRecorder, flops: int, saved: list) -> NodeInfo:
         tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -211,7 +239,7 @@ class _Annotator(torch.fx.Interpreter):
             owner = self.owner.get(key)
             if owner is None:
                 self.owner[key] = n
-                new_bytes += t.untyped_storage().nbytes()
+                new_bytes += self._int(t.untyped_storage().nbytes())
             elif owner is not n and owner.name not in aliases:
                 aliases.append(owner.name)
         mutates = []
@@ -224,10 +252,10 @@ class _Annotator(torch.fx.Interpreter):
         is_state = n.op == "get_attr" and isinstance(out, torch.Tensor)
         return NodeInfo(
             module_path=module_path_of(n),
-            shapes=tuple(tuple(int(s) for s in t.shape) for t in tensors),
+            shapes=tuple(tuple(self._int(s) for s in t.shape) for t in tensors),
             dtypes=tuple(str(t.dtype).replace("torch.", "") for t in tensors),
             device=str(tensors[0].device) if tensors else None,
-            nbytes=sum(t.numel() * t.element_size() for t in tensors),
+            nbytes=sum(self._int(t.numel()) * t.element_size() for t in tensors),
             new_bytes=0 if is_state else new_bytes,
             aliases=tuple(aliases),
             mutates=tuple(mutates),
@@ -235,7 +263,7 @@ class _Annotator(torch.fx.Interpreter):
             saves=tuple(saves),
             saves_internal_bytes=internal,
             random=rec.random,
-            flops=int(flops),
+            flops=self._int(flops),
             is_tensor=bool(tensors),
             is_state=is_state,
             ops=tuple(rec.ops),

@@ -37,8 +37,8 @@ from torch.fx.graph import _PyTreeCodeGen
 from fxckpt.errors import CaptureError
 from fxckpt.passes.exporter import ShapeRule, export_graph
 from fxckpt.passes.state_guard import StateGuard
-from fxckpt.passes.tracer import FxckptTracer, has_hooks, to_graph_module
-from fxckpt.signature import Binder, Shapes, is_static_value
+from fxckpt.passes.tracer import FxckptTracer, to_graph_module
+from fxckpt.signature import Binder, Shapes, has_hooks, is_static_value
 
 __all__ = ["Captured", "capture", "SYMBOLIC", "EXPORT"]
 

@@ -9,8 +9,9 @@ tables — and reports the changes that mean a captured graph would diverge from
 * the forward changed a Python attribute of a module (``self.calls += 1``) or rebound a tensor
   attribute or buffer: a graph would run with the value seen while tracing.
 
-Attributes the forward only *adds* (a lazily built cache) are removed again without complaint:
-the graph computes them inline every call.
+Attributes the forward only *adds* (a lazily built cache), and hooks it registers (Hugging Face
+installs its output-recording hooks at the first call), are removed again without complaint:
+the graph computes their effect inline every call.
 
 Hooks of the given modules are switched off while the guard is active, so that capture and
 annotation neither fire the user's hooks on fake tensors nor bake them into the graph.
@@ -19,6 +20,7 @@ annotation neither fire the user's hooks on fake tensors nor bake them into the 
 from __future__ import annotations
 
 import contextlib
+import copy
 import random
 import sys
 from typing import Any, Iterable, Iterator, Optional
@@ -30,6 +32,8 @@ __all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_KEYS = frozenset(_HOOK_TABLES) | {"_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                                        "_forward_pre_hooks_with_kwargs", "_is_full_backward_hook"}
 _MISSING = object()
 
 
@@ -82,7 +86,7 @@ class StateGuard:
             old, new = before.get(key, _MISSING), after.get(key, _MISSING)
             if _same(old, new):
                 continue
-            if old is not _MISSING:
+            if old is not _MISSING and key not in _HOOK_KEYS:
                 self.changes.append(f"the forward changes `{_name(where, key)}` "
                                     f"(from {_short(old)} to {_short(new)})")
             _put_back(module, key, old)
@@ -98,21 +102,34 @@ def _snapshot(module: torch.nn.Module) -> dict[str, Any]:
         if key in _CONTAINERS:
             out.update({f"{key}.{k}": v for k, v in value.items()})
         elif isinstance(value, (list, dict, set)):
-            out[key] = _Sized(value, len(value))
+            out[key] = _Sized(value, copy.copy(value))
         else:
             out[key] = value
     return out
 
 
 class _Sized:
-    def __init__(self, value: Any, size: int) -> None:
-        self.value, self.size = value, size
+    """A list, dict or set attribute and a shallow copy of its contents."""
+
+    def __init__(self, value: Any, contents: Any) -> None:
+        self.value, self.contents, self.size = value, contents, len(contents)
+
+    def put_back(self) -> Any:
+        if len(self.value) != self.size:  # grown or shrunk in place: restore the contents
+            if isinstance(self.value, list):
+                self.value[:] = self.contents
+            else:
+                self.value.clear()
+                self.value.update(self.contents)
+        return self.value
 
 
 def _same(old: Any, new: Any) -> bool:
     """Unchanged: the same object (a container of the same length), or an equal plain value."""
     if isinstance(old, _Sized) and isinstance(new, _Sized):
-        return old.value is new.value and old.size == new.size or _equal(old.value, new.value)
+        if old.value is new.value:
+            return old.size == new.size  # grown or shrunk in place
+        return _equal(old.value, new.value)
     return old is new or _equal(old, new)
 
 
@@ -137,7 +154,7 @@ def _put_back(module: torch.nn.Module, key: str, old: Any) -> None:
     if old is _MISSING:
         module.__dict__.pop(key, None)
     else:
-        module.__dict__[key] = old.value if isinstance(old, _Sized) else old
+        module.__dict__[key] = old.put_back() if isinstance(old, _Sized) else old
 
 
 def _name(where: str, key: str) -> str:

@@ -59,7 +59,7 @@ def select(
     elif config.budget is not None:
         solved, limit = solve_runs(problem, order, config.budget)
         # The solver's segments all pay off by its own account: only correctness clean-up here.
-        runs = [r for r in map(_safe_suffix, _apply_force(order, solved, config.force)) if r]
+        runs = [r for r in map(_safe, _apply_force(order, solved, config.force)) if r]
     else:
         runs = segment_runs(order, config, notes)
     runs = _without_kept(order, runs, keep, notes)
@@ -114,7 +114,7 @@ def segment_runs(order: Sequence[torch.fx.Node], config: TransformConfig, notes:
 
 def _clean(order: Sequence[torch.fx.Node], runs: list[Run], config: TransformConfig) -> list[Run]:
     runs = _apply_force(order, runs, config.force)
-    return [r for r in (_safe_suffix(r) for r in runs) if _frees_memory(r)]
+    return [r for r in map(_safe, runs) if _frees_memory(r)]
 
 
 def _replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
@@ -218,19 +218,63 @@ def _contiguous(nodes: list[torch.fx.Node], order: Sequence[torch.fx.Node]) -> l
     return runs
 
 
-def _safe_suffix(run: Run) -> Run:
-    """Drop the head of a run up to its last in-place write to a tensor from outside it."""
-    names = {n.name for n in run}
-    graph_nodes = {n.name: n for n in run[0].graph.nodes} if run else {}
-    last = -1
+def _safe(run: Run) -> Run:
+    """The part of ``run`` that checkpoint can recompute: see :func:`_safe_suffix` and
+    :func:`_unwritten_prefix`."""
+    return _unwritten_prefix(_safe_suffix(run)) if run else run
+
+
+def _unwritten_prefix(run: Run) -> Run:
+    """Cut a run before the first node whose tensors a later node writes in place.
+
+    Checkpoint keeps a segment's inputs and checks their version counters when it recomputes,
+    and matches its outputs to the recomputed ones: an input or output written in place after
+    the segment (OLMo's ``query_states.clamp_()``) would fail those checks in backward.
+    """
+    if not run:
+        return run
+    members = set(run)
+    order = list(run[0].graph.nodes)
+    later = order[order.index(run[-1]) + 1:]
+    written = {m for n in later if "fxckpt" in n.meta for m in info(n).mutates}
+    if not written:
+        return run
     for i, n in enumerate(run):
-        outside = [m for m in info(n).mutates if m not in names and graph_nodes[m].op != "get_attr"]
-        if outside:
-            last = i
-    if last >= 0:
+        read = [a for a in n.all_input_nodes if a not in members and _storage_of(a) in written]
+        if read or _storage_of(n) in written:
+            log.debug("segment starting at %s: %s is written in place after it; ends before %s",
+                      run[0].name, (read[0] if read else n).name, n.name)
+            return run[:i]
+    return run
+
+
+def _storage_of(node: torch.fx.Node) -> str:
+    """The node owning the storage ``node``'s output lives in (itself unless it is a view)."""
+    if "fxckpt" not in node.meta:
+        return node.name
+    i = info(node)
+    return i.aliases[0] if i.aliases and i.new_bytes == 0 else node.name
+
+
+def _safe_suffix(run: Run) -> Run:
+    """Drop the head of a run up to its last in-place write to a tensor from outside it.
+
+    Dropping a head can turn a write inside the run into one to an outside tensor (``clamp_``
+    of a ``linear`` just dropped), so this repeats until no such write is left.
+    """
+    graph_nodes = {n.name: n for n in run[0].graph.nodes} if run else {}
+    while run:
+        names = {n.name for n in run}
+        last = -1
+        for i, n in enumerate(run):
+            if any(m not in names and graph_nodes[m].op != "get_attr" for m in info(n).mutates):
+                last = i
+        if last < 0:
+            return run
         log.debug("segment starting at %s writes to its input in %s; starts after it",
                   run[0].name, run[last].name)
-    return run[last + 1:]
+        run = run[last + 1:]
+    return run
 
 
 def _frees_memory(run: Run) -> bool:

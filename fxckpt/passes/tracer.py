@@ -23,7 +23,9 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks", "to_graph_module", "ORIGINAL_PATH"]
+from fxckpt.signature import has_hooks
+
+__all__ = ["FxckptTracer", "function_call", "function_of", "to_graph_module", "ORIGINAL_PATH"]
 
 ORIGINAL_PATH = "fxckpt_path"
 """``node.meta`` key of a module or attribute path renamed because a GraphModule owns the name."""
@@ -53,12 +55,6 @@ def function_call(fn_cls: type) -> Callable[..., Any]:
 def function_of(target: Any) -> Optional[type]:
     """The autograd Function class a graph target calls, or ``None``."""
     return getattr(target, "fxckpt_function", None)
-
-
-def has_hooks(module: torch.nn.Module) -> bool:
-    """True when the module has forward, pre-forward or backward hooks of its own."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
 
 
 class FxckptTracer(torch.fx.Tracer):
