@@ -468,7 +468,7 @@ ZOO: list[ZooCase] = [
             "embeddings.mask_token is unused without bool_masked_pos, so its grad must stay None"),
     ZooCase("swin_windowed", "vision-transformer", swin, _images(labels=_CNN_LABELS), 6,
             "shifted windows, patch merging, stochastic depth; blocks are swin.encoder.layers.N.blocks.M; "
-            "export with every dim dynamic is slow (~1-2 min)"),
+            "fxckpt exports images with only the batch dynamic (every dim dynamic takes 1-2 min)"),
     ZooCase("swinv2_windowed", "vision-transformer", swinv2, _images(), 5,
             "cosine attention with log-spaced continuous position bias, res-post-norm; no sdpa support"),
     # decoder LMs
