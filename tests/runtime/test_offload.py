@@ -311,6 +311,8 @@ def test_cuda_copy_back_waits_for_kernels_still_using_its_block() -> None:
         y = (x * 1).sin()  # saves x * 1: n floats go to the host
     want_grad = torch.cos(x.detach())
     for _ in range(3):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # no cached block of that size but the one scratch frees below
         scratch = torch.full((n,), 7.0, device="cuda")
         torch.cuda._sleep(50_000_000)  # keeps the compute stream busy
         total = scratch.sum()  # queued behind the sleep, reads scratch
