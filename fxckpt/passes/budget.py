@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import itertools
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -27,8 +28,8 @@ from fxckpt.passes.graph_view import SYNTHETIC
 from fxckpt.plan import Segment, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, Segments, min_feasible_peak, simulate, solve
 
-__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve", "choose_actions", "measure_rates",
-           "offload_cost_per_byte"]
+__all__ = ["solve_runs", "to_segments", "Prediction", "predict", "reserve", "choose_actions",
+           "measure_rates", "offload_cost_per_byte", "device_of"]
 
 log = logging.getLogger(__name__)
 
@@ -106,26 +107,61 @@ def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetI
     )
 
 
-def measure_rates() -> tuple[float, float]:
-    """(FLOP/s of a matmul, bytes/s of a device-to-host copy) on this machine, roughly."""
-    a = torch.randn(256, 256)
-    start = time.perf_counter()
-    for _ in range(4):
-        a @ a
-    flops = 4 * 2 * 256**3 / max(time.perf_counter() - start, 1e-9)
-    src = torch.empty(1 << 22, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
-    dst = torch.empty(1 << 22, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-    start = time.perf_counter()
-    dst.copy_(src)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return flops, (1 << 22) / max(time.perf_counter() - start, 1e-9)
+RATE_REPEATS = 3
+"""Timings per rate after the warm-up run (which is discarded); the median is kept."""
+
+_RATES: dict[tuple[torch.device, torch.device], tuple[float, float]] = {}
 
 
-def offload_cost_per_byte(bandwidth: Optional[float]) -> float:
-    """FLOP-equivalents of moving one saved byte to host memory and back, at ``bandwidth`` B/s
-    (measured when ``None``), priced in the same units as recomputation."""
-    flops_rate, measured_bw = measure_rates()
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``fn`` takes on ``device`` (CUDA work is waited for on both sides)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return max(time.perf_counter() - start, 1e-9)
+
+
+def _median_after_warmup(fn: Callable[[], object], device: torch.device) -> float:
+    times = [_timed(fn, device) for _ in range(RATE_REPEATS + 1)][1:]  # the first run warms up
+    return sorted(times)[len(times) // 2]
+
+
+def measure_rates(device: torch.device | str = "cpu",
+                  host: torch.device | str = "cpu") -> tuple[float, float]:
+    """(FLOP/s of a matmul on ``device``, bytes/s of a copy from ``device`` to ``host``), roughly:
+    each the median of :data:`RATE_REPEATS` timings after a discarded warm-up run."""
+    device, host = torch.device(device), torch.device(host)
+    n = 256 if device.type == "cpu" else 2048
+    a = torch.randn(n, n, device=device)
+    flops = 2 * n**3 / _median_after_warmup(lambda: a @ a, device)
+    nbytes = 1 << (22 if device.type == "cpu" else 25)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    pin = host.type == "cpu" and device.type == "cuda"
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=host, pin_memory=pin)
+    copy = _median_after_warmup(lambda: dst.copy_(src, non_blocking=pin), device)
+    return flops, nbytes / copy
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` computes: its first parameter's (or buffer's) device, else the CPU."""
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def offload_cost_per_byte(bandwidth: Optional[float], device: torch.device | str = "cpu",
+                          host: torch.device | str = "cpu") -> float:
+    """FLOP-equivalents of moving one saved byte from ``device`` to ``host`` and back, at
+    ``bandwidth`` B/s (measured when ``None``), priced in the same units as recomputation (a
+    matmul rate measured on ``device``). Rates are measured once per (device, host) and process,
+    so every plan is priced alike."""
+    key = (torch.device(device), torch.device(host))
+    if key not in _RATES:
+        _RATES[key] = measure_rates(*key)
+    flops_rate, measured_bw = _RATES[key]
     return 2.0 * flops_rate / (bandwidth or measured_bw)
 
 

@@ -28,7 +28,8 @@ import torch.fx
 from fxckpt.config import TransformConfig
 from fxckpt.errors import PlanError
 from fxckpt.passes.annotate import info, planned_nodes
-from fxckpt.passes.budget import choose_actions, offload_cost_per_byte, predict, solve_runs
+from fxckpt.passes.budget import (choose_actions, device_of, offload_cost_per_byte, predict,
+                                  solve_runs)
 from fxckpt.passes.graph_view import problem_of
 from fxckpt.plan import Plan, Segment
 
@@ -52,7 +53,9 @@ def select(
     notes: list[str] = []
     problem = problem_of(gm)
     if config.offload == "auto" and config.replay is None:
-        problem = dataclasses.replace(problem, offload_cost_per_byte=offload_cost_per_byte(config.offload_bandwidth))
+        per_byte = offload_cost_per_byte(config.offload_bandwidth, device_of(gm),
+                                         config.offload_device or "cpu")
+        problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
     limit = None
     if config.replay is not None:
         runs = _replayed(order, config.replay)

@@ -17,22 +17,38 @@ tensors smaller than ``threshold`` bytes. A view and its base share one host cop
 the whole storage, so strides and offsets come back as they were, and an expanded stride-0
 tensor is not materialised).
 
-Host buffers come from a :class:`HostPool` reused across steps (pinned when CUDA is present, with
-a pageable fallback when pinning fails). On CUDA, device-to-host copies run on a side stream that
-first waits for the compute stream; ``record_stream`` keeps the allocator from reusing the
-source early; in backward, the next tensor (in reverse pack order) is prefetched on a copy stream
-while the current one is used.
+Lifetime is autograd's: the object the pack hook returns (a :class:`_Handle`) owns a reference
+to the host copy (:class:`_Stored`), and autograd keeps it exactly as long as it keeps a saved
+tensor. Unpacking does not consume it, so ``backward(retain_graph=True)`` can be followed by
+another backward; freeing the graph (after a backward, or a forward whose output is dropped, or
+one that raised) drops the last handle and the host buffer goes back to the pool. In backward,
+one storage is brought back once per pass and shared by all its views; the device copy is
+released when every live handle of it has been unpacked in that pass.
+
+Host buffers live on ``device`` (``offload_device``) and come from a :class:`HostPool` reused
+across steps (pinned CPU memory when CUDA is present, with a pageable fallback when pinning
+fails). On CUDA every copy runs on a side stream of the source device that first waits for the
+compute stream (``wait_stream``), and ``record_stream`` marks each device block with the stream
+that uses it: the source of a copy to the host is read there, and the destination of a copy
+back is allocated on the compute stream but written there, so the caching allocator cannot hand
+either out while the copy is queued. The compute stream waits for an event before using a tensor
+brought back. In backward, the storage packed before the current one is prefetched. A host
+buffer given back carries an event on the stream that last used it; the next copy into it waits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
-from typing import Any, Optional
+import weakref
+from typing import Any, Optional, Union
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from fxckpt.errors import ConfigError
 
 __all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region"]
 
@@ -48,7 +64,9 @@ class OffloadStats:
     offloaded: int = 0
     """Saved tensors sent to host memory."""
     unpacked: int = 0
-    """Offloaded tensors brought back in backward."""
+    """Offloaded tensors brought back in backward (each backward pass counts again)."""
+    restored: int = 0
+    """Storages copied back (views share one; once per storage and backward pass)."""
     storages: int = 0
     """Distinct storages copied (a view and its base count once)."""
     bytes_moved: int = 0
@@ -60,25 +78,41 @@ class OffloadStats:
 
 
 class HostPool:
-    """Host buffers reused across steps, keyed by size; pinned when CUDA is available."""
+    """Buffers on ``device`` reused across steps, keyed by size; pinned when ``pin`` (CPU only)."""
 
-    def __init__(self, pin: bool) -> None:
-        self.pin = pin
+    def __init__(self, pin: bool, device: Union[torch.device, str] = "cpu") -> None:
+        self.device = torch.device(device)
+        self.pin = pin and self.device.type == "cpu"
         self.free: dict[int, list[torch.Tensor]] = {}
         self.in_use: dict[int, torch.Tensor] = {}
         self.allocated_bytes = 0
         self.pageable_fallbacks = 0
+        self._fences: dict[int, Any] = {}
+        self._lock = threading.Lock()  # buffers come back from autograd's threads
 
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A uint8 host buffer of ``nbytes`` (from the free list when one fits exactly)."""
-        bucket = self.free.get(nbytes)
-        buf = bucket.pop() if bucket else self._allocate(nbytes)
-        self.in_use[id(buf)] = buf
-        return buf
+    def take(self, nbytes: int) -> tuple[torch.Tensor, Optional[Any]]:
+        """A uint8 buffer of ``nbytes`` (from the free list when one fits exactly), and the CUDA
+        event its last user recorded (a copy into it must wait for it), or ``None``."""
+        with self._lock:
+            bucket = self.free.get(nbytes)
+            buf = bucket.pop() if bucket else None
+            fence = self._fences.pop(id(buf), None) if buf is not None else None
+        if buf is None:
+            buf = self._allocate(nbytes)
+        with self._lock:
+            self.in_use[id(buf)] = buf
+        return buf, fence
 
-    def give_back(self, buf: torch.Tensor) -> None:
-        self.in_use.pop(id(buf), None)
-        self.free.setdefault(buf.numel(), []).append(buf)
+    def give_back(self, buf: torch.Tensor, fence: Optional[Any] = None) -> None:
+        with self._lock:
+            self.in_use.pop(id(buf), None)
+            if fence is not None:
+                self._fences[id(buf)] = fence
+            self.free.setdefault(buf.numel(), []).append(buf)
+
+    @property
+    def in_use_bytes(self) -> int:
+        return sum(b.numel() for b in list(self.in_use.values()))
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         self.allocated_bytes += nbytes
@@ -87,164 +121,239 @@ class HostPool:
                 return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             except RuntimeError as e:  # pinned memory exhausted: pageable still works, slower
                 self.pageable_fallbacks += 1
-                log.warning("fxckpt offload: pinned allocation of %d bytes failed (%s); using pageable memory",
-                            nbytes, e)
-        return torch.empty(nbytes, dtype=torch.uint8)
+                log.warning("fxckpt offload: pinned allocation of %d bytes failed (%s); using "
+                            "pageable memory", nbytes, e)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
 
-@dataclasses.dataclass
 class _Stored:
-    """One storage copied to host; shared by every saved view of it."""
+    """One storage copied to the host; shared by every saved view of it, alive while a handle is.
 
-    host: torch.Tensor
-    device: torch.device
-    nbytes: int
-    refs: int = 0
-    restored: Optional[torch.UntypedStorage] = None
-    ready: Optional[Any] = None  # a CUDA event when a prefetch is in flight
+    ``restored`` is the storage brought back in the current backward pass (``None`` outside one),
+    kept until every live handle has been unpacked (``unpacked`` holds their ids); ``prev`` is the
+    storage packed just before this one in the same step (what backward needs next).
+    """
+
+    def __init__(self, host: torch.Tensor, device: torch.device, nbytes: int, version: int,
+                 side: Optional[Any], prev: Optional[weakref.ref[_Stored]]) -> None:
+        self.host = host
+        self.device = device
+        self.nbytes = nbytes
+        self.version = version  # when copied: after an in-place write, a new copy is needed
+        self.side = side  # the CUDA side stream its copies run on
+        self.prev = prev
+        self.handles = 0
+        self.unpacked: set[int] = set()
+        self.task = -2  # autograd graph task of the latest unpack
+        self.restored: Optional[torch.UntypedStorage] = None
+        self.ready: Optional[Any] = None  # a CUDA event while a copy back is in flight
+
+    def release_if_done(self) -> None:
+        """Every live handle was unpacked in this pass: drop the device copy."""
+        if len(self.unpacked) >= self.handles:
+            self.restored, self.ready = None, None
+            self.unpacked.clear()
 
 
-@dataclasses.dataclass(frozen=True)
+def _release(pool: HostPool, host: torch.Tensor, side: Optional[Any]) -> None:
+    """The last handle of a host copy is gone: its buffer goes back, fenced on its stream."""
+    fence = None
+    if side is not None:
+        fence = torch.cuda.Event()
+        fence.record(side)
+    pool.give_back(host, fence)
+
+
 class _Handle:
-    key: int
-    dtype: torch.dtype
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    requires_grad: bool
-    order: int
+    """What autograd keeps for one offloaded saved tensor: its host copy and its layout."""
+
+    __slots__ = ("stored", "dtype", "size", "stride", "offset")
+
+    def __init__(self, stored: _Stored, t: torch.Tensor) -> None:
+        self.stored = stored
+        self.dtype = t.dtype
+        self.size = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.offset = int(t.storage_offset())
+        stored.handles += 1
+
+    def __del__(self) -> None:
+        stored = self.stored
+        stored.handles -= 1
+        stored.unpacked.discard(id(self))
+        if stored.restored is not None:
+            stored.release_if_done()
+
+
+def host_device(device: Union[torch.device, str]) -> torch.device:
+    """``device`` as where offloaded tensors may live: the CPU or an existing CUDA device."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"offload_device must be 'cpu' or a CUDA device like 'cuda:0' (got "
+                          f"{device!r}: {e})") from e
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ConfigError(f"offload_device must be 'cpu' or a CUDA device (got {device!r}); "
+                          "offloaded tensors are copied there and back")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = 0 if dev.index is None else dev.index
+    if index >= n:
+        raise ConfigError(f"offload_device {device!r} does not exist: this machine has {n} CUDA "
+                          "device(s); use offload_device='cpu'")
+    return torch.device("cuda", index)
+
+
+_Live = tuple[StorageWeakRef, "weakref.ref[_Stored]"]
+"""A storage copied to the host, and its host copy (either may be gone)."""
 
 
 class Offloader:
     """Saved-tensor hooks that offload to ``device`` (see the module docstring)."""
 
-    def __init__(self, device: torch.device | str = "cpu", threshold: int = 1 << 20) -> None:
-        self.device = torch.device(device)
+    def __init__(self, device: Union[torch.device, str] = "cpu", threshold: int = 1 << 20) -> None:
+        self.device = host_device(device)
         self.threshold = threshold
-        self.pool = HostPool(pin=torch.cuda.is_available() and self.device.type == "cpu")
+        self.pool = HostPool(pin=torch.cuda.is_available() and self.device.type == "cpu",
+                             device=self.device)
         self.stats = OffloadStats()
-        self._stored: dict[int, _Stored] = {}
-        self._order: list[_Handle] = []
         self._state: set[int] = set()
         self._streams: dict[torch.device, Any] = {}
-        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self._next_key = 0
+        self._live: dict[tuple[torch.device, int], _Live] = {}
+        self._alive: weakref.WeakSet[_Stored] = weakref.WeakSet()
+        self._last: Optional[weakref.ref[_Stored]] = None
+        self._chain_of: Optional[OffloadStats] = None
 
-    def hooks(self, module: torch.nn.Module, new_step: bool = True) -> torch.autograd.graph.saved_tensors_hooks:
+    def hooks(self, module: torch.nn.Module,
+              new_step: bool = True) -> torch.autograd.graph.saved_tensors_hooks:
         """The hooks for a forward of ``module`` (whose parameters and buffers stay put)."""
-        self._state = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+        state = (*module.parameters(), *module.buffers())
+        self._state = {t.untyped_storage().data_ptr() for t in state}
         if new_step:
             self.stats = OffloadStats()
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     @property
     def in_flight(self) -> int:
-        """Storages still held on the host (0 after every backward)."""
-        return len(self._stored)
+        """Host copies still referenced by a live autograd graph (0 once every graph is freed)."""
+        return len(self._alive)
 
     def _pack(self, t: torch.Tensor) -> Any:
         self.stats.packed += 1
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self._state:
+        if storage.data_ptr() in self._state:
             self.stats.skipped_state += 1
             return t
-        if storage.nbytes() < self.threshold or t.device.type == "meta":
+        nbytes = storage.nbytes()
+        if nbytes == 0 or nbytes < self.threshold or t.device.type == "meta":
             self.stats.skipped_small += 1
             return t
-        key = self._key_of(storage, t.device)
-        self._stored[key].refs += 1
         self.stats.offloaded += 1
-        handle = _Handle(key, t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
-                         t.requires_grad, len(self._order))
-        self._order.append(handle)
-        return handle
+        return _Handle(self._stored_for(storage, t), t)
 
-    def _key_of(self, storage: torch.UntypedStorage, device: torch.device) -> int:
-        """One host copy per live storage. An address alone is not an identity: once the offloaded
-        original is freed, a new tensor may be allocated at the same address."""
-        ptr = storage.data_ptr()
-        live = self._live.get(ptr)
-        if live is not None and not live[0].expired() and live[1] in self._stored:
-            return live[1]
-        self._next_key += 1
-        self._live[ptr] = (StorageWeakRef(storage), self._next_key)
-        self._stored[self._next_key] = self._copy_out(storage, device)
-        return self._next_key
+    def _stored_for(self, storage: torch.UntypedStorage, t: torch.Tensor) -> _Stored:
+        """One host copy per live storage and version. An address alone is not an identity: once
+        the offloaded original is freed, a new tensor may be allocated at the same address; and a
+        storage written in place after it was copied needs a new copy (views share the version)."""
+        key = (t.device, storage.data_ptr())
+        live = self._live.get(key)
+        if live is not None and not live[0].expired():
+            stored = live[1]()
+            if stored is not None and stored.version == t._version:
+                return stored
+        if self._chain_of is not self.stats:  # a new step: backward will not go past its start
+            self._chain_of, self._last = self.stats, None
+        stored = self._copy_out(storage, t.device, t._version)
+        if len(self._live) > 2 * len(self._alive) + 16:
+            self._live = {k: v for k, v in self._live.items() if v[1]() is not None}
+        self._live[key] = (StorageWeakRef(storage), weakref.ref(stored))
+        self._alive.add(stored)
+        self._last = weakref.ref(stored)
+        return stored
 
-    def _copy_out(self, storage: torch.UntypedStorage, device: torch.device) -> _Stored:
+    def _copy_out(self, storage: torch.UntypedStorage, device: torch.device,
+                  version: int) -> _Stored:
         start = time.perf_counter()
         nbytes = storage.nbytes()
-        host = self.pool.take(nbytes)
+        host, fence = self.pool.take(nbytes)
         src = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        side = None
         if device.type == "cuda":
-            stream = self._side_stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
+            side = self._side_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            if fence is not None:
+                side.wait_event(fence)
+            with torch.cuda.stream(side):
                 host.copy_(src, non_blocking=True)
-            src.record_stream(stream)
+            src.record_stream(side)
         else:
             host.copy_(src)
+        stored = _Stored(host, device, nbytes, version, side, self._last)
+        weakref.finalize(stored, _release, self.pool, host, side).atexit = False
         self.stats.storages += 1
         self.stats.bytes_moved += nbytes
         self.stats.copy_seconds += time.perf_counter() - start
-        return _Stored(host=host, device=device, nbytes=nbytes)
+        return stored
 
-    def _unpack(self, handle: Any) -> torch.Tensor:
-        if not isinstance(handle, _Handle):
-            return handle
-        stored = self._stored[handle.key]
-        self._bring_back(stored)
-        if stored.device.type == "cuda":
-            self._prefetch_before(handle.order)
-        out = torch.empty(0, dtype=handle.dtype, device=stored.device)
-        assert stored.restored is not None  # _bring_back restored it
-        out.set_(stored.restored, handle.offset, handle.size, handle.stride)
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Handle):
+            return packed
+        stored = packed.stored
+        storage = self._bring_back(stored)
+        stored.task = _graph_task()
+        if stored.side is not None:
+            self._prefetch(stored)
+        out = torch.empty(0, dtype=packed.dtype, device=stored.device)
+        out.set_(storage, packed.offset, packed.size, packed.stride)
         self.stats.unpacked += 1
-        stored.refs -= 1
-        if stored.refs == 0:
-            self.pool.give_back(stored.host)
-            del self._stored[handle.key]
-        if not self._stored:
-            self._order.clear()
-            self._live.clear()
+        stored.unpacked.add(id(packed))
+        stored.release_if_done()
         return out
 
-    def _bring_back(self, stored: _Stored) -> None:
+    def _bring_back(self, stored: _Stored) -> torch.UntypedStorage:
         if stored.restored is None:
             self._copy_in(stored)
         if stored.ready is not None:
             torch.cuda.current_stream(stored.device).wait_event(stored.ready)
             stored.ready = None
+        assert stored.restored is not None  # _copy_in restored it
+        return stored.restored
 
     def _copy_in(self, stored: _Stored) -> None:
         start = time.perf_counter()
         dst = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
-        if stored.device.type == "cuda":
-            stream = self._side_stream(stored.device)
-            with torch.cuda.stream(stream):
+        side = stored.side
+        if side is not None:
+            # dst is allocated on the compute stream, whose queued kernels may still use its block
+            side.wait_stream(torch.cuda.current_stream(stored.device))
+            with torch.cuda.stream(side):
                 dst.copy_(stored.host, non_blocking=True)
                 stored.ready = torch.cuda.Event()
-                stored.ready.record(stream)
-            dst.record_stream(torch.cuda.current_stream(stored.device))
+                stored.ready.record(side)
+            dst.record_stream(side)  # freed before the copy ran: not reused until it has
         else:
             dst.copy_(stored.host)
         stored.restored = dst.untyped_storage()
+        self.stats.restored += 1
         self.stats.copy_seconds += time.perf_counter() - start
 
-    def _prefetch_before(self, order: int) -> None:
-        """Backward runs in reverse pack order: start bringing back the previous storage."""
-        for i in range(order - 1, -1, -1):
-            stored = self._stored.get(self._order[i].key)
-            if stored is not None:
-                if stored.restored is None and stored.device.type == "cuda":
-                    self._copy_in(stored)
-                return
+    def _prefetch(self, stored: _Stored) -> None:
+        """Backward runs in reverse pack order: start bringing back the storage packed before."""
+        prev = stored.prev() if stored.prev is not None else None
+        if prev is not None and prev.restored is None and prev.task != stored.task:
+            self._copy_in(prev)
 
     def _side_stream(self, device: torch.device) -> Any:
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device)
         return self._streams[device]
+
+
+def _graph_task() -> int:
+    """The id of the running backward (-1 outside one): a pass marker for prefetching."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return int(current()) if current is not None else -1
 
 
 def offload_region(segment: torch.nn.Module, *inputs: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ import torch
 import fxckpt
 from fxckpt.module import dispatcher_of
 from fxckpt.measure import LiveTensorTracker
-from fxckpt.runtime.offload import Offloader
+from fxckpt.passes import budget
+from fxckpt.runtime.offload import HostPool, Offloader
 from models import MLP, ResNet
 from support import assert_steps_equal, loss_of, run_step
 
@@ -84,6 +86,157 @@ def test_host_memory_is_flat_and_forward_residency_drops() -> None:
     assert plain_held - offloaded_held == moved > 0
 
 
+def _offloaded_mlp() -> tuple[torch.nn.Module, torch.nn.Module]:
+    model = MLP(depth=4, width=32, p=0.0)
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=1, offload=True, offload_device="cpu", offload_threshold=0)
+    return tm, eager
+
+
+def test_second_backward_with_retain_graph_equals_eager() -> None:
+    tm, eager = _offloaded_mlp()
+    x = torch.randn(8, 32)
+    grads = []
+    for module in (tm, eager):
+        loss = loss_of(module(x))
+        loss.backward(retain_graph=True)
+        first = [p.grad.clone() for p in module.parameters()]
+        loss.backward()  # unpacks every handle again: host copies outlive the first backward
+        grads.append((first, [p.grad.clone() for p in module.parameters()]))
+        del loss
+    for got, want in zip(grads[0], grads[1]):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    stats, offloader = fxckpt.inspect(tm).offload_stats, dispatcher_of(tm).offloader
+    assert stats.offloaded > 0 and stats.unpacked == 2 * stats.offloaded
+    assert stats.restored == 2 * stats.storages  # once per storage and pass, views sharing it
+    assert offloader.in_flight == 0 and not offloader.pool.in_use  # the graph is freed
+
+
+def test_forwards_without_backward_give_their_host_buffers_back(monkeypatch) -> None:
+    tm, _ = _offloaded_mlp()
+    offloader = dispatcher_of(tm).offloader
+    x = torch.randn(8, 32)
+    for _ in range(5):
+        out = tm(x)  # training with grad enabled: an evaluation that never calls backward
+        assert offloader.in_flight > 0
+        del out
+
+    def fails(h: torch.Tensor) -> torch.Tensor:
+        raise ValueError("the head fails")
+
+    monkeypatch.setattr(tm.head, "forward", fails)
+    with pytest.raises(ValueError, match="the head fails"):
+        tm(x)
+    assert fxckpt.inspect(tm).offload_stats.offloaded == 4  # the blocks' saved tensors were packed
+    monkeypatch.undo()
+    gc.collect()
+    assert offloader.in_flight == 0 and not offloader.pool.in_use
+    assert offloader.pool.in_use_bytes == 0
+    held = offloader.pool.allocated_bytes
+    loss_of(tm(x)).backward()  # and the buffers given back serve the next step
+    assert offloader.pool.allocated_bytes == held
+
+
+class Raises(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(x)).sin()
+        if h.shape[0] == 3:
+            raise ValueError("mid-forward")
+        return h
+
+
+def test_a_forward_that_raises_midway_gives_its_host_buffers_back() -> None:
+    model, offloader = Raises(), Offloader("cpu", threshold=0)
+    for batch in (3,) * 30 + (4,):
+        try:
+            with offloader.hooks(model):
+                out = model(torch.randn(batch, 16))
+        except ValueError:
+            assert offloader.stats.offloaded >= 2  # the raise came after packing
+    del out
+    gc.collect()
+    assert offloader.in_flight == 0 and not offloader.pool.in_use
+    assert len(offloader._live) <= 17  # the storage -> host copy index forgets dead entries too
+
+
+def test_a_storage_written_in_place_after_it_was_saved_gets_a_new_copy() -> None:
+    """The same storage saved before and after an in-place write: two versions, two host copies."""
+    x = torch.randn(6, requires_grad=True)
+    offloader = Offloader("cpu", threshold=0)
+    with offloader.hooks(torch.nn.Module()):
+        a = x * 2
+        y = a.sin()  # saves a at version 0
+        a.add_(1)
+        z = a.cos()  # saves a at version 1
+    assert offloader.stats.storages == 2
+    (y.sum() + z.sum()).backward()
+    want = 2 * torch.cos(2 * x.detach()) - 2 * torch.sin(2 * x.detach() + 1)
+    torch.testing.assert_close(x.grad, want)
+
+
+def test_offload_device_is_where_host_buffers_live() -> None:
+    tm = fxckpt.transform(MLP(depth=2, width=32, p=0.0), every=1, offload=True,
+                          offload_device="cpu", offload_threshold=0)
+    loss_of(tm(torch.randn(8, 32))).backward()
+    pool = dispatcher_of(tm).offloader.pool
+    assert pool.device == torch.device("cpu") and pool.free
+    assert all(b.device == pool.device for bs in pool.free.values() for b in bs)
+    buf, fence = HostPool(pin=False, device="meta").take(64)  # the pool allocates where it is told
+    assert buf.device.type == "meta" and buf.numel() == 64 and fence is None
+
+
+def test_offload_device_must_be_cpu_or_an_existing_cuda_device() -> None:
+    must = "offload_device must be 'cpu' or a CUDA device"
+    with pytest.raises(fxckpt.ConfigError, match=must + " .*'meta'"):
+        Offloader("meta")
+    with pytest.raises(fxckpt.ConfigError, match=must):
+        Offloader("not a device")
+    if not torch.cuda.is_available():
+        missing = "offload_device 'cuda' does not exist: this machine has 0 CUDA device"
+        with pytest.raises(fxckpt.ConfigError, match=missing):
+            Offloader("cuda")
+        no_cuda = "'cuda' does not exist: this machine has no CUDA device"
+        with pytest.raises(fxckpt.ConfigError, match=no_cuda):
+            fxckpt.transform(MLP(), every=1, offload=True, offload_device="cuda")
+
+
+def test_rates_are_timed_on_the_device_after_a_discarded_warm_up(monkeypatch) -> None:
+    calls = []
+
+    def timed(fn, device):
+        fn()
+        calls.append(device)
+        return [100.0, 3.0, 1.0, 2.0][(len(calls) - 1) % 4]  # a slow first run, then 3 timings
+
+    monkeypatch.setattr(budget, "_timed", timed)
+    flops, bandwidth = budget.measure_rates("cpu", "cpu")
+    assert calls == [torch.device("cpu")] * 8  # matmul and copy: warm-up + 3 each
+    assert flops == 2 * 256**3 / 2.0 and bandwidth == (1 << 22) / 2.0  # medians, warm-up discarded
+
+
+def test_auto_prices_offload_with_rates_of_the_models_device_once(monkeypatch) -> None:
+    asked = []
+
+    def rates(device, host):
+        asked.append((device, host))
+        return 1e9, 1e9
+
+    monkeypatch.setattr(budget, "measure_rates", rates)
+    monkeypatch.setattr(budget, "_RATES", {})
+    x = torch.randn(16, 64)
+    for _ in range(2):
+        fxckpt.transform(MLP(depth=6, width=64), budget=0.6, offload="auto", offload_device="cpu",
+                         offload_threshold=0, example_inputs=(x,))
+    assert asked == [(torch.device("cpu"), torch.device("cpu"))]  # cached per (device, host)
+    meta = torch.nn.Linear(2, 2, device="meta")
+    assert budget.device_of(meta) == torch.device("meta")
+    assert budget.device_of(torch.nn.ReLU()) == torch.device("cpu")
+
+
 def test_auto_offloads_when_copies_are_free_and_recomputes_when_slow() -> None:
     x = torch.randn(16, 64)
     fast = fxckpt.transform(MLP(depth=6, width=64), budget=0.6, offload="auto", offload_device="cpu",
@@ -146,3 +299,24 @@ def test_cuda_race_with_a_delayed_compute_stream() -> None:
         assert_steps_equal(got, want)
         tm.zero_grad(set_to_none=True)
         plain.zero_grad(set_to_none=True)
+
+
+@cuda
+def test_cuda_copy_back_waits_for_kernels_still_using_its_block() -> None:
+    """The block a copy back writes may have been freed by queued kernels that still read it."""
+    n = 1 << 22
+    x = torch.randn(n, device="cuda", requires_grad=True)
+    offloader = Offloader("cpu", threshold=0)
+    with offloader.hooks(torch.nn.Module()):
+        y = (x * 1).sin()  # saves x * 1: n floats go to the host
+    want_grad = torch.cos(x.detach())
+    for _ in range(3):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # no cached block of that size but the one scratch frees below
+        scratch = torch.full((n,), 7.0, device="cuda")
+        torch.cuda._sleep(50_000_000)  # keeps the compute stream busy
+        total = scratch.sum()  # queued behind the sleep, reads scratch
+        del scratch  # its block is free for the next allocation of this size on this stream
+        y.sum().backward(retain_graph=True)  # the copy back allocates n * 4 bytes
+        assert total.item() == 7.0 * n
+    torch.testing.assert_close(x.grad, 3 * want_grad)
