@@ -1,7 +1,7 @@
 """Save a transformed module and load it where the original model's code is not available.
 
     fxckpt.save(tm, "gpt2_ckpt/", key=secret)    # graphs as data, weights, plan, signed manifest
-    tm2 = fxckpt.load("gpt2_ckpt/", key=secret)  # same outputs and gradients, no model class needed
+    tm2 = fxckpt.load("gpt2_ckpt/", key=secret)  # same outputs and gradients, no model class
 
 Why it is built this way:
 
@@ -73,7 +73,8 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     texts = dict(described.texts)
     texts["structure.json"] = json.dumps(described.structure, indent=1)
     texts["plan.json"] = json.dumps(described.plan, indent=2)
-    return write_atomically(path, lambda tmp: write_export(tmp, texts, described.tensors, versions(), secret))
+    return write_atomically(
+        path, lambda tmp: write_export(tmp, texts, described.tensors, versions(), secret))
 
 
 def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
@@ -118,7 +119,8 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
     except ExportError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
-        raise ExportError(f"export {store.root} has an invalid structure ({type(e).__name__}: {str(e)[:200]})") from e
+        raise ExportError(f"export {store.root} has an invalid structure "
+                          f"({type(e).__name__}: {str(e)[:200]})") from e
     return LoadedModule(structure["state"], tensors, variants, store.manifest, structure["training"])
 
 

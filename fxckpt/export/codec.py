@@ -30,14 +30,15 @@ from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, ExportError, 
 __all__ = ["ExportError", "Unencodable", "encode", "decode", "dump_spec", "load_spec"]
 
 _SPEC_TYPES = frozenset({
-    "builtins.tuple", "builtins.list", "builtins.dict", "collections.namedtuple", "collections.OrderedDict",
-    "collections.deque", "torch.fx.immutable_collections.immutable_list",
-    "torch.fx.immutable_collections.immutable_dict", "torch.Size",
+    "builtins.tuple", "builtins.list", "builtins.dict", "collections.namedtuple",
+    "collections.OrderedDict", "collections.deque", "torch.Size",
+    "torch.fx.immutable_collections.immutable_list",
+    "torch.fx.immutable_collections.immutable_dict",
 })
 """Pytree node types an export may use besides Hugging Face outputs (not ``defaultdict``: torch
 reads its factory by importing a module the data names)."""
-_HF_OUTPUT = re.compile(r"(transformers\.(?:modeling_outputs|models\.[a-z0-9_]+\.modeling_[a-z0-9_]+))"
-                        r"\.[A-Za-z_][A-Za-z0-9_]*")
+_HF_OUTPUT = re.compile(r"(transformers\.(?:modeling_outputs"
+                        r"|models\.[a-z0-9_]+\.modeling_[a-z0-9_]+))\.[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Unencodable(ExportError, TypeError):
@@ -59,12 +60,14 @@ def encode(value: Any, where: str, nodes: Optional[NodeNamer] = None) -> Any:
     if tagged is not None:
         return tagged
     if callable(value) and nodes is None:
-        raise Unencodable(f"{where} holds the function {value!r:.80}, which is not one of the functions an export "
-                          "can name (torch tensor functions, operator.*, fxckpt runtime functions)")
-    raise Unencodable(f"{where} holds a {type(value).__name__} ({value!r:.80}), which an export cannot store")
+        raise Unencodable(f"{where} holds the function {value!r:.80}, which is not one of the "
+                          "functions an export can name (torch tensor functions, operator.*, "
+                          "fxckpt runtime functions)")
+    raise Unencodable(f"{where} holds a {type(value).__name__} ({value!r:.80}), which an export "
+                      "cannot store")
 
 
-def _encode_tagged(value: Any, where: str, nodes: Optional[NodeNamer]) -> Optional[dict[str, Any]]:
+def _encode_tagged(value: Any, where: str, nodes: Optional[NodeNamer]) -> Any:
     if isinstance(value, torch.dtype):
         return {"__dtype__": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
@@ -76,7 +79,8 @@ def _encode_tagged(value: Any, where: str, nodes: Optional[NodeNamer]) -> Option
     if value is Ellipsis:
         return {"__ellipsis__": None}
     if isinstance(value, slice):
-        return {"__slice__": [encode(v, where, nodes) for v in (value.start, value.stop, value.step)]}
+        parts = (value.start, value.stop, value.step)
+        return {"__slice__": [encode(v, where, nodes) for v in parts]}
     if isinstance(value, torch.Size):
         return {"__size__": [encode(v, where, nodes) for v in value]}
     if type(value) is tuple:  # not a namedtuple: its class would have to be named
@@ -115,7 +119,8 @@ def _items(inner: Any, nodes: Optional[Mapping[str, torch.fx.Node]]) -> list[Any
 
 def _node(inner: Any, nodes: Optional[Mapping[str, torch.fx.Node]]) -> torch.fx.Node:
     if nodes is None or not isinstance(inner, str) or inner not in nodes:
-        raise ExportError(f"the export refers to node {str(inner)[:80]!r} before (or without) defining it")
+        raise ExportError(f"the export refers to node {str(inner)[:80]!r} before (or without) "
+                          "defining it")
     return nodes[inner]
 
 
@@ -178,8 +183,7 @@ def dump_spec(spec: Any, where: str) -> str:
         text = pytree.treespec_dumps(spec)
     except Exception as e:
         raise ExportError(f"{where}: its pytree structure cannot be written ({e})") from e
-    for type_name in _type_names(json.loads(text)[1], where):
-        _check_type(type_name, where)
+    _type_names(json.loads(text)[1], where)
     return text
 
 
@@ -192,16 +196,17 @@ def load_spec(text: str, where: str) -> Any:
     if protocol != 1:
         raise ExportError(f"{where}: unknown pytree format {str(protocol)[:20]!r}")
     for type_name in _type_names(schema, where):
-        _check_type(type_name, where)
         module = _HF_OUTPUT.fullmatch(type_name)
         if module is not None and type_name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-            importlib.import_module(module.group(1))  # transformers registers its outputs on import
-        if module is not None and not _is_model_output(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(type_name)):
+            importlib.import_module(module.group(1))  # transformers registers outputs on import
+        registered = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(type_name)
+        if module is not None and not _is_model_output(registered):
             raise ExportError(f"{where}: {type_name} is not a transformers ModelOutput class")
     try:
         return pytree.treespec_loads(text)
     except Exception as e:
-        raise ExportError(f"{where}: the pytree structure is not valid ({type(e).__name__}: {e})") from None
+        raise ExportError(f"{where}: the pytree structure is not valid "
+                          f"({type(e).__name__}: {e})") from None
 
 
 def _is_model_output(cls: Any) -> bool:
@@ -213,18 +218,20 @@ def _is_model_output(cls: Any) -> bool:
 def _check_type(type_name: str, where: str) -> None:
     if type_name not in _SPEC_TYPES and _HF_OUTPUT.fullmatch(type_name) is None:
         raise ExportError(
-            f"{where} uses the pytree node type {type_name[:120]!r}; an export holds only tuples, lists, dicts, "
-            "OrderedDicts, deques, torch.Size, registered namedtuples and transformers ModelOutputs")
+            f"{where} uses the pytree node type {type_name[:120]!r}; an export holds only tuples, "
+            "lists, dicts, OrderedDicts, deques, torch.Size, registered namedtuples and "
+            "transformers ModelOutputs")
 
 
 def _type_names(schema: Any, where: str) -> list[str]:
-    """Every node type of a spec's JSON schema; refuses contexts that hold JSON objects."""
+    """Every node type of a spec's JSON schema, each checked; no context may hold a JSON object."""
     if not (isinstance(schema, dict) and isinstance(schema.get("children_spec"), list)):
         raise ExportError(f"{where}: the pytree structure is not valid")
     found: list[str] = []
     if schema.get("type") is not None:
         if not (isinstance(schema["type"], str) and isinstance(schema.get("context"), str)):
             raise ExportError(f"{where}: the pytree structure is not valid")
+        _check_type(schema["type"], where)
         json.loads(schema["context"], object_hook=_no_objects(where))
         found.append(schema["type"])
     for child in schema["children_spec"]:
@@ -234,7 +241,7 @@ def _type_names(schema: Any, where: str) -> list[str]:
 
 def _no_objects(where: str) -> Callable[[dict], Any]:
     def refuse(obj: dict) -> Any:
-        raise ExportError(f"{where}: a pytree context holds a JSON object ({str(obj)[:80]}), which torch would "
-                          "read by importing the module it names")
+        raise ExportError(f"{where}: a pytree context holds a JSON object ({str(obj)[:80]}), "
+                          "which torch would read by importing the module it names")
 
     return refuse

@@ -72,6 +72,8 @@ def describe(tm: torch.nn.Module) -> Described:
 
     dispatcher = dispatcher_of(tm)
     last = dispatcher.last
+    if last is None:
+        raise ExportError("this module has not planned yet, so there is no graph to save")
     items = sorted(((c.key, c) for c in dispatcher.compiled()), key=lambda kv: kv[1] is not last)
     tensors = _Tensors()
     state = _state(tm, tensors)
@@ -170,8 +172,9 @@ def _modules(root: torch.nn.Module, code_dir: str, tensors: _Tensors, texts: dic
     visit("", root)
     for e in entries:
         if not all(check_part(p) for p in e["path"].split(".") if e["path"]):
-            raise ExportError(f"the module path {e['path']!r} in {code_dir} has a part that an export cannot name "
-                              "(letters, digits and underscores only, no leading double underscore)")
+            raise ExportError(f"the module path {e['path']!r} in {code_dir} has a part that an "
+                              "export cannot name (letters, digits and underscores only, no "
+                              "leading double underscore)")
     return entries
 
 
@@ -181,7 +184,8 @@ def _module(path: str, mod: torch.nn.Module, code_dir: str, tensors: _Tensors,
     entry: dict[str, Any] = {"path": path, **_tensor_slots(mod, where, tensors)}
     if isinstance(mod, torch.fx.GraphModule):
         file = f"{code_dir}/{path or 'root'}.json"
-        entry.update(kind="graph", program=file, **_graph(mod, path or "the rewritten graph", file, texts))
+        described = _graph(mod, path or "the rewritten graph", file, texts)
+        entry.update(kind="graph", program=file, **described)
     elif type(mod).__name__ == "GuardsFn" and type(mod).__module__.startswith("torch.export"):
         entry["kind"] = "noop"  # export's input-shape guards; a loaded module checks signatures itself
     elif type(mod) is torch.nn.Module:
@@ -197,8 +201,9 @@ def _leaf_class(mod: torch.nn.Module, path: str) -> str:
     where = f"the module at {path or '<root>'}"
     cls = module_class_path(type(mod), where)
     if has_hooks(mod):
-        raise ExportError(f"{where} ({type(mod).__name__}) has hooks: they are code, which an export does not hold, "
-                          "and the loaded module would compute without them. Remove the hooks before saving")
+        raise ExportError(f"{where} ({type(mod).__name__}) has hooks: they are code, which an "
+                          "export does not hold, and the loaded module would compute without "
+                          "them. Remove the hooks before saving")
     return cls
 
 
@@ -206,7 +211,8 @@ def _tensor_slots(mod: torch.nn.Module, where: str, tensors: _Tensors) -> dict[s
     def key(t: Optional[torch.Tensor], name: str) -> Optional[str]:
         return None if t is None else tensors.key(t, f"{where}.{name}")
 
-    for name in [*mod._parameters, *mod._buffers, *(n for n, v in vars(mod).items() if isinstance(v, torch.Tensor))]:
+    attributes = [n for n, v in vars(mod).items() if isinstance(v, torch.Tensor)]
+    for name in [*mod._parameters, *mod._buffers, *attributes]:
         _check_name(name, f"the tensor {name!r} of {where}")
     return {
         "params": {n: key(p, n) for n, p in mod._parameters.items()},
@@ -217,8 +223,8 @@ def _tensor_slots(mod: torch.nn.Module, where: str, tensors: _Tensors) -> dict[s
 
 def _check_name(name: str, where: str) -> None:
     if not all(check_part(part) for part in name.split(".")):
-        raise ExportError(f"{where}: an export names modules and tensors with letters, digits and underscores "
-                          "only (no leading double underscore)")
+        raise ExportError(f"{where}: an export names modules and tensors with letters, digits "
+                          "and underscores only (no leading double underscore)")
 
 
 def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]) -> dict[str, Any]:
@@ -230,7 +236,8 @@ def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]
             _check_attribute(gm, str(n.target), f"node {n.name!r} of {path}")
     texts[file] = json.dumps(program, indent=0)
     attrs = {a: encode(getattr(gm, a), f"{path}.{a}") for a in _GRAPH_ATTRS if a in vars(gm)}
-    specs = {a: dump_spec(v, f"{path}.{a}") for a, v in vars(gm).items() if isinstance(v, pytree.TreeSpec)}
+    specs = {a: dump_spec(v, f"{path}.{a}") for a, v in vars(gm).items()
+             if isinstance(v, pytree.TreeSpec)}
     return {"attrs": attrs, "specs": specs}
 
 
@@ -239,8 +246,8 @@ def _check_attribute(gm: torch.nn.Module, target: str, where: str) -> None:
     for part in target.split("."):
         value = getattr(value, part)
     if not isinstance(value, (torch.Tensor, torch.nn.Module, pytree.TreeSpec)):
-        raise ExportError(f"{where} reads {target!r}, a {type(value).__name__}; an export holds graph attributes "
-                          "that are modules, tensors or pytree specs only")
+        raise ExportError(f"{where} reads {target!r}, a {type(value).__name__}; an export holds "
+                          "graph attributes that are modules, tensors or pytree specs only")
 
 
 def _tensor_list(value: Any) -> bool:

@@ -40,8 +40,8 @@ import torch
 
 from fxckpt.export.targets import ExportError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify", "sha256_bytes",
-           "as_key", "manifest_mac"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify",
+           "sha256_bytes", "as_key", "manifest_mac"]
 
 FORMAT = "fxckpt-export"
 FORMAT_VERSION = 2
@@ -124,7 +124,8 @@ def as_key(key: Union[str, bytes, bytearray, None]) -> Optional[bytes]:
     if isinstance(key, str):
         key = key.encode()
     if not isinstance(key, (bytes, bytearray)) or not key:
-        raise ExportError(f"key must be a non-empty str or bytes (got {type(key).__name__} {key!r:.40})")
+        raise ExportError("key must be a non-empty str or bytes "
+                          f"(got {type(key).__name__} {key!r:.40})")
     return bytes(key)
 
 
@@ -215,7 +216,8 @@ class Verified:
 
 
 def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
-    """Check the manifest's MAC (with ``key``) and every file's hash; :class:`ExportError` on any difference."""
+    """Check the manifest's MAC (with ``key``) and every file's hash; :class:`ExportError` on
+    any difference."""
     root = Path(path)
     if not root.is_dir():
         raise ExportError(f"no fxckpt export at {root}: not a directory")
@@ -224,7 +226,8 @@ def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
     files = manifest["files"]
     for rel, digest in files.items():
         if not isinstance(rel, str) or not isinstance(digest, str):
-            raise ExportError(f"export {root} is corrupted: {MANIFEST} lists a file that is not path: sha256")
+            raise ExportError(f"export {root} is corrupted: {MANIFEST} lists a file that is not "
+                              "path: sha256")
         _check_relative(root, rel)
         if not (root / rel).is_file():
             raise ExportError(f"export {root} is incomplete: {rel} is missing")
@@ -246,11 +249,12 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         raise ExportError(f"{root} is not an fxckpt export: {MANIFEST} has no format {FORMAT!r} and file list")
     version = manifest.get("format_version", 0)
     if version == 1:
-        raise ExportError(f"export {root} has format version 1, whose graphs are Python code; this fxckpt runs no "
-                          "code from an export and reads version 2 only: save the module again with this fxckpt")
+        raise ExportError(f"export {root} has format version 1, whose graphs are Python code; "
+                          "this fxckpt runs no code from an export and reads version 2 only: save "
+                          "the module again with this fxckpt")
     if version != FORMAT_VERSION:
-        raise ExportError(f"export {root} has format version {str(version)[:20]}; this fxckpt reads version "
-                          f"{FORMAT_VERSION} (upgrade fxckpt for a newer one)")
+        raise ExportError(f"export {root} has format version {str(version)[:20]}; this fxckpt "
+                          f"reads version {FORMAT_VERSION} (upgrade fxckpt for a newer one)")
     return manifest
 
 
@@ -259,17 +263,21 @@ def _check_mac(root: Path, manifest: dict[str, Any], key: Optional[bytes]) -> No
     mac = manifest.get("mac")
     if key is None:
         if mac is not None:
-            raise ExportError(f"export {root} was saved with a key (its manifest has an HMAC): pass the same key= to "
-                              "fxckpt.load to check that it is the export you saved")
+            raise ExportError(f"export {root} was saved with a key (its manifest has an HMAC): "
+                              "pass the same key= to fxckpt.load to check that it is the export "
+                              "you saved")
         return
     if mac is None:
-        raise ExportError(f"export {root} has no MAC, but key= was given: it was saved without a key, or someone "
-                          "removed the MAC; refusing to load it as authentic")
-    if not (isinstance(mac, dict) and mac.get("algorithm") == MAC_ALGORITHM and isinstance(mac.get("value"), str)):
-        raise ExportError(f"export {root} has a MAC this fxckpt does not know (expected {MAC_ALGORITHM})")
+        raise ExportError(f"export {root} has no MAC, but key= was given: it was saved without "
+                          "a key, or someone removed the MAC; refusing to load it as authentic")
+    if not (isinstance(mac, dict) and mac.get("algorithm") == MAC_ALGORITHM
+            and isinstance(mac.get("value"), str)):
+        raise ExportError(f"export {root} has a MAC this fxckpt does not know "
+                          f"(expected {MAC_ALGORITHM})")
     if not hmac.compare_digest(mac["value"].encode(), manifest_mac(manifest, key).encode()):
-        raise ExportError(f"export {root} failed authentication: its MAC does not match (MAC mismatch): a file or "
-                          "the manifest was changed after saving, or the key is not the one it was saved with")
+        raise ExportError(f"export {root} failed authentication: its MAC does not match (MAC "
+                          "mismatch): a file or the manifest was changed after saving, or the key "
+                          "is not the one it was saved with")
 
 
 def _check_relative(root: Path, rel: str) -> None:

@@ -111,7 +111,7 @@ class LoadedModule(torch.nn.Module):
         self.training = training
 
     def _register(self, entry: dict[str, Any], value: torch.Tensor) -> None:
-        *parents, name = check_name(entry["name"], "a parameter or buffer of the export").split(".")
+        *parents, name = check_name(entry["name"], "a tensor of the export").split(".")
         mod: torch.nn.Module = self
         for part in parents:
             if part not in mod._modules:
@@ -167,7 +167,7 @@ class LoadedModule(torch.nn.Module):
 
     @property
     def graph_module(self) -> torch.nn.Module:
-        """The rewritten graph's ``GraphModule`` (``.code``; ``.segment_0.code`` is a segment's)."""
+        """The rewritten graph's ``GraphModule`` (``.code``; ``.segment_0.code``: a segment's)."""
         return self.__dict__["_last"].root
 
     @property

@@ -66,7 +66,7 @@ def build_tree(entries: list[dict[str, Any]], store: Verified, tensors: dict[str
             mod = _make(e)
             slots += _link(mod, e, tensors)
             if e["kind"] == "leaf" and hasattr(mod, "_init_flat_weights"):
-                getattr(mod, "_init_flat_weights")()  # RNNs keep a list of their parameters beside them
+                getattr(mod, "_init_flat_weights")()  # RNNs keep a list of their parameters
             if e["kind"] == "graph":
                 graphs.append((mod, e))  # type: ignore[arg-type]
             mod.training = training
@@ -92,7 +92,8 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
         torch.nn.Module.__init__(mod)
         for name, value in e["attrs"].items():
             if not check_part(name) or name in _MODULE_KEYS:
-                raise ExportError(f"{where}: the attribute name {str(name)[:80]!r} is not one an export may set")
+                raise ExportError(f"{where}: the attribute name {str(name)[:80]!r} is not one an "
+                                  "export may set")
             mod.__dict__[name] = decode(value)
         return mod
     if kind == "graph":
@@ -100,7 +101,7 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
         if not (isinstance(name, str) and name.isidentifier()):
             raise ExportError(f"{where}: {str(name)[:80]!r} is not a class name")
         return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
-    raise ExportError(f"unknown module kind {str(kind)[:40]!r} at {e['path'] or '<root>'} in the export's structure")
+    raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")
 
 
 def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) -> None:
@@ -115,7 +116,8 @@ def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) ->
         check_name(name, f"{where}: a buffer to restore")
     for name, text in e["specs"].items():
         if not check_part(name) or name in _MODULE_KEYS or hasattr(type(gm), name):
-            raise ExportError(f"{where}: the spec name {str(name)[:80]!r} is not one an export may set")
+            raise ExportError(f"{where}: the spec name {str(name)[:80]!r} is not one an export "
+                              "may set")
         gm.__dict__[name] = load_spec(text, f"{where} {name}")
     try:
         program = json.loads(store.read_text(where))
@@ -131,10 +133,12 @@ def _link(mod: torch.nn.Module, e: dict[str, Any], tensors: dict[str, torch.Tens
     slots: list[Slot] = []
     where = f"the module at {e['path'] or '<root>'}"
     names = [*e["params"], *e["buffers"], *e["tensors"]]
+    graph = isinstance(mod, torch.fx.GraphModule)
     for name in names:
-        if not check_part(name) or name in _MODULE_KEYS or isinstance(mod, torch.fx.GraphModule) and (
-                hasattr(type(mod), name) or name in mod.__dict__):
-            raise ExportError(f"{where}: {str(name)[:80]!r} is not a tensor name an export may use")
+        if (not check_part(name) or name in _MODULE_KEYS
+                or graph and (hasattr(type(mod), name) or name in mod.__dict__)):
+            raise ExportError(f"{where}: {str(name)[:80]!r} is not a tensor name an export may "
+                              "use")
     for name, key in e["params"].items():
         mod._parameters[name] = None if key is None else _get(tensors, key, e)
         if key is not None:
@@ -155,7 +159,8 @@ def _get(tensors: dict[str, torch.Tensor], key: str, e: dict[str, Any]) -> Any:
     try:
         return tensors[key]
     except (KeyError, TypeError):
-        raise ExportError(f"the export's weights have no tensor {str(key)[:80]!r} (used at {e['path'] or '<root>'})") from None
+        raise ExportError(f"the export's weights have no tensor {str(key)[:80]!r} (used at "
+                          f"{e['path'] or '<root>'})") from None
 
 
 def put(slot: Slot, value: torch.Tensor) -> None:

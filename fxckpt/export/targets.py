@@ -45,13 +45,14 @@ class ExportError(FxckptError, RuntimeError):
 
 
 _OPERATOR = (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "neg", "pos", "invert", "abs",
-    "and_", "or_", "xor", "lshift", "rshift", "not_", "truth", "eq", "ne", "lt", "le", "gt", "ge", "is_",
-    "is_not", "contains", "getitem", "setitem", "delitem", "concat", "index", "iadd", "isub", "imul",
-    "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand", "ior", "ixor", "ilshift", "irshift",
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "neg", "pos", "invert",
+    "abs", "and_", "or_", "xor", "lshift", "rshift", "not_", "truth", "eq", "ne", "lt", "le", "gt",
+    "ge", "is_", "is_not", "contains", "getitem", "setitem", "delitem", "concat", "index", "iadd",
+    "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand", "ior", "ixor",
+    "ilshift", "irshift",
 )
-_MATH = ("ceil", "floor", "trunc", "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "tanh",
-         "isfinite", "isinf", "isnan", "fabs")
+_MATH = ("ceil", "floor", "trunc", "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan",
+         "tanh", "isfinite", "isinf", "isnan", "fabs")
 _TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special")
 _NO_METHODS = frozenset({
     "apply_", "map_", "map2_",  # take a Python callable
@@ -62,6 +63,7 @@ _NO_METHODS = frozenset({
 that registers hooks or calls back into Python)."""
 _NO_FUNCTIONS = frozenset({"torch.Tensor." + name for name in _NO_METHODS})
 
+_SYM = ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum", "sym_sqrt")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ATEN = re.compile(rf"torch\.ops\.aten\.({_NAME})\.({_NAME})")
 _FILE_ARGS = frozenset({"filename", "path", "file"})
@@ -107,11 +109,10 @@ def _runtime_functions() -> dict[str, Any]:
         "torch._C._set_grad_enabled": torch._C._set_grad_enabled,
         "torch.amp.autocast_mode._enter_autocast": autocast_mode._enter_autocast,
         "torch.amp.autocast_mode._exit_autocast": autocast_mode._exit_autocast,
-        "torch.ops.higher_order.wrap_with_set_grad_enabled": higher_order.wrap_with_set_grad_enabled,
+        "torch.ops.higher_order.wrap_with_set_grad_enabled":
+            higher_order.wrap_with_set_grad_enabled,
         "torch.ops.higher_order.wrap_with_autocast": higher_order.wrap_with_autocast,
-        **{f"torch.{name}": getattr(torch, name) for name in (
-            "sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum", "sym_sqrt")
-           if hasattr(torch, name)},
+        **{f"torch.{name}": getattr(torch, name) for name in _SYM if hasattr(torch, name)},
     }
 
 
@@ -139,8 +140,9 @@ def _functions() -> tuple[dict[str, Any], dict[int, str]]:
 def _torch_module(namespace: str) -> types.ModuleType:
     import torch.nn.functional
 
-    return {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.linalg": torch.linalg,
-            "torch.fft": torch.fft, "torch.special": torch.special}[namespace]
+    return {"torch": torch, "torch.nn.functional": torch.nn.functional,
+            "torch.linalg": torch.linalg, "torch.fft": torch.fft,
+            "torch.special": torch.special}[namespace]
 
 
 def _qualified(target: Any) -> str:
@@ -162,27 +164,29 @@ def function_name(target: Any, where: str) -> str:
     from fxckpt.passes.tracer import function_of
 
     if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
-        name = _qualified(target)
-        if resolve_function(name, where) is target:
-            return name
+        aten = _qualified(target)
+        if resolve_function(aten, where) is target:
+            return aten
     name = table_name(target)
     if name is not None:
         return name
     fn_cls = function_of(target)
     if fn_cls is not None:
         raise ExportError(
-            f"{where} calls the custom autograd Function {fn_cls.__module__}.{fn_cls.__qualname__}: its forward "
-            "and backward are the model's own code, which an export does not hold. Save a model whose "
-            "Functions torch.fx can trace through, or keep the model's code with the checkpoint")
+            f"{where} calls the custom autograd Function {fn_cls.__module__}."
+            f"{fn_cls.__qualname__}: its forward and backward are the model's own code, which an "
+            "export does not hold. Save a model whose Functions torch.fx can trace through, or "
+            "keep the model's code with the checkpoint")
     raise ExportError(
-        f"{where} calls {_qualified(target)}, which is not one of the functions a loaded export may call "
-        "(torch and torch.nn.functional tensor functions, Tensor methods, ATen operators, operator.*, "
-        "fxckpt.checkpoint): a loaded export runs no code of its own. Functions of your own package "
-        "(torch.fx.wrap) cannot be exported; use torch ops in the model instead")
+        f"{where} calls {_qualified(target)}, which is not one of the functions a loaded export "
+        "may call (torch and torch.nn.functional tensor functions, Tensor methods, ATen "
+        "operators, operator.*, fxckpt.checkpoint): a loaded export runs no code of its own. "
+        "Functions of your own package (torch.fx.wrap) cannot be exported; use torch ops in the "
+        "model instead")
 
 
 def resolve_function(name: str, where: str) -> Callable[..., Any]:
-    """The object of a table name (an ATen ``torch.ops.aten.NAME.OVERLOAD`` is looked up exactly)."""
+    """The object of a table name (``torch.ops.aten.NAME.OVERLOAD`` is looked up exactly)."""
     if not isinstance(name, str):
         raise ExportError(f"{where}: a call target must be a name, not {type(name).__name__}")
     aten = _ATEN.fullmatch(name)
@@ -190,33 +194,36 @@ def resolve_function(name: str, where: str) -> Callable[..., Any]:
         return _aten(aten.group(1), aten.group(2), where)
     table, _ = _functions()
     if name not in table:
-        raise ExportError(f"{where} names {name[:120]!r}, which is not in the table of functions a loaded "
-                          "export may call; the export was not written by fxckpt.save or was edited")
+        raise ExportError(f"{where} names {name[:120]!r}, which is not in the table of functions "
+                          "a loaded export may call; the export was not written by fxckpt.save "
+                          "or was edited")
     return table[name]  # type: ignore[no-any-return]
 
 
 def _aten(name: str, overload: str, where: str) -> torch._ops.OpOverload:
     """``torch.ops.aten.NAME.OVERLOAD`` once the dispatcher confirms such an operator exists."""
-    qualified = f"aten::{name}" + ("" if overload == "default" else f".{overload}")
+    overload_name = "" if overload == "default" else overload
+    qualified = f"aten::{name}" + (f".{overload_name}" if overload_name else "")
     try:
-        torch._C._dispatch_find_schema_or_throw(f"aten::{name}", "" if overload == "default" else overload)
+        torch._C._dispatch_find_schema_or_throw(f"aten::{name}", overload_name)
         op = getattr(getattr(torch.ops.aten, name), overload)
     except (RuntimeError, AttributeError):
         op = None
     schema = getattr(op, "_schema", None)
-    if (not isinstance(op, torch._ops.OpOverload) or schema is None or schema.name != f"aten::{name}"
-            or schema.overload_name != ("" if overload == "default" else overload)):
-        raise ExportError(f"{where} names the ATen operator {qualified}, which this torch does not have")
+    if (not isinstance(op, torch._ops.OpOverload) or schema is None
+            or (schema.name, schema.overload_name) != (f"aten::{name}", overload_name)):
+        raise ExportError(f"{where} names the ATen operator {qualified}, which this torch does "
+                          "not have")
     if name == "from_file" or any(a.name in _FILE_ARGS for a in schema.arguments):
-        raise ExportError(f"{where} names the ATen operator {qualified}, which reads or writes files; a loaded "
-                          "export may not call it")
+        raise ExportError(f"{where} names the ATen operator {qualified}, which reads or writes "
+                          "files; a loaded export may not call it")
     return op
 
 
 _PROPERTIES = frozenset({
-    "shape", "dtype", "device", "layout", "ndim", "T", "mT", "H", "mH", "data", "grad", "real", "imag",
-    "requires_grad", "is_leaf", "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested",
-    "itemsize", "nbytes",
+    "shape", "dtype", "device", "layout", "ndim", "T", "mT", "H", "mH", "data", "grad", "real",
+    "imag", "requires_grad", "is_leaf", "is_cuda", "is_cpu", "is_meta", "is_sparse",
+    "is_quantized", "is_nested", "itemsize", "nbytes",
 })
 
 
@@ -248,36 +255,38 @@ GETATTR_NAMES = _Names(1)
 
 @functools.cache
 def _module_classes() -> dict[str, type]:
-    """``module:QualName`` -> class, for every public ``nn.Module`` class of ``torch.nn.modules``."""
+    """``module:QualName`` -> class, each public ``nn.Module`` class of ``torch.nn.modules``."""
     import torch.nn.modules as modules
 
     table: dict[str, type] = {}
     for sub in vars(modules).values():
-        if not (isinstance(sub, types.ModuleType) and sub.__name__.startswith("torch.nn.modules.")):
+        if not isinstance(sub, types.ModuleType) or not sub.__name__.startswith(modules.__name__):
             continue
         for name, cls in vars(sub).items():
-            if (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls.__module__ == sub.__name__
-                    and not name.startswith("_") and cls is not torch.nn.Module):
+            if (isinstance(cls, type) and issubclass(cls, torch.nn.Module)
+                    and cls.__module__ == sub.__name__ and not name.startswith("_")
+                    and cls is not torch.nn.Module):
                 table[f"{cls.__module__}:{cls.__qualname__}"] = cls
     return table
 
 
 def module_class_path(cls: type, where: str) -> str:
-    """The table name of a leaf module's class; :class:`ExportError` if it is not a torch.nn class."""
+    """The table name of a leaf module's class; :class:`ExportError` if not a torch.nn class."""
     path = f"{cls.__module__}:{cls.__qualname__}"
     if _module_classes().get(path) is not cls:
         raise ExportError(
-            f"{where} is a {cls.__module__}.{cls.__qualname__}, not one of the torch.nn module classes a loaded "
-            "export can rebuild (its forward would be code the export does not hold). Let torch.fx trace "
-            "through it (no hooks, no custom autograd Function inside), or keep the model's code")
+            f"{where} is a {cls.__module__}.{cls.__qualname__}, not one of the torch.nn module "
+            "classes a loaded export can rebuild (its forward would be code the export does not "
+            "hold). Let torch.fx trace through it (no hooks, no custom autograd Function "
+            "inside), or keep the model's code")
     return path
 
 
 def resolve_module_class(path: str, where: str) -> type:
     cls = _module_classes().get(path) if isinstance(path, str) else None
     if cls is None:
-        raise ExportError(f"{where} names the module class {str(path)[:120]!r}, which is not one of the torch.nn "
-                          "module classes a loaded export may rebuild")
+        raise ExportError(f"{where} names the module class {str(path)[:120]!r}, which is not one "
+                          "of the torch.nn module classes a loaded export may rebuild")
     return cls
 
 
@@ -285,10 +294,13 @@ def _named(values: list[Any]) -> dict[str, Any]:
     return {str(v).removeprefix("torch."): v for v in values}
 
 
-DTYPES: dict[str, torch.dtype] = _named([v for v in vars(torch).values() if isinstance(v, torch.dtype)])
-MEMORY_FORMATS: dict[str, torch.memory_format] = _named(
-    [v for v in vars(torch).values() if isinstance(v, torch.memory_format)])
-LAYOUTS: dict[str, torch.layout] = _named([v for v in vars(torch).values() if isinstance(v, torch.layout)])
+def _of_type(kind: type) -> list[Any]:
+    return [v for v in vars(torch).values() if isinstance(v, kind)]
+
+
+DTYPES: dict[str, torch.dtype] = _named(_of_type(torch.dtype))
+MEMORY_FORMATS: dict[str, torch.memory_format] = _named(_of_type(torch.memory_format))
+LAYOUTS: dict[str, torch.layout] = _named(_of_type(torch.layout))
 
 
 def lookup(table: dict[str, Any], name: Any, what: str) -> Any:
