@@ -311,6 +311,26 @@ def test_save_refuses_leaf_modules_with_hooks(tmp_path: Path) -> None:
         fxckpt.save(tm, tmp_path / "h")
 
 
+def test_export_graphs_with_swapped_modules_round_trip_once_their_hooks_are_removed(
+        tmp_path: Path) -> None:
+    """A hooked leaf is kept as a module in a torch.export graph, called through pytree specs
+    (``_spec_N`` attributes); the hook itself cannot be saved, the structure can."""
+    from patterns import ExportOnly
+
+    model = ExportOnly(MLP(depth=2), width=32)
+    hook = model.inner.layers[0].fc.register_forward_hook(lambda m, i, o: None)
+    x = torch.randn(4, 32)
+    tm = fxckpt.transform(model, every=1, example_inputs=(x,))
+    with pytest.raises(ExportError, match=r"inner\.layers\.0\.fc \(Linear\) has hooks"):
+        fxckpt.save(tm, tmp_path / "s")
+    hook.remove()
+    fxckpt.save(tm, tmp_path / "s")
+    loaded = fxckpt.load(tmp_path / "s")
+    assert loaded.variants[0].capture == "export"
+    assert {"_spec_0", "_spec_1"} <= set(vars(loaded.graph_module))
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(loaded, (x,), {}))
+
+
 class Recurrent(torch.nn.Module):
     """Leaf modules whose state is more than weights: an LSTM (flat weight lists), attention, embedding."""
 

@@ -118,7 +118,8 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
         raise ExportError(f"loading export {store.root} needs {e.name or 'a package'} ({e}); install it") from e
     except ExportError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            RuntimeError) as e:
         raise ExportError(f"export {store.root} has an invalid structure "
                           f"({type(e).__name__}: {str(e)[:200]})") from e
     return LoadedModule(structure["state"], tensors, variants, store.manifest, structure["training"])

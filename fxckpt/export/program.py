@@ -110,8 +110,8 @@ def build_graph(data: dict[str, Any], where: str) -> tuple[torch.fx.Graph, Optio
             raise ExportError(f"{where}: node {i} is not an object")
         at = f"node {str(e.get('name'))[:60]!r} of {where}"
         name = e.get("name")
-        if not (isinstance(name, str) and _IDENT.fullmatch(name)) or name in env:
-            raise ExportError(f"{at}: a node name must be a new Python identifier")
+        if not (isinstance(name, str) and _IDENT.fullmatch(name)) or name in env or name == "self":
+            raise ExportError(f"{at}: a node name must be a new Python identifier (not self)")
         if (e.get("op") == "output") != (i == len(entries) - 1):
             raise ExportError(f"{at}: a graph has exactly one output node, its last")
         env[name] = _node(graph, e, env, at)
