@@ -238,7 +238,7 @@ def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]
     attrs = {a: encode(getattr(gm, a), f"{path}.{a}") for a in _GRAPH_ATTRS if a in vars(gm)}
     specs = {a: dump_spec(v, f"{path}.{a}") for a, v in vars(gm).items()
              if isinstance(v, pytree.TreeSpec)}
-    return {"attrs": attrs, "specs": specs}
+    return {"class_name": type(gm).__name__, "attrs": attrs, "specs": specs}
 
 
 def _check_attribute(gm: torch.nn.Module, target: str, where: str) -> None:

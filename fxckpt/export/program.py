@@ -1,6 +1,6 @@
 """A GraphModule's graph as a list of nodes, and the graph rebuilt from it with torch.fx's API.
 
-    {"class_name": "GraphModule", "pytree": null,
+    {"pytree": null,
      "nodes": [{"name": "x", "op": "placeholder", "target": "x", "args": [], "kwargs": {}},
                {"name": "relu", "op": "call_function", "target": "torch.relu",
                 "args": [{"__node__": "x"}], "kwargs": {}},
@@ -53,7 +53,7 @@ def describe_graph(gm: torch.fx.GraphModule, where: str) -> dict[str, Any]:
             "args": [encode(a, at, _name) for a in n.args],
             "kwargs": {k: encode(v, at, _name) for k, v in n.kwargs.items()},
         })
-    return {"class_name": type(gm).__name__, "pytree": _pytree(gm, where), "nodes": nodes}
+    return {"pytree": _pytree(gm, where), "nodes": nodes}
 
 
 def _name(node: torch.fx.Node) -> str:
