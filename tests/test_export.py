@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
-import textwrap
+import types
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -137,7 +141,8 @@ def test_staged_module_round_trip_rebuilds_the_pipeline(tmp_path: Path) -> None:
     assert loaded.pipeline.recomputed == fxckpt.inspect(tm).pipeline.recomputed == [(0, 1), (0, 0)]
 
 
-@pytest.mark.parametrize("victim", ["weights.safetensors", "code/v0/segment_0.py", "structure.json"])
+@pytest.mark.parametrize("victim", ["weights.safetensors", "programs/v0/segment_0.json",
+                                    "structure.json"])
 def test_a_flipped_byte_is_refused_with_a_hash_mismatch(tmp_path: Path, victim: str) -> None:
     x = torch.randn(8, 32)
     fxckpt.save(fxckpt.transform(MLP(), every=2, example_inputs=(x,)), tmp_path / "m")
@@ -152,28 +157,12 @@ def test_a_flipped_byte_is_refused_with_a_hash_mismatch(tmp_path: Path, victim: 
 def test_edited_manifest_and_missing_files_are_refused(tmp_path: Path) -> None:
     fxckpt.save(fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),)), tmp_path / "m")
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
-    manifest["files"]["code/v0/root.py"] = "0" * 64
+    manifest["files"]["programs/v0/root.json"] = "0" * 64
     (tmp_path / "m" / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match="root.py.*hash mismatch"):
+    with pytest.raises(ExportError, match="root.json.*hash mismatch"):
         fxckpt.load(tmp_path / "m")
     with pytest.raises(ExportError, match="no fxckpt export"):
         fxckpt.load(tmp_path / "nothing")
-
-
-def test_code_may_only_import_from_allowed_packages_even_with_a_consistent_manifest(tmp_path: Path) -> None:
-    from fxckpt.export.files import content_hash, sha256_bytes
-
-    fxckpt.save(fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),)), tmp_path / "m")
-    structure_path, manifest_path = tmp_path / "m" / "structure.json", tmp_path / "m" / "manifest.json"
-    structure = json.loads(structure_path.read_text())
-    structure["variants"][0]["modules"][0]["globals"]["torch"] = {"module": "os"}  # a forger's edit...
-    structure_path.write_text(json.dumps(structure))
-    manifest = json.loads(manifest_path.read_text())  # ...with the hashes recomputed to match
-    manifest["files"]["structure.json"] = sha256_bytes(structure_path.read_bytes())
-    manifest["content_hash"] = content_hash(manifest["files"])
-    manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match="'os', which is not one of"):
-        fxckpt.load(tmp_path / "m")
 
 
 def test_a_failed_save_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,20 +239,96 @@ class CallsUserFunction(torch.nn.Module):
 
 
 def test_save_refuses_graphs_that_call_the_users_own_code(tmp_path: Path) -> None:
+    from patterns import QuantizedNet
+
     tm = fxckpt.transform(CallsUserFunction(), every=1, example_inputs=(torch.randn(2, 4),))
-    with pytest.raises(ExportError, match="_double.*not one of"):
+    with pytest.raises(ExportError, match=r"node '_double' .* calls test_export\._double, which "
+                                          r"is not one of the functions a loaded export may call"):
         fxckpt.save(tm, tmp_path / "u")
+    function = fxckpt.transform(QuantizedNet(), every=1, example_inputs=(torch.randn(4, 16),))
+    with pytest.raises(ExportError, match=r"node 'round_ste_apply' .* calls the custom autograd "
+                                          r"Function patterns\.RoundSTE"):
+        fxckpt.save(function, tmp_path / "u")
     assert not (tmp_path / "u").exists()
     unplanned = fxckpt.transform(MLP(), every=2)
     with pytest.raises(ExportError, match="has not planned yet"):
         fxckpt.save(unplanned, tmp_path / "u")
 
 
-def test_generated_code_is_readable_in_the_export(tmp_path: Path) -> None:
-    fxckpt.save(fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),)), tmp_path / "m")
-    root = (tmp_path / "m" / "code" / "v0" / "root.py").read_text()
-    assert "fxckpt_checkpoint(segment_0, x)" in root
-    assert textwrap.dedent(root).count("def forward") == 1
+def _graph_modules(root: torch.nn.Module) -> dict[str, torch.fx.GraphModule]:
+    return {n: m for n, m in root.named_modules() if isinstance(m, torch.fx.GraphModule)}
+
+
+def _code_without_annotations(gm: torch.fx.GraphModule) -> str:
+    graph = copy.deepcopy(gm.graph)
+    for n in graph.nodes:
+        n.type = None
+    return graph.python_code(root_module="self").src
+
+
+def test_graphs_are_saved_as_data_and_load_generates_the_same_code(tmp_path: Path) -> None:
+    from fxckpt.module import dispatcher_of
+
+    tm = fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),))
+    fxckpt.save(tm, tmp_path / "m")
+    assert not list((tmp_path / "m").rglob("*.py"))
+    root = json.loads((tmp_path / "m" / "programs" / "v0" / "root.json").read_text())
+    calls = [n for n in root["nodes"] if n["op"] == "call_function"]
+    assert calls[0]["target"] == "fxckpt.checkpoint"
+    assert calls[0]["args"][0] == {"__node__": "segment_0"}
+    loaded = fxckpt.load(tmp_path / "m")
+    original = _graph_modules(dispatcher_of(tm).last.gm)
+    rebuilt = _graph_modules(loaded.graph_module)
+    assert sorted(rebuilt) == sorted(original) == ["", "segment_0", "segment_1", "segment_2"]
+    for name, gm in original.items():
+        assert rebuilt[name].code == _code_without_annotations(gm), name
+    assert "fxckpt_checkpoint(segment_0, x)" in loaded.code
+
+
+def test_transformer_encoder_layers_save_their_activation_by_name(tmp_path: Path) -> None:
+    from patterns import Encoder
+
+    x = torch.randn(2, 6, 16)
+    tm = fxckpt.transform(Encoder(depth=2), depth=2, example_inputs=(x,))
+    fxckpt.save(tm, tmp_path / "e")
+    structure = json.loads((tmp_path / "e" / "structure.json").read_text())
+    attrs = [e["attrs"] for e in structure["variants"][0]["modules"]
+             if e.get("cls") == "torch.nn.modules.transformer:TransformerEncoderLayer"]
+    relu = {"__function__": "torch.nn.functional.relu"}
+    assert attrs and all(a["activation"] == relu for a in attrs)
+    loaded = fxckpt.load(tmp_path / "e")
+    layers = [m for m in loaded.graph_module.modules()
+              if isinstance(m, torch.nn.TransformerEncoderLayer)]
+    assert len(layers) == 2 and all(m.activation is torch.nn.functional.relu for m in layers)
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(loaded, (x,), {}))
+
+
+def test_save_refuses_leaf_modules_with_hooks(tmp_path: Path) -> None:
+    model = MLP()
+    model.layers[0].fc.register_forward_hook(lambda m, i, o: o * 2)
+    tm = fxckpt.transform(model, every=2, example_inputs=(torch.randn(8, 32),))
+    with pytest.raises(ExportError, match=r"the module at layers\.0\.fc \(Linear\) has hooks"):
+        fxckpt.save(tm, tmp_path / "h")
+
+
+def test_export_graphs_with_swapped_modules_round_trip_once_their_hooks_are_removed(
+        tmp_path: Path) -> None:
+    """A hooked leaf is kept as a module in a torch.export graph, called through pytree specs
+    (``_spec_N`` attributes); the hook itself cannot be saved, the structure can."""
+    from patterns import ExportOnly
+
+    model = ExportOnly(MLP(depth=2), width=32)
+    hook = model.inner.layers[0].fc.register_forward_hook(lambda m, i, o: None)
+    x = torch.randn(4, 32)
+    tm = fxckpt.transform(model, every=1, example_inputs=(x,))
+    with pytest.raises(ExportError, match=r"inner\.layers\.0\.fc \(Linear\) has hooks"):
+        fxckpt.save(tm, tmp_path / "s")
+    hook.remove()
+    fxckpt.save(tm, tmp_path / "s")
+    loaded = fxckpt.load(tmp_path / "s")
+    assert loaded.variants[0].capture == "export"
+    assert {"_spec_0", "_spec_1"} <= set(vars(loaded.graph_module))
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(loaded, (x,), {}))
 
 
 class Recurrent(torch.nn.Module):
@@ -290,3 +355,212 @@ def test_torch_leaf_modules_are_rebuilt_without_their_constructors(tmp_path: Pat
     loaded = fxckpt.load(tmp_path / "r")
     assert type(loaded.graph_module.rnn) is torch.nn.LSTM
     assert_steps_equal(run_step(tm, (ids,), {}), run_step(loaded, (ids,), {}))
+
+
+# Crafted exports: whoever can write the files can recompute every hash, so loading must refuse
+# anything that is not data it understands, before running or importing anything.
+
+EVIL_SOURCE = """
+import pathlib
+pathlib.Path({marker!r}).write_text("imported")
+
+
+def run(*args, **kwargs):
+    pathlib.Path({marker!r}).write_text("called")
+
+
+class Evil:
+    def __init__(self, *args, **kwargs):
+        run()
+"""
+EVIL = f"fxckpt_evil_{os.getpid()}"
+"""A module the crafted exports name; importing or calling it writes the marker file."""
+
+
+@pytest.fixture(scope="module")
+def saved_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "m"
+    tm = fxckpt.transform(MLP(depth=2), every=1, example_inputs=(torch.randn(4, 32),))
+    fxckpt.save(tm, path)
+    return path
+
+
+@pytest.fixture
+def forge(saved_mlp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh copy of an export, an importable module that writes a marker file when imported
+    or called, and ``edit(rel, change)``: change a file and recompute the manifest's hashes."""
+    from fxckpt.export.files import content_hash, sha256_bytes
+
+    root = tmp_path / "m"
+    shutil.copytree(saved_mlp, root)
+    marker = tmp_path / "pwned"
+    (tmp_path / f"{EVIL}.py").write_text(EVIL_SOURCE.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def edit(rel: str, change: Callable[[Any], Any]) -> None:
+        path = root / rel
+        data = json.loads(path.read_text()) if path.exists() else None
+        result = change(data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result if isinstance(result, str) else json.dumps(data))
+        manifest = json.loads((root / "manifest.json").read_text())
+        manifest["files"][rel] = sha256_bytes(path.read_bytes())
+        manifest["content_hash"] = content_hash(manifest["files"])
+        (root / "manifest.json").write_text(json.dumps(manifest))
+
+    yield types.SimpleNamespace(root=root, marker=marker, edit=edit)
+    assert not marker.exists(), "the crafted export ran code"
+    assert EVIL not in sys.modules, "the crafted export imported a module"
+
+
+ROOT, SEGMENT, STRUCTURE = "programs/v0/root.json", "programs/v0/segment_0.json", "structure.json"
+Change = Callable[[Any, str], None]
+"""Edits a decoded JSON file in place; the second argument is the marker file's path."""
+
+
+def _call(target: str, *args: Any) -> Change:
+    """The first call_function node now calls ``target`` (``MARKER`` in args: the marker path)."""
+    def change(program: dict, marker: str) -> None:
+        node = _first(program, "call_function")
+        node["target"], node["kwargs"] = target, {}
+        node["args"] = [marker if a == "MARKER" else a for a in args]
+    return change
+
+
+def _node(kind: str, **fields: Any) -> Change:
+    """Set ``fields`` of the first ``kind`` node (``MARKER`` inside a string: the marker path)."""
+    def change(program: dict, marker: str) -> None:
+        _first(program, kind).update(json.loads(json.dumps(fields).replace("MARKER", marker)))
+    return change
+
+
+def _first(program: dict, op: str) -> dict:
+    return next(n for n in program["nodes"] if n["op"] == op)
+
+
+def _leaf(**fields: Any) -> Change:
+    def change(structure: dict, marker: str) -> None:
+        modules = structure["variants"][0]["modules"]
+        next(e for e in modules if e.get("kind") == "leaf").update(fields)
+    return change
+
+
+def _spec(node_type: str, context: Any) -> Change:
+    schema = {"type": node_type, "context": json.dumps(context), "children_spec": []}
+    spec = json.dumps([1, schema])
+
+    def change(structure: dict, marker: str) -> None:
+        structure["variants"][0]["modules"][0]["specs"] = {"_spec_0": spec}
+    return change
+
+
+def _pytree(*orig_args: str) -> Change:
+    def change(program: dict, marker: str) -> None:
+        args = [a.replace("MARKER", marker) for a in orig_args]
+        program["pytree"] = {"orig_args": args, "in_spec": None, "out_spec": None}
+    return change
+
+
+X = {"__node__": "x"}
+OPEN = "open('MARKER', 'w')"
+CRAFTED: dict[str, tuple[str, Change, str]] = {
+    # call targets: dotted names, builtins, the attacker's module, ATen ops that touch files
+    "dotted_name": (ROOT, _call("torch.serialization.os.system", "touch MARKER"),
+                    "not in the table"),
+    "os_system": (ROOT, _call("os.system", "touch MARKER"), "not in the table"),
+    "builtins_exec": (ROOT, _call("builtins.exec", OPEN), "not in the table"),
+    "builtins_open": (ROOT, _call("builtins.open", "MARKER", "w"), "not in the table"),
+    "own_module": (ROOT, _call(f"{EVIL}.run"), "not in the table"),
+    "aten_save": (SEGMENT, _call("torch.ops.aten.save.default", X, "MARKER"),
+                  "aten::save, which this torch does not have"),
+    "aten_from_file": (SEGMENT, _call("torch.ops.aten.from_file.default", "MARKER"),
+                       "reads or writes files"),
+    "getattr_dunder": (SEGMENT, _call("builtins.getattr", X, "__class__"),
+                       "reads the attribute '__class__'"),
+    "method_hook": (SEGMENT, _node("call_module", op="call_method", target="register_hook"),
+                    "method 'register_hook'"),
+    # strings that torch.fx prints into the code it generates
+    "node_name": (ROOT, _node("placeholder", name=f"x = {OPEN}#"), "node name must be"),
+    "placeholder": (ROOT, _node("placeholder", target=f"x={OPEN}"), "must be an argument name"),
+    "module_path": (ROOT, _node("get_attr", target=f'a")or {OPEN} or("'),
+                    "not a path of the module's own attributes"),
+    "attribute_walk": (ROOT, _node("get_attr", target="training"),
+                       "not a module, parameter, buffer or tensor the export holds"),
+    "class_walk": (ROOT, _node("get_attr", target="__class__.__init__.__globals__"),
+                   "not a path of the module's own attributes"),
+    "kwarg_name": (ROOT, _node("call_function", kwargs={f"x={OPEN},y": 1}), "keyword argument"),
+    "pytree_args": (ROOT, _pytree(f"x={OPEN}"), "argument names must be identifiers"),
+    # structure.json: classes, attribute values and pytree types
+    "leaf_class": (STRUCTURE, _leaf(cls=f"{EVIL}:Evil"), "not one of the torch.nn module"),
+    "function_attr": (STRUCTURE, _leaf(attrs={"in_features": {"__function__": "os.system"}}),
+                      "not in the table"),
+    "dtype_attr": (STRUCTURE, _leaf(attrs={"in_features": {"__dtype__": "load"}}),
+                   "unknown dtype"),
+    "spec_type": (STRUCTURE, _spec(f"{EVIL}.Evil", None), "pytree node type"),
+    "spec_defaultdict": (STRUCTURE, _spec("collections.defaultdict", {
+        "default_factory_module": EVIL, "default_factory_name": "run", "dict_context": []}),
+        "pytree node type 'collections.defaultdict'"),
+    "spec_enum": (STRUCTURE, _spec("builtins.dict", [{"__enum__": True, "fqn": f"{EVIL}:Evil",
+                                                      "name": "x"}]), "holds a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_crafted_exports_are_refused_before_anything_runs(forge: Any, case: str) -> None:
+    rel, change, message = CRAFTED[case]
+    forge.edit(rel, lambda data: change(data, str(forge.marker)))
+    with pytest.raises(ExportError, match=re.escape(message)):
+        fxckpt.load(forge.root)
+
+
+def test_an_export_with_generated_code_is_refused(forge: Any) -> None:
+    """Format 1 held Python files and dotted import names; none of it is read any more."""
+    code = f"import pathlib\npathlib.Path({str(forge.marker)!r}).write_text('x')\n"
+    forge.edit("code/v0/root.py", lambda _: code + "def forward(self, x):\n    return x\n")
+    dotted = {"torch": {"from": "torch", "name": "serialization.os.system"}}
+    forge.edit(STRUCTURE, lambda s: s["variants"][0]["modules"][0].update(
+        code="code/v0/root.py", globals=dotted))
+    manifest = json.loads((forge.root / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (forge.root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="format version 1, whose graphs are Python code"):
+        fxckpt.load(forge.root)
+
+
+def _swap_in(root: Path, rel: str, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` in a file and recompute its hashes (no key needed for that)."""
+    from fxckpt.export.files import content_hash, sha256_bytes
+
+    (root / rel).write_text((root / rel).read_text().replace(old, new))
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["files"][rel] = sha256_bytes((root / rel).read_bytes())
+    manifest["content_hash"] = content_hash(manifest["files"])
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_keyed_export_refuses_any_change_and_needs_its_key(tmp_path: Path) -> None:
+    x = torch.randn(8, 32)
+    tm = fxckpt.transform(MLP(), every=2, example_inputs=(x,))
+    fxckpt.save(tm, tmp_path / "k", key="s3cret")
+    fxckpt.save(tm, tmp_path / "plain")
+    loaded = fxckpt.load(tmp_path / "k", key=b"s3cret")  # str keys are their UTF-8 bytes
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(loaded, (x,), {}))
+    with pytest.raises(ExportError, match="was saved with a key .* pass the same key="):
+        fxckpt.load(tmp_path / "k")
+    with pytest.raises(ExportError, match="MAC mismatch"):
+        fxckpt.load(tmp_path / "k", key="guess")
+    with pytest.raises(ExportError, match="has no MAC, but key= was given"):
+        fxckpt.load(tmp_path / "plain", key="s3cret")
+    for name in ("k", "plain"):  # a valid table name swapped in: data, but not the saved graph
+        _swap_in(tmp_path / name, SEGMENT, "torch.nn.functional.gelu", "torch.relu")
+    swapped = fxckpt.load(tmp_path / "plain")  # without a key, hashes only catch corruption
+    assert "torch.relu(" in swapped.graph_module.segment_0.code
+    with pytest.raises(ExportError, match="MAC mismatch"):
+        fxckpt.load(tmp_path / "k", key="s3cret")
+    manifest = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    del manifest["mac"]
+    (tmp_path / "k" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="has no MAC, but key= was given"):
+        fxckpt.load(tmp_path / "k", key="s3cret")
+    with pytest.raises(ExportError, match="key must be a non-empty str or bytes"):
+        fxckpt.save(tm, tmp_path / "bad", key=b"")

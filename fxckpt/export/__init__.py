@@ -1,19 +1,25 @@
 """Save a transformed module and load it where the original model's code is not available.
 
-    fxckpt.save(tm, "gpt2_ckpt/")        # generated code, weights, plan, manifest
-    tm2 = fxckpt.load("gpt2_ckpt/")      # same outputs and gradients, no model class needed
+    fxckpt.save(tm, "gpt2_ckpt/", key=secret)    # graphs as data, weights, plan, signed manifest
+    tm2 = fxckpt.load("gpt2_ckpt/", key=secret)  # same outputs and gradients, no model class
 
 Why it is built this way:
 
-* **Code, not pickles.** The rewritten graph and each ``segment_N`` are written as the Python
-  code ``torch.fx`` generated for them, and module attributes as JSON, so loading needs torch
-  and fxckpt (and ``transformers`` for Hugging Face outputs) but never the user's classes, and
-  never unpickles anything (weights are safetensors, or ``torch.load(weights_only=True)``).
+* **Data, not code.** Loading runs no code supplied by the export. The rewritten graph and each
+  ``segment_N`` are written as node lists whose call targets are names from a fixed table of
+  torch operators, Tensor methods and fxckpt runtime functions (:mod:`fxckpt.export.targets`);
+  loading rebuilds each graph with ``torch.fx.Graph.create_node`` and lets torch.fx generate
+  its code, after checking every name that torch.fx prints into that code. ``torch.nn`` leaf
+  modules are rebuilt from an explicit class table and data-only attributes. Nothing is
+  imported by a name the export gives (except ``transformers`` output classes, by a strict
+  pattern), nothing is unpickled (weights are safetensors, or ``weights_only`` torch files).
+  So loading needs torch and fxckpt (and ``transformers`` for Hugging Face outputs), never the
+  user's classes, and a graph that calls the user's own functions is refused by ``save``.
 * **Verified before use.** Every file's SHA-256 is in the manifest, with a content hash over
-  all of them; a flipped byte anywhere is an :class:`ExportError` naming the file, and code is
-  executed only from the export directory, from bytes just checked, with globals imported from
-  torch, fxckpt and a few standard packages only. The hashes detect corruption and edits, not
-  a forger who rewrites the manifest too: load exports you trust, as with any code.
+  all of them; a flipped byte anywhere is an :class:`ExportError` naming the file. Those hashes
+  catch corruption only: whoever can edit the files can recompute them. ``save(..., key=)``
+  adds an HMAC-SHA256 of the manifest under a secret key, and ``load(..., key=)`` then refuses
+  any change; a keyed export cannot be loaded without its key.
 * **Atomic.** A save writes into a temporary directory renamed into place; see
   :mod:`fxckpt.export.files`.
 """
@@ -27,24 +33,27 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
-from fxckpt.export.codec import ExportError
-from fxckpt.export.files import verify, versions, write_atomically, write_export
+from fxckpt.export.files import as_key, verify, versions, write_atomically, write_export
 from fxckpt.export.loaded import LoadedModule, Variant
+from fxckpt.export.targets import ExportError
 
 __all__ = ["save", "load", "ExportError", "LoadedModule"]
 
 PathLike = Union[str, os.PathLike]
+Key = Union[str, bytes, None]
 
 
 def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequence[Any]] = None,
-         example_kwargs: Optional[Mapping[str, Any]] = None) -> Path:
+         example_kwargs: Optional[Mapping[str, Any]] = None, key: Key = None) -> Path:
     """Write the transformed module ``tm`` to the directory ``path``; returns the path.
 
     The export holds every graph ``tm`` has planned (one per input signature and mode). With
     ``example_inputs`` / ``example_kwargs``, ``tm`` first plans for them in both ``train()`` and
-    ``eval()`` mode, so the loaded module can do both. An existing export at ``path`` is
-    replaced; any other existing, non-empty directory is refused.
+    ``eval()`` mode, so the loaded module can do both. With ``key`` (a secret ``str`` or
+    ``bytes``) the manifest is signed with HMAC-SHA256, and loading it needs the same key. An
+    existing export at ``path`` is replaced; any other existing, non-empty directory is refused.
     """
+    secret = as_key(key)
     from fxckpt.export.describe import describe
     from fxckpt.module import STATE, dispatcher_of
 
@@ -64,7 +73,8 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     texts = dict(described.texts)
     texts["structure.json"] = json.dumps(described.structure, indent=1)
     texts["plan.json"] = json.dumps(described.plan, indent=2)
-    return write_atomically(path, lambda tmp: write_export(tmp, texts, described.tensors, versions()))
+    return write_atomically(
+        path, lambda tmp: write_export(tmp, texts, described.tensors, versions(), secret))
 
 
 def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
@@ -79,16 +89,20 @@ def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
         tm.train(mode)
 
 
-def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = None) -> LoadedModule:
+def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = None,
+         key: Key = None) -> LoadedModule:
     """Rebuild the module saved at ``path`` (see :class:`~fxckpt.export.loaded.LoadedModule`).
 
-    Every file is checked against the manifest first; a missing, corrupted or edited file raises
-    :class:`ExportError`. Tensors go to the devices they were saved from, or to ``map_location``.
+    Every file is checked against the manifest first; a missing or corrupted file raises
+    :class:`ExportError`. An export saved with a ``key`` needs the same ``key`` here, and then
+    any change to any file is refused too; passing ``key`` for an export without a MAC is
+    refused. Nothing in the export is run as code. Tensors go to the devices they were saved
+    from, or to ``map_location``.
     """
     from fxckpt.export.rebuild import build_tree
     from fxckpt.export.views import view_from_json
 
-    store = verify(path)
+    store = verify(path, as_key(key))
     try:
         structure = json.loads(store.read_text("structure.json"))
         tensors = _materialise(structure, store.tensors(), map_location)
@@ -102,8 +116,12 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
             variants.append(Variant(entry, root, slots, view_from_json(store.read_text(entry["view"])), runner))
     except ImportError as e:
         raise ExportError(f"loading export {store.root} needs {e.name or 'a package'} ({e}); install it") from e
-    except (KeyError, TypeError, ValueError) as e:
-        raise ExportError(f"export {store.root} has an invalid structure ({type(e).__name__}: {e})") from e
+    except ExportError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
+            RuntimeError) as e:
+        raise ExportError(f"export {store.root} has an invalid structure "
+                          f"({type(e).__name__}: {str(e)[:200]})") from e
     return LoadedModule(structure["state"], tensors, variants, store.manifest, structure["training"])
 
 

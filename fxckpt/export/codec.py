@@ -1,176 +1,247 @@
-"""Plain values, global names and pytree specs as JSON, with the libraries load may import.
+"""Plain values and pytree specs as JSON data, decoded without importing or calling anything.
 
-An export must run without the model's code, and loading it must never run code from anywhere
-but the export itself. So nothing is pickled: module attributes are written as tagged JSON
-values, the names generated code refers to (``torch``, ``fxckpt_checkpoint``, ``getattr``) are
-written as ``module`` + ``name`` and resolved by import on load, and only from the packages in
-:data:`ALLOWED_PACKAGES`. A graph that calls a function of the user's own package cannot be
-exported, and :func:`describe_global` says which one.
+An export must run without the model's code, and loading it must run no code from the export.
+So nothing is pickled and nothing is named by an importable path: values are tagged JSON
+(``{"__dtype__": "float32"}``, ``{"__node__": "linear"}``), and whatever a tag names is looked
+up in a fixed table (:mod:`fxckpt.export.targets`): dtypes, memory formats and layouts by
+name, functions (``TransformerEncoderLayer.activation = F.relu``) by their table name.
+
+Pytree specs (a graph's input and output structure, Hugging Face ``ModelOutput`` types) use
+torch's JSON format, but are checked before torch reads them: torch's reader imports modules
+named in the data (``defaultdict`` factories, enum classes), so only the container types torch
+registers itself and ``transformers`` output classes are accepted, and no context may hold a
+JSON object.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import types
-from typing import Any
+import math
+import re
+from typing import Any, Callable, Mapping, Optional
 
 import torch
+import torch.fx
 import torch.utils._pytree as pytree
 
-from fxckpt.errors import FxckptError
+from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, ExportError, lookup, table_name
 
-__all__ = [
-    "ALLOWED_PACKAGES", "ExportError", "encode", "decode", "describe_global", "resolve_global",
-    "resolve_class", "class_path", "dump_spec", "load_spec", "Unencodable",
-]
+__all__ = ["ExportError", "Unencodable", "encode", "decode", "dump_spec", "load_spec"]
 
-ALLOWED_PACKAGES = frozenset({"torch", "fxckpt", "builtins", "math", "operator", "typing", "collections",
-                              "transformers"})
-"""Top-level packages an export may name (for functions, classes and pytree node types)."""
-
-
-class ExportError(FxckptError, RuntimeError):
-    """A module cannot be saved, or a directory is not a valid, intact fxckpt export."""
+_SPEC_TYPES = frozenset({
+    "builtins.tuple", "builtins.list", "builtins.dict", "collections.namedtuple",
+    "collections.OrderedDict", "collections.deque", "torch.Size",
+    "torch.fx.immutable_collections.immutable_list",
+    "torch.fx.immutable_collections.immutable_dict",
+})
+"""Pytree node types an export may use besides Hugging Face outputs (not ``defaultdict``: torch
+reads its factory by importing a module the data names)."""
+_HF_OUTPUT = re.compile(r"(transformers\.(?:modeling_outputs"
+                        r"|models\.[a-z0-9_]+\.modeling_[a-z0-9_]+))\.[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Unencodable(ExportError, TypeError):
     """A value has no JSON form (the message names where it was found)."""
 
 
-def encode(value: Any, where: str) -> Any:
-    """``value`` as JSON-ready data; tuples, sets, dtypes, devices and sizes are tagged."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+NodeNamer = Callable[[torch.fx.Node], str]
+
+
+def encode(value: Any, where: str, nodes: Optional[NodeNamer] = None) -> Any:
+    """``value`` as JSON-ready data. ``nodes`` names graph nodes (node arguments only)."""
+    if value is None or isinstance(value, (bool, int, str)):
         return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"__float__": repr(value)}
+    if isinstance(value, torch.fx.Node) and nodes is not None:
+        return {"__node__": nodes(value)}
+    tagged = _encode_tagged(value, where, nodes)
+    if tagged is not None:
+        return tagged
+    if callable(value) and nodes is None:
+        raise Unencodable(f"{where} holds the function {value!r:.80}, which is not one of the "
+                          "functions an export can name (torch tensor functions, operator.*, "
+                          "fxckpt runtime functions)")
+    raise Unencodable(f"{where} holds a {type(value).__name__} ({value!r:.80}), which an export "
+                      "cannot store")
+
+
+def _encode_tagged(value: Any, where: str, nodes: Optional[NodeNamer]) -> Any:
     if isinstance(value, torch.dtype):
         return {"__dtype__": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
         return {"__device__": str(value)}
+    if isinstance(value, torch.memory_format):
+        return {"__memory_format__": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.layout):
+        return {"__layout__": str(value).removeprefix("torch.")}
+    if value is Ellipsis:
+        return {"__ellipsis__": None}
+    if isinstance(value, slice):
+        parts = (value.start, value.stop, value.step)
+        return {"__slice__": [encode(v, where, nodes) for v in parts]}
     if isinstance(value, torch.Size):
-        return {"__size__": list(value)}
-    if isinstance(value, tuple):
-        return {"__tuple__": [encode(v, where) for v in value]}
+        return {"__size__": [encode(v, where, nodes) for v in value]}
+    if type(value) is tuple:  # not a namedtuple: its class would have to be named
+        return {"__tuple__": [encode(v, where, nodes) for v in value]}
     if isinstance(value, list):
-        return [encode(v, where) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return {"__set__": [encode(v, where) for v in sorted(value, key=repr)]}
+        return [encode(v, where, nodes) for v in value]
+    if isinstance(value, (set, frozenset)) and nodes is None:
+        return {"__set__": [encode(v, where, nodes) for v in sorted(value, key=repr)]}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"__dict__": {k: encode(v, f"{where}[{k!r}]") for k, v in value.items()}}
-    raise Unencodable(f"{where} holds a {type(value).__name__} ({value!r:.80}), which an export cannot store")
+        return {"__dict__": {k: encode(v, f"{where}[{k!r}]", nodes) for k, v in value.items()}}
+    if callable(value) and nodes is None and table_name(value) is not None:
+        return {"__function__": table_name(value)}
+    return None
 
 
-def decode(data: Any) -> Any:
-    """The inverse of :func:`encode`."""
-    if isinstance(data, list):
-        return [decode(v) for v in data]
-    if not isinstance(data, dict):
+def decode(data: Any, nodes: Optional[Mapping[str, torch.fx.Node]] = None) -> Any:
+    """The inverse of :func:`encode`; ``nodes`` resolves node references (graph arguments)."""
+    if data is None or isinstance(data, (bool, int, float, str)):
         return data
+    if isinstance(data, list):
+        return [decode(v, nodes) for v in data]
+    if not (isinstance(data, dict) and len(data) == 1):
+        raise ExportError(f"the export holds a value that is not tagged data ({str(data)[:80]})")
     (tag, inner), = data.items()
-    if tag == "__dtype__":
-        return getattr(torch, inner)
-    if tag == "__device__":
-        return torch.device(inner)
-    if tag == "__size__":
-        return torch.Size(inner)
-    if tag == "__tuple__":
-        return tuple(decode(v) for v in inner)
-    if tag == "__set__":
-        return {decode(v) for v in inner}
-    if tag == "__dict__":
-        return {k: decode(v) for k, v in inner.items()}
-    raise ExportError(f"unknown tagged value {tag!r} in the export's structure")
+    decoder = _DECODERS.get(tag)
+    if decoder is None or (tag in _LOOSE_ONLY and nodes is not None):
+        raise ExportError(f"unknown tagged value {str(tag)[:40]!r} in the export")
+    return decoder(inner, nodes)
 
 
-def _check_package(module: str, what: str) -> None:
-    if module.split(".")[0] not in ALLOWED_PACKAGES:
-        raise ExportError(
-            f"{what} comes from {module!r}, which is not one of {sorted(ALLOWED_PACKAGES)}: a loaded export "
-            "could not run it without the model's own code. Keep such code inside modules that torch.fx "
-            "traces through, or use torch ops"
-        )
+def _items(inner: Any, nodes: Optional[Mapping[str, torch.fx.Node]]) -> list[Any]:
+    if not isinstance(inner, list):
+        raise ExportError(f"the export holds a malformed sequence ({str(inner)[:80]})")
+    return [decode(v, nodes) for v in inner]
 
 
-def describe_global(name: str, obj: Any) -> dict[str, str]:
-    """How generated code's global ``name`` is found again on load."""
-    from torch.fx.graph import _custom_builtins
-    from torch.package import sys_importer
+def _node(inner: Any, nodes: Optional[Mapping[str, torch.fx.Node]]) -> torch.fx.Node:
+    if nodes is None or not isinstance(inner, str) or inner not in nodes:
+        raise ExportError(f"the export refers to node {str(inner)[:80]!r} before (or without) "
+                          "defining it")
+    return nodes[inner]
 
-    if name in _custom_builtins:
-        return {"builtin": name}
-    if isinstance(obj, types.ModuleType):
-        _check_package(obj.__name__, f"the generated code's global {name!r}")
-        return {"module": obj.__name__}
+
+def _slice(inner: Any, nodes: Optional[Mapping[str, torch.fx.Node]]) -> slice:
+    parts = _items(inner, nodes)
+    if len(parts) != 3:
+        raise ExportError("the export holds a malformed slice")
+    return slice(*parts)
+
+
+def _dict(inner: Any, nodes: Optional[Mapping[str, torch.fx.Node]]) -> dict[str, Any]:
+    if not isinstance(inner, dict):
+        raise ExportError(f"the export holds a malformed mapping ({str(inner)[:80]})")
+    return {k: decode(v, nodes) for k, v in inner.items()}
+
+
+def _float(inner: Any, nodes: Any) -> float:
+    if inner not in ("inf", "-inf", "nan"):
+        raise ExportError(f"the export holds a malformed float {str(inner)[:20]!r}")
+    return float(inner)
+
+
+def _device(inner: Any, nodes: Any) -> torch.device:
+    if not isinstance(inner, str):
+        raise ExportError("the export holds a malformed device")
     try:
-        module, qualname = sys_importer.get_name(obj)
-    except Exception as e:
-        raise ExportError(f"the generated code's global {name!r} ({obj!r:.80}) cannot be named for import: {e}") from e
-    _check_package(module, f"the generated code's global {name!r} ({module}.{qualname})")
-    spec = {"from": module, "name": qualname}
-    if resolve_global(spec) is not obj:
-        raise ExportError(f"the generated code's global {name!r} is not {module}.{qualname} when imported")
-    return spec
+        return torch.device(inner)
+    except RuntimeError as e:
+        raise ExportError(f"the export names an invalid device {inner[:40]!r}: {e}") from None
 
 
-def resolve_global(spec: dict[str, str]) -> Any:
-    """The object a :func:`describe_global` spec names (importing only allowed packages)."""
-    from torch.fx.graph import _custom_builtins
+def _function(inner: Any, nodes: Any) -> Any:
+    from fxckpt.export.targets import resolve_function
 
-    if "builtin" in spec:
-        if spec["builtin"] not in _custom_builtins:
-            raise ExportError(f"the export names an unknown fx builtin {spec['builtin']!r}")
-        return _custom_builtins[spec["builtin"]].obj
-    module = spec.get("module") or spec.get("from") or ""
-    _check_package(module, "a name the export's code uses")
-    obj: Any = importlib.import_module(module)
-    for part in spec.get("name", "").split(".") if "from" in spec else ():
-        obj = getattr(obj, part)
-    return obj
+    return resolve_function(inner, "an attribute of a saved module")
 
 
-def resolve_class(path: str) -> type:
-    """An ``nn.Module`` subclass from ``package.module:QualName``."""
-    module, _, qualname = path.partition(":")
-    cls = resolve_global({"from": module, "name": qualname})
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        raise ExportError(f"{path} is not a torch.nn.Module class")
-    return cls
-
-
-def class_path(cls: type) -> str:
-    """``package.module:QualName`` of an ``nn.Module`` class, checked to be loadable."""
-    path = f"{cls.__module__}:{cls.__qualname__}"
-    _check_package(cls.__module__, f"module class {cls.__qualname__}")
-    if resolve_class(path) is not cls:
-        raise ExportError(f"module class {path} is not found again by import")
-    return path
+_DECODERS: dict[str, Callable[[Any, Any], Any]] = {
+    "__node__": _node,
+    "__tuple__": lambda inner, nodes: tuple(_items(inner, nodes)),
+    "__set__": lambda inner, nodes: set(_items(inner, nodes)),
+    "__dict__": _dict,
+    "__slice__": _slice,
+    "__size__": lambda inner, nodes: torch.Size(_items(inner, nodes)),
+    "__ellipsis__": lambda inner, nodes: Ellipsis,
+    "__float__": _float,
+    "__dtype__": lambda inner, nodes: lookup(DTYPES, inner, "dtype"),
+    "__memory_format__": lambda inner, nodes: lookup(MEMORY_FORMATS, inner, "memory format"),
+    "__layout__": lambda inner, nodes: lookup(LAYOUTS, inner, "layout"),
+    "__device__": _device,
+    "__function__": _function,
+}
+_LOOSE_ONLY = frozenset({"__set__", "__function__"})
+"""Tags of module attributes that a graph's arguments never hold (fx cannot print them)."""
 
 
 def dump_spec(spec: Any, where: str) -> str:
-    """A pytree ``TreeSpec`` as JSON (node types must come from allowed packages)."""
-    text = pytree.treespec_dumps(spec)
-    for type_name in _type_names(json.loads(text)):
-        _check_package(type_name, f"{where} (pytree node type {type_name})")
+    """A pytree ``TreeSpec`` as JSON (its node types must be ones :func:`load_spec` accepts)."""
+    try:
+        text = pytree.treespec_dumps(spec)
+    except Exception as e:
+        raise ExportError(f"{where}: its pytree structure cannot be written ({e})") from e
+    _type_names(json.loads(text)[1], where)
     return text
 
 
-def load_spec(text: str) -> Any:
-    """The inverse of :func:`dump_spec`: imports the modules defining the spec's node types first."""
-    for type_name in _type_names(json.loads(text)):
-        module = type_name.rpartition(".")[0]
-        _check_package(module or type_name, f"pytree node type {type_name}")
-        if module:
-            importlib.import_module(module)
-    return pytree.treespec_loads(text)
+def load_spec(text: str, where: str) -> Any:
+    """The inverse of :func:`dump_spec`, after checking every node type and context as data."""
+    try:
+        protocol, schema = json.loads(text)
+    except (TypeError, ValueError):
+        raise ExportError(f"{where}: the pytree structure is not valid") from None
+    if protocol != 1:
+        raise ExportError(f"{where}: unknown pytree format {str(protocol)[:20]!r}")
+    for type_name in _type_names(schema, where):
+        module = _HF_OUTPUT.fullmatch(type_name)
+        if module is not None and type_name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            importlib.import_module(module.group(1))  # transformers registers outputs on import
+        registered = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(type_name)
+        if module is not None and not _is_model_output(registered):
+            raise ExportError(f"{where}: {type_name} is not a transformers ModelOutput class")
+    try:
+        return pytree.treespec_loads(text)
+    except Exception as e:
+        raise ExportError(f"{where}: the pytree structure is not valid "
+                          f"({type(e).__name__}: {e})") from None
 
 
-def _type_names(data: Any) -> list[str]:
+def _is_model_output(cls: Any) -> bool:
+    from transformers.utils import ModelOutput
+
+    return isinstance(cls, type) and issubclass(cls, ModelOutput)
+
+
+def _check_type(type_name: str, where: str) -> None:
+    if type_name not in _SPEC_TYPES and _HF_OUTPUT.fullmatch(type_name) is None:
+        raise ExportError(
+            f"{where} uses the pytree node type {type_name[:120]!r}; an export holds only tuples, "
+            "lists, dicts, OrderedDicts, deques, torch.Size, registered namedtuples and "
+            "transformers ModelOutputs")
+
+
+def _type_names(schema: Any, where: str) -> list[str]:
+    """Every node type of a spec's JSON schema, each checked; no context may hold a JSON object."""
+    if not (isinstance(schema, dict) and isinstance(schema.get("children_spec"), list)):
+        raise ExportError(f"{where}: the pytree structure is not valid")
     found: list[str] = []
-    if isinstance(data, dict):
-        if isinstance(data.get("type"), str):
-            found.append(data["type"])
-        for v in data.values():
-            found += _type_names(v)
-    elif isinstance(data, list):
-        for v in data:
-            found += _type_names(v)
+    if schema.get("type") is not None:
+        if not (isinstance(schema["type"], str) and isinstance(schema.get("context"), str)):
+            raise ExportError(f"{where}: the pytree structure is not valid")
+        _check_type(schema["type"], where)
+        json.loads(schema["context"], object_hook=_no_objects(where))
+        found.append(schema["type"])
+    for child in schema["children_spec"]:
+        found += _type_names(child, where)
     return found
+
+
+def _no_objects(where: str) -> Callable[[dict], Any]:
+    def refuse(obj: dict) -> Any:
+        raise ExportError(f"{where}: a pytree context holds a JSON object ({str(obj)[:80]}), "
+                          "which torch would read by importing the module it names")
+
+    return refuse

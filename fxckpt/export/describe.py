@@ -1,13 +1,17 @@
-"""The save side of an export: a transformed module as JSON structure, code files and tensors.
+"""The save side of an export: a transformed module as JSON structure, graph data and tensors.
 
 A transformed module runs one rewritten GraphModule per input signature and mode. Each becomes a
-*variant*: its module tree (containers, ``torch.nn`` leaf modules, generated-code modules for
-the graph and each ``segment_N``), its calling convention, its plan and its graph view::
+*variant*: its module tree (containers, ``torch.nn`` leaf modules, graph modules for the graph
+and each ``segment_N``), its calling convention, its plan and its graph view::
 
-    structure.json   state: every parameter/buffer name of the model, and which tensor it is
-                     variants: [{key, training, capture, parameters, plan, modules: [...]}]
-    code/v0/root.py  def forward(self, x): ... fxckpt_checkpoint(segment_0, x) ...
-    weights.*        each tensor once, under the model's own name for it
+    structure.json          state: every parameter/buffer name of the model, and which tensor it is
+                            variants: [{key, training, capture, parameters, plan, modules: [...]}]
+    programs/v0/root.json   the rewritten graph as nodes: fxckpt.checkpoint(segment_0, x), ...
+    weights.*               each tensor once, under the model's own name for it
+
+Graphs are written as node lists (:mod:`fxckpt.export.program`), never as code: whatever a
+graph calls must be in the table of :mod:`fxckpt.export.targets`, and anything else is refused
+here, naming the node. Leaf modules must be ``torch.nn`` classes without hooks (a hook is code).
 
 Tensors are identified by object, so tied weights stay tied and a parameter that both the graph
 and a segment read is one Parameter again after loading (its gradient is not split in two).
@@ -17,13 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import weakref
 from typing import Any, Optional
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
-from fxckpt.export.codec import ExportError, class_path, describe_global, dump_spec, encode
+from fxckpt.export.codec import dump_spec, encode
+from fxckpt.export.program import check_part, describe_graph
+from fxckpt.export.targets import ExportError, module_class_path
 from fxckpt.export.views import view_to_json
 
 __all__ = ["Described", "describe"]
@@ -38,7 +46,7 @@ class Described:
 
     structure: dict[str, Any]
     texts: dict[str, str]
-    """Relative path -> text (code files, graph views)."""
+    """Relative path -> text (graph programs, graph views)."""
     tensors: dict[str, torch.Tensor]
     plan: dict[str, Any]
 
@@ -64,6 +72,8 @@ def describe(tm: torch.nn.Module) -> Described:
 
     dispatcher = dispatcher_of(tm)
     last = dispatcher.last
+    if last is None:
+        raise ExportError("this module has not planned yet, so there is no graph to save")
     items = sorted(((c.key, c) for c in dispatcher.compiled()), key=lambda kv: kv[1] is not last)
     tensors = _Tensors()
     state = _state(tm, tensors)
@@ -78,6 +88,8 @@ def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:
     entries = []
     for path, mod in tm.named_modules(remove_duplicate=False):
         prefix = f"{path}." if path else ""
+        for name in [*mod._parameters, *mod._buffers]:
+            _check_name(prefix + name, f"the model's tensor {prefix + name!r}")
         for name, p in mod._parameters.items():
             if p is not None:
                 entries.append({"name": prefix + name, "key": tensors.key(p, prefix + name), "kind": "parameter",
@@ -104,7 +116,7 @@ def _variant(i: int, key: Any, compiled: Any, tensors: _Tensors, texts: dict[str
         "signature": plan.signature, "capture": method,
         "parameters": _parameters(compiled.captured.binder.signature) if method == "symbolic_trace" else None,
         "plan": plan.to_dict(), "view": f"graphs/v{i}.json",
-        "modules": _modules(compiled.gm, f"code/v{i}", tensors, texts),
+        "modules": _modules(compiled.gm, f"programs/v{i}", tensors, texts),
         "pipeline": None if compiled.pipeline is None else _pipeline(compiled.pipeline, compiled.gm, i, tensors, texts),
     }
 
@@ -117,7 +129,8 @@ def _pipeline(pipelined: Any, gm: torch.fx.GraphModule, i: int, tensors: _Tensor
     return {
         "devices": [str(d) for d in runner.devices], "chunks": runner.chunks, "checkpoint": runner.checkpoint,
         "input_names": runner.input_names, "orig_args": None if tree is None else list(tree.orig_args),
-        "stages": [_modules(m, f"code/v{i}/stage_{j}", tensors, texts) for j, m in enumerate(pipelined.stage_modules)],
+        "stages": [_modules(m, f"programs/v{i}/stage_{j}", tensors, texts)
+                   for j, m in enumerate(pipelined.stage_modules)],
     }
 
 
@@ -157,6 +170,11 @@ def _modules(root: torch.nn.Module, code_dir: str, tensors: _Tensors, texts: dic
                 visit(f"{path}.{name}" if path else name, child)
 
     visit("", root)
+    for e in entries:
+        if not all(check_part(p) for p in e["path"].split(".") if e["path"]):
+            raise ExportError(f"the module path {e['path']!r} in {code_dir} has a part that an "
+                              "export cannot name (letters, digits and underscores only, no "
+                              "leading double underscore)")
     return entries
 
 
@@ -165,21 +183,37 @@ def _module(path: str, mod: torch.nn.Module, code_dir: str, tensors: _Tensors,
     where = f"{code_dir}:{path or '<root>'}"
     entry: dict[str, Any] = {"path": path, **_tensor_slots(mod, where, tensors)}
     if isinstance(mod, torch.fx.GraphModule):
-        file = f"{code_dir}/{path or 'root'}.py"
-        entry.update(kind="graph", code=file, **_graph(mod, path, file, texts))
+        file = f"{code_dir}/{path or 'root'}.json"
+        described = _graph(mod, path or "the rewritten graph", file, texts)
+        entry.update(kind="graph", program=file, **described)
     elif type(mod).__name__ == "GuardsFn" and type(mod).__module__.startswith("torch.export"):
         entry["kind"] = "noop"  # export's input-shape guards; a loaded module checks signatures itself
     elif type(mod) is torch.nn.Module:
         entry["kind"] = "container"
     else:
-        entry.update(kind="leaf", cls=class_path(type(mod)), attrs=_leaf_attrs(mod, path))
+        entry.update(kind="leaf", cls=_leaf_class(mod, path), attrs=_leaf_attrs(mod, path))
     return entry
+
+
+def _leaf_class(mod: torch.nn.Module, path: str) -> str:
+    from fxckpt.passes.tracer import has_hooks
+
+    where = f"the module at {path or '<root>'}"
+    cls = module_class_path(type(mod), where)
+    if has_hooks(mod):
+        raise ExportError(f"{where} ({type(mod).__name__}) has hooks: they are code, which an "
+                          "export does not hold, and the loaded module would compute without "
+                          "them. Remove the hooks before saving")
+    return cls
 
 
 def _tensor_slots(mod: torch.nn.Module, where: str, tensors: _Tensors) -> dict[str, Any]:
     def key(t: Optional[torch.Tensor], name: str) -> Optional[str]:
         return None if t is None else tensors.key(t, f"{where}.{name}")
 
+    attributes = [n for n, v in vars(mod).items() if isinstance(v, torch.Tensor)]
+    for name in [*mod._parameters, *mod._buffers, *attributes]:
+        _check_name(name, f"the tensor {name!r} of {where}")
     return {
         "params": {n: key(p, n) for n, p in mod._parameters.items()},
         "buffers": {n: [key(b, n), n not in mod._non_persistent_buffers_set] for n, b in mod._buffers.items()},
@@ -187,29 +221,33 @@ def _tensor_slots(mod: torch.nn.Module, where: str, tensors: _Tensors) -> dict[s
     }
 
 
+def _check_name(name: str, where: str) -> None:
+    if not all(check_part(part) for part in name.split(".")):
+        raise ExportError(f"{where}: an export names modules and tensors with letters, digits "
+                          "and underscores only (no leading double underscore)")
+
+
 def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]) -> dict[str, Any]:
     if "_fxckpt_offloader" in vars(gm):
         raise ExportError(f"{path} offloads its saved tensors; exports hold recompute plans only")
-    src, globals_ = graph_source(gm)
-    texts[file] = f"# fxckpt export: forward of {path or 'the rewritten graph'} (torch.fx generated code)\n{src}"
+    program = describe_graph(gm, path)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            _check_attribute(gm, str(n.target), f"node {n.name!r} of {path}")
+    texts[file] = json.dumps(program, indent=0)
     attrs = {a: encode(getattr(gm, a), f"{path}.{a}") for a in _GRAPH_ATTRS if a in vars(gm)}
-    specs = {a: dump_spec(vars(gm)[a], f"{path}.{a}") for a in ("_in_spec", "_out_spec")
-             if vars(gm).get(a) is not None}
-    return {"class_name": type(gm).__name__, "attrs": attrs, "specs": specs,
-            "globals": {name: describe_global(name, obj) for name, obj in globals_.items()}}
+    specs = {a: dump_spec(v, f"{path}.{a}") for a, v in vars(gm).items()
+             if isinstance(v, pytree.TreeSpec)}
+    return {"class_name": type(gm).__name__, "attrs": attrs, "specs": specs}
 
 
-def graph_source(gm: torch.fx.GraphModule) -> tuple[str, dict[str, Any]]:
-    """``gm``'s forward source without type annotations (they may name the user's classes)."""
-    types = [(n, n.type) for n in gm.graph.nodes]
-    try:
-        for n, _ in types:
-            n.type = None
-        code = gm.graph.python_code(root_module="self")
-    finally:
-        for n, t in types:
-            n.type = t
-    return code.src, dict(code.globals)
+def _check_attribute(gm: torch.nn.Module, target: str, where: str) -> None:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, (torch.Tensor, torch.nn.Module, pytree.TreeSpec)):
+        raise ExportError(f"{where} reads {target!r}, a {type(value).__name__}; an export holds "
+                          "graph attributes that are modules, tensors or pytree specs only")
 
 
 def _tensor_list(value: Any) -> bool:
@@ -223,5 +261,8 @@ def _leaf_attrs(mod: torch.nn.Module, path: str) -> dict[str, Any]:
     for name, value in vars(mod).items():
         if name in _MODULE_KEYS or isinstance(value, (torch.Tensor, torch.nn.Module)) or _tensor_list(value):
             continue  # tensors are linked by key; lists of them (RNNs' _flat_weights) are rebuilt on load
-        attrs[name] = encode(value, f"attribute {name!r} of {type(mod).__name__} at {path or '<root>'}")
+        where = f"attribute {name!r} of {type(mod).__name__} at {path or '<root>'}"
+        if not check_part(name) or name == "forward":
+            raise ExportError(f"{where}: an export cannot name this attribute")
+        attrs[name] = encode(value, where)
     return attrs

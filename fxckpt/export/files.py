@@ -7,19 +7,25 @@ Two promises live here:
   leaves at most a hidden ``.NAME.tmp-*`` directory without a manifest, which ``load`` refuses.
   Replacing an existing export renames the old one away first; a directory that is not an
   export is never replaced.
-* **Nothing corrupted or edited is run.** The manifest lists the SHA-256 of every file and a
-  content hash over all of them; ``load`` checks them all before parsing anything, and reads
-  code only through :class:`Verified`, from bytes whose hash it has just checked.
+* **Nothing corrupted is read.** The manifest lists the SHA-256 of every file and a content
+  hash over all of them; ``load`` checks them all before parsing anything, and reads files only
+  through :class:`Verified`, from bytes whose hash it has just checked. Anyone who can edit the
+  files can recompute those hashes, so they catch corruption, not forgery. For that, ``save``
+  takes a ``key``: the manifest then carries an HMAC-SHA256 of itself (so of every file's hash)
+  under that key, and ``load`` refuses a keyed export without the key, with another key, or
+  with any change to any file. An export never holds code, keyed or not (see
+  :mod:`fxckpt.export.program`).
 
     target/
-      manifest.json     format, versions, files {path: sha256}, content_hash
+      manifest.json     format, versions, files {path: sha256}, content_hash, [mac]
       structure.json    plan.json   weights.safetensors (or weights.pt)
-      code/v0/*.py      graphs/v0.json
+      programs/v0/*.json            graphs/v0.json
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -28,16 +34,19 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
-from fxckpt.export.codec import ExportError
+from fxckpt.export.targets import ExportError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify", "sha256_bytes"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify",
+           "sha256_bytes", "as_key", "manifest_mac"]
 
 FORMAT = "fxckpt-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: graphs as node lists (programs/); 1 held generated code, which this fxckpt does not run."""
+MAC_ALGORITHM = "hmac-sha256"
 MANIFEST = "manifest.json"
 PathLike = Union[str, os.PathLike]
 
@@ -108,9 +117,28 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def as_key(key: Union[str, bytes, bytearray, None]) -> Optional[bytes]:
+    """A ``key=`` argument as bytes (text is UTF-8 encoded); ``None`` stays ``None``."""
+    if key is None:
+        return None
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, (bytes, bytearray)) or not key:
+        raise ExportError("key must be a non-empty str or bytes "
+                          f"(got {type(key).__name__} {key!r:.40})")
+    return bytes(key)
+
+
+def manifest_mac(manifest: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 under ``key`` of the manifest without its ``mac`` (canonical JSON)."""
+    signed = {k: v for k, v in manifest.items() if k != "mac"}
+    message = json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
 def write_export(tmp: Path, texts: dict[str, str], tensors: dict[str, torch.Tensor],
-                 versions: dict[str, str]) -> None:
-    """Write every file into ``tmp``, then the manifest that lists them."""
+                 versions: dict[str, str], key: Optional[bytes] = None) -> None:
+    """Write every file into ``tmp``, then the manifest that lists them (signed with ``key``)."""
     files: dict[str, str] = {}
     for rel, text in texts.items():
         files[rel] = _write(tmp, rel, text.encode())
@@ -119,6 +147,8 @@ def write_export(tmp: Path, texts: dict[str, str], tensors: dict[str, torch.Tens
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": versions,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files,
                 "content_hash": content_hash(files)}
+    if key is not None:
+        manifest["mac"] = {"algorithm": MAC_ALGORITHM, "value": manifest_mac(manifest, key)}
     _write(tmp, MANIFEST, json.dumps(manifest, indent=2).encode())
 
 
@@ -185,14 +215,19 @@ class Verified:
         return rel
 
 
-def verify(path: PathLike) -> Verified:
-    """Check the manifest and every file's hash; raise :class:`ExportError` on any difference."""
+def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
+    """Check the manifest's MAC (with ``key``) and every file's hash; :class:`ExportError` on
+    any difference."""
     root = Path(path)
     if not root.is_dir():
         raise ExportError(f"no fxckpt export at {root}: not a directory")
     manifest = _read_manifest(root)
+    _check_mac(root, manifest, key)
     files = manifest["files"]
     for rel, digest in files.items():
+        if not isinstance(rel, str) or not isinstance(digest, str):
+            raise ExportError(f"export {root} is corrupted: {MANIFEST} lists a file that is not "
+                              "path: sha256")
         _check_relative(root, rel)
         if not (root / rel).is_file():
             raise ExportError(f"export {root} is incomplete: {rel} is missing")
@@ -212,10 +247,37 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         raise ExportError(f"export {root} is corrupted: {MANIFEST} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         raise ExportError(f"{root} is not an fxckpt export: {MANIFEST} has no format {FORMAT!r} and file list")
-    if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise ExportError(f"export {root} has format version {manifest['format_version']}; this fxckpt reads up to "
-                          f"{FORMAT_VERSION}: upgrade fxckpt")
+    version = manifest.get("format_version", 0)
+    if version == 1:
+        raise ExportError(f"export {root} has format version 1, whose graphs are Python code; "
+                          "this fxckpt runs no code from an export and reads version 2 only: save "
+                          "the module again with this fxckpt")
+    if version != FORMAT_VERSION:
+        raise ExportError(f"export {root} has format version {str(version)[:20]}; this fxckpt "
+                          f"reads version {FORMAT_VERSION} (upgrade fxckpt for a newer one)")
     return manifest
+
+
+def _check_mac(root: Path, manifest: dict[str, Any], key: Optional[bytes]) -> None:
+    """A keyed export needs its key; a key needs a keyed export (a forger would drop the MAC)."""
+    mac = manifest.get("mac")
+    if key is None:
+        if mac is not None:
+            raise ExportError(f"export {root} was saved with a key (its manifest has an HMAC): "
+                              "pass the same key= to fxckpt.load to check that it is the export "
+                              "you saved")
+        return
+    if mac is None:
+        raise ExportError(f"export {root} has no MAC, but key= was given: it was saved without "
+                          "a key, or someone removed the MAC; refusing to load it as authentic")
+    if not (isinstance(mac, dict) and mac.get("algorithm") == MAC_ALGORITHM
+            and isinstance(mac.get("value"), str)):
+        raise ExportError(f"export {root} has a MAC this fxckpt does not know "
+                          f"(expected {MAC_ALGORITHM})")
+    if not hmac.compare_digest(mac["value"].encode(), manifest_mac(manifest, key).encode()):
+        raise ExportError(f"export {root} failed authentication: its MAC does not match (MAC "
+                          "mismatch): a file or the manifest was changed after saving, or the key "
+                          "is not the one it was saved with")
 
 
 def _check_relative(root: Path, rel: str) -> None:

@@ -9,7 +9,7 @@ be planned again, so any other call is refused with the list of signatures the e
 
     LoadedModule
       ├── (state) transformer.h.0.ln_1.weight, ...   registered: parameters(), state_dict()
-      └── variants[i].root  -- CodeModule tree, sharing those very tensors (not registered)
+      └── variants[i].root  -- GraphModule tree, sharing those very tensors (not registered)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fxckpt.export.codec import ExportError, decode
-from fxckpt.export.rebuild import Slot, put
+from fxckpt.export.rebuild import Slot, check_name, put
 from fxckpt.plan import Plan
 from fxckpt.signature import signature_key
 
@@ -111,7 +111,7 @@ class LoadedModule(torch.nn.Module):
         self.training = training
 
     def _register(self, entry: dict[str, Any], value: torch.Tensor) -> None:
-        *parents, name = entry["name"].split(".")
+        *parents, name = check_name(entry["name"], "a tensor of the export").split(".")
         mod: torch.nn.Module = self
         for part in parents:
             if part not in mod._modules:
@@ -167,7 +167,7 @@ class LoadedModule(torch.nn.Module):
 
     @property
     def graph_module(self) -> torch.nn.Module:
-        """The rewritten graph's module (generated code; ``.segment_0.code`` is a segment's)."""
+        """The rewritten graph's ``GraphModule`` (``.code``; ``.segment_0.code``: a segment's)."""
         return self.__dict__["_last"].root
 
     @property

@@ -1,12 +1,13 @@
-"""The load side of an export: module trees rebuilt from structure, code and tensors.
+"""The load side of an export: module trees rebuilt from structure, graph data and tensors.
 
 Each module entry becomes one of
 
 * a plain ``nn.Module`` container;
-* a ``torch.nn`` leaf module (``Linear``, ``BatchNorm2d``, ...), made without calling its
-  ``__init__`` and given back its saved attributes, so no constructor arguments are guessed;
-* a :class:`CodeModule`: a module whose ``forward`` is the generated code read from the export
-  (the rewritten graph, or a ``segment_N`` run through ``fxckpt.checkpoint``);
+* a ``torch.nn`` leaf module (``Linear``, ``BatchNorm2d``, ...) of a class from the fixed table
+  of :mod:`fxckpt.export.targets`, made without calling its ``__init__`` and given back its
+  saved attributes (data only; a function-valued one such as ``activation`` from the table);
+* a ``torch.fx.GraphModule`` whose graph is rebuilt node by node from its program file
+  (:mod:`fxckpt.export.program`) once the whole tree is in place;
 * a no-op standing for ``torch.export``'s input guards.
 
 Tensors are put in place by key, so every slot that held one Parameter holds it again; the
@@ -15,26 +16,24 @@ slots are kept so that ``.to()`` can put the converted tensors back (see ``Loade
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
+import torch.fx
 
-from fxckpt.export.codec import ExportError, decode, load_spec, resolve_class, resolve_global
+from fxckpt.export.codec import decode, load_spec
 from fxckpt.export.files import Verified
+from fxckpt.export.program import build_graph, check_part, install
+from fxckpt.export.targets import ExportError, resolve_module_class
 
-__all__ = ["CodeModule", "Slot", "build_tree"]
+__all__ = ["Slot", "build_tree", "check_name", "put"]
 
 Slot = tuple[torch.nn.Module, str, str, str]
 """``(module, "param" | "buffer" | "attr", name, key)``: where a tensor of the export lives."""
 
-
-class CodeModule(torch.nn.Module):
-    """A module running generated code from an export; ``.code`` is that code."""
-
-    code: str = ""
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance class
-        raise NotImplementedError
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__) | {"forward"}
+_GRAPH_ATTRS = frozenset({"_fxckpt_name", "_fxckpt_restores"})
 
 
 class _NoOp(torch.nn.Module):
@@ -44,66 +43,102 @@ class _NoOp(torch.nn.Module):
         return None
 
 
+def check_name(name: Any, where: str) -> str:
+    """A dotted module/tensor name of the export, checked part by part (see ``check_part``)."""
+    if not (isinstance(name, str) and all(check_part(p) for p in name.split("."))):
+        raise ExportError(f"{where}: {str(name)[:80]!r} is not a name an export may use")
+    return name
+
+
 def build_tree(entries: list[dict[str, Any]], store: Verified, tensors: dict[str, torch.Tensor],
                training: bool) -> tuple[torch.nn.Module, list[Slot]]:
     """The root module of one variant, and every tensor slot in it."""
     modules: dict[str, torch.nn.Module] = {}
+    graphs: list[tuple[torch.fx.GraphModule, dict[str, Any]]] = []
     slots: list[Slot] = []
     for e in entries:
         path = e["path"]
+        if path:
+            check_name(path, "a module path")
         if "same_as" in e:
             mod = modules[e["same_as"]]
         else:
-            mod = _make(e, store)
+            mod = _make(e)
             slots += _link(mod, e, tensors)
             if e["kind"] == "leaf" and hasattr(mod, "_init_flat_weights"):
-                getattr(mod, "_init_flat_weights")()  # RNNs keep a list of their parameters beside them
+                getattr(mod, "_init_flat_weights")()  # RNNs keep a list of their parameters
+            if e["kind"] == "graph":
+                graphs.append((mod, e))  # type: ignore[arg-type]
             mod.training = training
         modules[path] = mod
         if path:
             parent, _, name = path.rpartition(".")
             modules[parent]._modules[name] = mod
+    for gm, e in graphs:
+        _give_graph(gm, e, store)
     return modules[""], slots
 
 
-def _make(e: dict[str, Any], store: Verified) -> torch.nn.Module:
+def _make(e: dict[str, Any]) -> torch.nn.Module:
     kind = e["kind"]
+    where = f"the module at {e['path'] or '<root>'}"
     if kind == "container":
         return torch.nn.Module()
     if kind == "noop":
         return _NoOp()
     if kind == "leaf":
-        cls: Any = resolve_class(e["cls"])
+        cls: Any = resolve_module_class(e["cls"], where)
         mod = cls.__new__(cls)
         torch.nn.Module.__init__(mod)
-        mod.__dict__.update({k: decode(v) for k, v in e["attrs"].items()})
+        for name, value in e["attrs"].items():
+            if not check_part(name) or name in _MODULE_KEYS:
+                raise ExportError(f"{where}: the attribute name {str(name)[:80]!r} is not one an "
+                                  "export may set")
+            mod.__dict__[name] = decode(value)
         return mod
     if kind == "graph":
-        return _code_module(e, store)
-    raise ExportError(f"unknown module kind {kind!r} at {e['path'] or '<root>'} in the export's structure")
+        name = e.get("class_name", "GraphModule")
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ExportError(f"{where}: {str(name)[:80]!r} is not a class name")
+        return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
+    raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")
 
 
-def _code_module(e: dict[str, Any], store: Verified) -> CodeModule:
-    src = store.read_text(e["code"])
-    scope = {name: resolve_global(spec) for name, spec in e["globals"].items()}
-    try:
-        exec(compile(src, str(store.root / e["code"]), "exec", dont_inherit=True), scope)
-    except SyntaxError as err:
-        raise ExportError(f"{e['code']} in export {store.root} is not valid Python: {err}") from err
-    forward = scope.get("forward")
-    if not callable(forward):
-        raise ExportError(f"{e['code']} in export {store.root} defines no forward")
-    cls = type(e.get("class_name") or "CodeModule", (CodeModule,), {"forward": forward, "code": src})
-    mod = cls()
+def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) -> None:
+    """Set a graph module's attributes and specs, then its graph (torch.fx compiles it)."""
+    where = e["program"]
     for name, value in e["attrs"].items():
-        setattr(mod, name, decode(value))
+        if name not in _GRAPH_ATTRS:
+            raise ExportError(f"{where}: a graph module has no saved attribute {str(name)[:80]!r}")
+        gm.__dict__[name] = decode(value)
+    restores = gm.__dict__.get("_fxckpt_restores", ())
+    for name in restores:
+        check_name(name, f"{where}: a buffer to restore")
     for name, text in e["specs"].items():
-        setattr(mod, name, load_spec(text))
-    return mod
+        if not check_part(name) or name in _MODULE_KEYS or hasattr(type(gm), name):
+            raise ExportError(f"{where}: the spec name {str(name)[:80]!r} is not one an export "
+                              "may set")
+        gm.__dict__[name] = load_spec(text, f"{where} {name}")
+    try:
+        program = json.loads(store.read_text(where))
+    except ValueError as err:
+        raise ExportError(f"{where} in export {store.root} is not valid JSON: {err}") from None
+    if not isinstance(program, dict):
+        raise ExportError(f"{where} in export {store.root} is not a graph program")
+    graph, info = build_graph(program, where)
+    install(gm, graph, info, where)
 
 
 def _link(mod: torch.nn.Module, e: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[Slot]:
     slots: list[Slot] = []
+    where = f"the module at {e['path'] or '<root>'}"
+    names = [*e["params"], *e["buffers"], *e["tensors"]]
+    graph = isinstance(mod, torch.fx.GraphModule)
+    for name in names:
+        if (not check_part(name) or name in _MODULE_KEYS
+                or graph and (hasattr(type(mod), name) or name in mod.__dict__)):
+            raise ExportError(f"{where}: {str(name)[:80]!r} is not a tensor name an export may "
+                              "use")
     for name, key in e["params"].items():
         mod._parameters[name] = None if key is None else _get(tensors, key, e)
         if key is not None:
@@ -123,8 +158,9 @@ def _link(mod: torch.nn.Module, e: dict[str, Any], tensors: dict[str, torch.Tens
 def _get(tensors: dict[str, torch.Tensor], key: str, e: dict[str, Any]) -> Any:
     try:
         return tensors[key]
-    except KeyError:
-        raise ExportError(f"the export's weights have no tensor {key!r} (used at {e['path'] or '<root>'})") from None
+    except (KeyError, TypeError):
+        raise ExportError(f"the export's weights have no tensor {str(key)[:80]!r} (used at "
+                          f"{e['path'] or '<root>'})") from None
 
 
 def put(slot: Slot, value: torch.Tensor) -> None:
