@@ -265,6 +265,33 @@ class Normed(nn.Module):
         return self.out(F.gelu(self.fc(x)))
 
 
+class ClippedQKV(nn.Module):
+    """OLMo-style ``clip_qkv``: projections clamped in place right after they are made."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        q.clamp_(-0.5, 0.5)
+        k.clamp_(-0.5, 0.5)
+        v.clamp_(-0.5, 0.5)
+        return x + self.out(torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+
+
+class ClippedStack(nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ClippedQKV(width) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
 class Tied(nn.Module):
     """An embedding tied to the output projection (TESTCASES 11)."""
 
@@ -317,4 +344,5 @@ PATTERNS = [
     Pattern("weight_norm_parametrized", lambda: Normed(hooked=False), _x(4, 16), depth=1, budget=0.9),
     Pattern("tied_weights_dict_out", Tied, lambda: ((torch.randint(0, 32, (2, 6)),), {})),
     Pattern("no_input_grad", Stack, _x(4, 16, grad=False)),
+    Pattern("inplace_after_projection", ClippedStack, _x(2, 6, 16)),
 ]

@@ -169,3 +169,44 @@ def test_global_module_hooks_are_refused() -> None:
             tm(torch.randn(4, 16))
     finally:
         handle.remove()
+
+
+def test_the_users_saved_tensors_hooks_still_fire_and_compose() -> None:
+    """A user's saved_tensors_hooks around the step see what is saved outside segments; same bits."""
+    model = Stack()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, depth=2)
+    x = torch.randn(4, 16, requires_grad=True)
+    packed = {"tm": 0, "ref": 0}
+
+    def step(module: nn.Module, name: str) -> list[torch.Tensor]:
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            packed[name] += 1
+            return t * 1  # a copy: unpack must hand back what was packed
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_of(module(x)).backward()
+        return [p.grad.clone() for p in module.parameters()]
+
+    got, want = step(tm, "tm"), step(reference, "ref")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert 0 < packed["tm"] < packed["ref"]  # segments keep their insides out of the user's hooks
+
+
+@pytest.mark.slow
+def test_hooks_on_a_hugging_face_block_fire_once_per_forward() -> None:
+    from models import gpt2
+
+    model = gpt2(layers=2)
+    reference = copy.deepcopy(model)
+    calls = {"tm": 0, "ref": 0}
+    model.transformer.h[1].register_forward_hook(lambda m, a, o: calls.__setitem__("tm", calls["tm"] + 1))
+    reference.transformer.h[1].register_forward_hook(lambda m, a, o: calls.__setitem__("ref", calls["ref"] + 1))
+    tm = fxckpt.transform(model, depth=3)
+    ids = torch.randint(0, 64, (2, 12))
+    for step in range(2):
+        assert_steps_equal(run_step(tm, (ids,), {}, seed=step), run_step(reference, (ids,), {}, seed=step))
+    assert calls == {"tm": 2, "ref": 2}
+    plan = fxckpt.inspect(tm).plan
+    assert plan.capture == "export" and any("transformer.h.1 has hooks" in n for n in plan.notes)
+    assert ("transformer.h.0",) in [s.module_paths for s in plan.segments]
