@@ -6,7 +6,6 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
-from fxckpt.budget import parse_budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
 from fxckpt.module import STATE, TransformedModule, dispatcher_of, make_transformed
@@ -80,15 +79,13 @@ def transform(
             f"this {type(model).__name__} is already transformed; transform the original model "
             "(fxckpt.inspect(tm).model) with the new options instead"
         )
-    parsed = None if budget is None else parse_budget(budget)
-    config = TransformConfig(
-        every=every, depth=depth, force=force or {},  # type: ignore[arg-type]  # validate() checks it
-        budget=parsed, chunks=chunks,
-        devices=None if devices is None else _as_tuple(devices, "devices"), checkpoint=checkpoint,
+    config = TransformConfig.from_options(
+        every=every, depth=depth, budget=budget, plan=_as_plan(plan),
+        force=force or {},  # validate() checks it
+        chunks=chunks, devices=None if devices is None else _as_tuple(devices, "devices"), checkpoint=checkpoint,
         stages=stages, balance=None if balance is None else _as_tuple(balance, "balance"),
         offload=offload, offload_device=None if offload_device is None else str(offload_device),
         offload_threshold=offload_threshold, offload_bandwidth=offload_bandwidth,
-        replay=_as_plan(plan),
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:
@@ -134,7 +131,7 @@ def pareto(
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     from fxckpt.passes import annotate, capture
-    from fxckpt.passes.budget import reserve
+    from fxckpt.passes.prediction import reserve
     from fxckpt.passes.graph_view import problem_of
     from fxckpt.solver import pareto as solve_pareto, simulate
 

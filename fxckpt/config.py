@@ -14,7 +14,9 @@ from typing import Any, Literal, Mapping, Optional, Union
 import torch
 
 from fxckpt.budget import Budget
+from fxckpt.checks import check_int, check_number
 from fxckpt.errors import ConfigError
+from fxckpt.strategy import Budgeted, Depth, Every, Strategy, strategy_from
 
 __all__ = ["TransformConfig", "FORCE_MODES"]
 
@@ -26,17 +28,11 @@ ForceMode = Literal["recompute", "save"]
 class TransformConfig:
     """What :func:`fxckpt.transform` was asked to do."""
 
-    every: Optional[int] = None
-    """Checkpoint segments of this many units of work (matmul/conv nodes); ``None`` = off."""
-
-    depth: Optional[int] = None
-    """Make each module at this nesting depth a segment (children of the model are depth 1)."""
+    strategy: Optional[Strategy] = None
+    """How segments are chosen (:mod:`fxckpt.strategy`); ``None``: only ``force`` pins, if any."""
 
     force: Mapping[str, ForceMode] = dataclasses.field(default_factory=dict)
     """Module paths pinned to ``"recompute"`` (own segment) or ``"save"`` (never recomputed)."""
-
-    budget: Optional[Budget] = None
-    """Bound on the peak activation memory of a training step; the solver picks segments."""
 
     chunks: Optional[int] = None
     """Micro-batches per call for a pipeline; ``None`` = no pipeline (unless devices are given)."""
@@ -53,9 +49,6 @@ class TransformConfig:
     balance: Optional[tuple] = None
     """Explicit stage sizes: node counts, or the module paths where stages 1..K-1 begin."""
 
-    replay: Optional[Any] = None
-    """A saved :class:`~fxckpt.plan.Plan` whose segments are used as they are (no solving)."""
-
     offload: Union[bool, str] = False
     """``True``: saved tensors go to host memory in forward; ``"auto"``: the budget solver's
     segments each either recompute or offload, whichever the cost model says is cheaper."""
@@ -69,27 +62,42 @@ class TransformConfig:
     offload_bandwidth: Optional[float] = None
     """Copy bandwidth in bytes/s for ``offload="auto"``; measured when not given."""
 
+    @classmethod
+    def from_options(cls, *, every: Any = None, depth: Any = None, budget: Any = None, plan: Any = None,
+                     **options: Any) -> "TransformConfig":
+        """The config :func:`fxckpt.transform` builds from its keywords (not yet validated
+        against a model): ``budget`` as users write it, ``plan`` a Plan."""
+        from fxckpt.budget import parse_budget
+
+        strategy = strategy_from(every=every, depth=depth, plan=plan,
+                                 budget=None if budget is None else parse_budget(budget))
+        return cls(strategy=strategy, **options)
+
     @property
     def pipelined(self) -> bool:
         """True when the module runs as a pipeline of stages and micro-batches."""
         return any(v is not None for v in (self.chunks, self.devices, self.stages, self.balance))
 
     @property
-    def strategy(self) -> str:
-        """The name of the chosen strategy: ``every``, ``depth``, ``force`` or ``none``."""
-        if self.every is not None:
-            return "every"
-        if self.depth is not None:
-            return "depth"
-        if self.budget is not None:
-            return "budget"
-        if self.replay is not None:
-            return "replay"
+    def strategy_name(self) -> str:
+        """``every``, ``depth``, ``budget``, ``replay``, ``force`` (pins only) or ``none``."""
+        if self.strategy is not None:
+            return self.strategy.name
         return "force" if self.force else "none"
 
+    @property
+    def budget(self) -> Optional[Budget]:
+        """The budget of a ``budget=`` strategy (plans then depend on input sizes)."""
+        return self.strategy.budget if isinstance(self.strategy, Budgeted) else None
+
     def to_dict(self) -> dict[str, Any]:
-        budget = None if self.budget is None else dataclasses.asdict(self.budget)
-        out: dict[str, Any] = {"every": self.every, "depth": self.depth, "force": dict(self.force), "budget": budget}
+        s = self.strategy
+        out: dict[str, Any] = {
+            "every": s.units if isinstance(s, Every) else None,
+            "depth": s.depth if isinstance(s, Depth) else None,
+            "force": dict(self.force),
+            "budget": None if self.budget is None else dataclasses.asdict(self.budget),
+        }
         if self.offload:
             out.update(offload=self.offload, offload_device=self.offload_device,
                        offload_threshold=self.offload_threshold, offload_bandwidth=self.offload_bandwidth)
@@ -105,19 +113,11 @@ class TransformConfig:
 
     def validate(self, model: torch.nn.Module) -> "TransformConfig":
         """Check every option against ``model``; raise :class:`ConfigError` on the first bad one."""
-        given = {k: v for k, v in (("every", self.every), ("depth", self.depth),
-                                   ("budget", self.budget), ("plan", self.replay)) if v is not None}
-        if len(given) > 1:
-            shown = " and ".join(f"{k}={_show(v)}" for k, v in given.items())
-            raise ConfigError(f"give at most one strategy, got {shown}; choose one of them")
-        if self.every is not None:
-            _check_positive_int("every", self.every)
-        if self.depth is not None:
-            _check_positive_int("depth", self.depth)
+        if isinstance(self.strategy, Depth):
             deepest = max(model.named_modules(), key=lambda kv: _depth(kv[0]))[0]
-            if _depth(deepest) < self.depth:
+            if _depth(deepest) < self.strategy.depth:
                 raise ConfigError(
-                    f"depth={self.depth} is deeper than the model: its deepest module "
+                    f"depth={self.strategy.depth} is deeper than the model: its deepest module "
                     f"{deepest or '<root>'!r} has depth {_depth(deepest)}; use depth <= "
                     f"{max(_depth(deepest), 1)}"
                 )
@@ -128,19 +128,8 @@ class TransformConfig:
         return self
 
 
-def _show(value: object) -> str:
-    if isinstance(value, Budget):
-        return str(value)
-    return "<Plan>" if type(value).__name__ == "Plan" else repr(value)
-
-
 def _depth(path: str) -> int:
     return 0 if path == "" else path.count(".") + 1
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer (got {value!r})")
 
 
 def _check_force(force: object, model: torch.nn.Module) -> None:
@@ -174,7 +163,7 @@ def _check_pipeline(config: TransformConfig) -> None:
         for d in config.devices:
             check_device(d)
     if config.stages is not None:
-        _check_positive_int("stages", config.stages)
+        check_int("stages", config.stages)
     if config.balance is not None and (isinstance(config.balance, (str, int)) or not config.balance):
         raise ConfigError(f"balance must be a list of node counts or module paths (got {config.balance!r})")
 
@@ -185,12 +174,9 @@ def _check_offload(config: TransformConfig) -> None:
     if config.offload == "auto" and config.budget is None:
         raise ConfigError("offload='auto' lets the budget solver choose between recompute and offload; "
                           "give budget= too (got budget=None), or use offload=True")
-    t = config.offload_threshold
-    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-        raise ConfigError(f"offload_threshold must be a non-negative number of bytes (got {t!r})")
-    bw = config.offload_bandwidth
-    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0):
-        raise ConfigError(f"offload_bandwidth must be a positive number of bytes/s (got {bw!r})")
+    check_int("offload_threshold", config.offload_threshold, low=0, unit="of bytes")
+    if config.offload_bandwidth is not None:
+        check_number("offload_bandwidth", config.offload_bandwidth, strict=True, unit="of bytes/s")
     if config.offload and config.offload_device is None and not torch.cuda.is_available():
         raise ConfigError(
             "offload moves saved tensors from a GPU to host memory, and this machine has no CUDA device; "

@@ -28,7 +28,7 @@ def _stages(model: torch.nn.Module, x: torch.Tensor) -> list:
     """Two stages of ``model``, each with its own lowered checkpoint segments inside."""
     captured = capture(model, (x,), {})
     annotate(captured.gm, [x])
-    plan = select(captured.gm, TransformConfig(every=1), capture=captured.method, training=True, signature="")
+    plan = select(captured.gm, TransformConfig.from_options(every=1), capture=captured.method, training=True, signature="")
     lower(captured.gm, plan)
     return split_stages(captured.gm, partition(captured.gm, 2, plan=plan).stage_of)
 

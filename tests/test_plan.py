@@ -47,7 +47,7 @@ def test_diff_names_what_changed() -> None:
 def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     import copy
 
-    from fxckpt.passes import budget as budget_pass
+    from fxckpt.passes import strategies
     from support import assert_steps_equal, run_step
 
     x = torch.randn(8, 32, requires_grad=True)
@@ -59,7 +59,7 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     def no_solving(*args, **kwargs):
         raise AssertionError("replay must not solve")
 
-    monkeypatch.setattr(budget_pass, "solve", no_solving)
+    monkeypatch.setattr(strategies, "solve", no_solving)
     tm = fxckpt.transform(model, plan=saved, example_inputs=(x,))
     assert [s.nodes for s in fxckpt.inspect(tm).plan.segments] == [s.nodes for s in solved.segments]
     assert fxckpt.inspect(tm).plan.strategy == "replay" and fxckpt.inspect(tm).plan.predicted_peak == solved.predicted_peak

@@ -161,7 +161,7 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
 
 
 def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
-    from fxckpt.passes.budget import reserve
+    from fxckpt.passes.prediction import reserve
     from fxckpt.solver import BudgetInfeasible, simulate, solve
 
     problem = make()

@@ -8,6 +8,6 @@ only add ``node.meta[META_KEY]``; the lowering pass rewrites the graph and ends 
 from fxckpt.passes.annotate import META_KEY, NodeInfo, annotate
 from fxckpt.passes.capture import Captured, capture
 from fxckpt.passes.lower import lower
-from fxckpt.passes.strategies import select
+from fxckpt.passes.select import select
 
 __all__ = ["META_KEY", "NodeInfo", "annotate", "Captured", "capture", "lower", "select"]

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.errors import PlanError
 
-__all__ = ["META_KEY", "NodeInfo", "annotate", "info", "module_path_of", "compute_nodes", "is_guard",
+__all__ = ["META_KEY", "NodeInfo", "annotate", "info", "has_info", "module_path_of", "compute_nodes", "is_guard",
            "planned_nodes"]
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,11 @@ class NodeInfo:
     """A ``get_attr`` of a parameter or buffer."""
     ops: tuple[str, ...]
     """The aten ops the node ran."""
+
+
+def has_info(node: torch.fx.Node) -> bool:
+    """True when annotate recorded a :class:`NodeInfo` for the node (every node but the output)."""
+    return META_KEY in node.meta
 
 
 def info(node: torch.fx.Node) -> NodeInfo:

@@ -2,18 +2,19 @@
 
 * :func:`copy_graph_module`: a new GraphModule over a copy of the graph, sharing every
   submodule, parameter and buffer with the original, so one capture can be annotated and
-  lowered into several plans (one per shape under a budget) without capturing again.
+  lowered into several plans (one per shape under a budget) without capturing again;
+* :func:`outermost`: the module paths a group of nodes came from, without nested repeats.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import Any, Iterable, cast
 
 import torch
 import torch.fx
 
-__all__ = ["copy_graph_module"]
+__all__ = ["copy_graph_module", "outermost"]
 
 _CARRIED = ("_in_spec", "_out_spec", "range_constraints", "validate_inputs")
 """Plain attributes of ``ExportedProgram.module()`` its generated code and guards read."""
@@ -33,3 +34,16 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             new.__dict__[name] = gm.__dict__[name]
     new.meta = dict(gm.meta)
     return new
+
+
+def outermost(paths: Iterable[str]) -> tuple[str, ...]:
+    """The outermost of these module paths (``<root>`` for ``""``), shallowest first.
+
+    ``["layers.0.fc", "layers.0", "head"]`` -> ``("head", "layers.0")``.
+    """
+    unique = sorted({p or "<root>" for p in paths}, key=lambda p: (p.count("."), p))
+    kept: list[str] = []
+    for p in unique:
+        if not any(p == k or p.startswith(k + ".") for k in kept):
+            kept.append(p)
+    return tuple(kept)

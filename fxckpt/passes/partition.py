@@ -2,7 +2,7 @@
 
 :func:`partition` is an analysis pass. It costs every compute node from its annotation -- FLOPs,
 twice for nodes that are recomputed (inside a checkpoint segment of the Plan, or behind a lowered
-``fxckpt.checkpoint`` call) -- and asks :func:`fxckpt.solver.partition.partition` for the cuts
+``fxckpt.checkpoint`` call) -- and asks :func:`fxckpt.solver.stages.partition` for the cuts
 that minimise the slowest stage. A cut is never placed where it would break something:
 
 * between a multi-output op (or a lowered checkpoint call) and its ``getitem`` nodes;
@@ -39,7 +39,7 @@ from fxckpt.errors import ConfigError, PlanError
 from fxckpt.passes.annotate import info, is_guard
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint as _checkpoint_fn
-from fxckpt.solver import partition as solver
+from fxckpt.solver import stages as solver
 
 __all__ = ["StagePlan", "partition", "split_stages", "stage_order", "node_costs", "legal_cuts",
            "pytree_specs"]

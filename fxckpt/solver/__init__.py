@@ -10,7 +10,7 @@ A bridge elsewhere turns an annotated ``torch.fx`` graph into a :class:`Problem`
 can be tested with hand-made tables and checked against an exhaustive oracle.
 """
 
-from fxckpt.solver.budget import (
+from fxckpt.solver.solve import (
     EXACT_LIMIT,
     ParetoPoint,
     Solution,

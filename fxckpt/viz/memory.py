@@ -13,28 +13,23 @@ over the predicted backward. Peaks and shapes are comparable; op-to-op alignment
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from fxckpt.viz.common import PathLike, finish, inspect_module, new_figure
 
 __all__ = ["plot_memory", "predicted_timelines"]
 
-_Ref = collections.namedtuple("_Ref", "name")
-
-
 def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
     """``(plan simulation, no-checkpoint simulation, reserve bytes)`` of ``module``'s latest plan."""
-    from fxckpt.passes import budget as budget_pass
     from fxckpt.passes.graph_view import to_problem
+    from fxckpt.passes.prediction import reserve
+    from fxckpt.passes.runs import ranges_of
     from fxckpt.solver.simulate import simulate
 
     seen = inspect_module(module)
     problem = to_problem(seen.view)
-    runs = [[_Ref(n) for n in seg.nodes] for seg in seen.plan.segments]
-    reserve = getattr(budget_pass, "reserve", lambda p: 0)(problem)
-    segments = budget_pass.to_segments(problem, runs)  # type: ignore[arg-type]  # it reads .name only
-    return simulate(problem, segments), simulate(problem, ()), reserve
+    ranges = ranges_of(problem, [seg.nodes for seg in seen.plan.segments])
+    return simulate(problem, ranges), simulate(problem, ()), reserve(problem)
 
 
 def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optional[Sequence[Any]] = None,

@@ -15,7 +15,7 @@ from fxckpt.passes import annotate, capture, lower, select
 from fxckpt.passes.annotate import info
 from fxckpt.passes.partition import legal_cuts, node_costs, partition, split_stages, stage_order
 from fxckpt.plan import Plan
-from fxckpt.solver.partition import stage_costs
+from fxckpt.solver.stages import stage_costs
 from models import MLP, UNet
 
 
@@ -39,7 +39,7 @@ def _graph(model: nn.Module, x: torch.Tensor, every: Optional[int] = None, lower
     annotate(captured.gm, [x])
     plan = None
     if every is not None:
-        plan = select(captured.gm, TransformConfig(every=every), capture=captured.method, training=True, signature="")
+        plan = select(captured.gm, TransformConfig.from_options(every=every), capture=captured.method, training=True, signature="")
         if lowered:
             lower(captured.gm, plan)
     return captured.gm, plan

@@ -15,7 +15,7 @@ from support import assert_steps_equal, run_step
 def _plan(model: nn.Module, x: torch.Tensor, **options) -> fxckpt.Plan:
     captured = capture(model, (x,), {})
     annotate(captured.gm, captured.graph_args((x,), {}))
-    config = TransformConfig(**options).validate(model)
+    config = TransformConfig.from_options(**options).validate(model)
     return select(captured.gm, config, capture=captured.method, training=True, signature="")
 
 

@@ -11,7 +11,7 @@ import torch
 import fxckpt
 from fxckpt.module import dispatcher_of
 from fxckpt.measure import LiveTensorTracker
-from fxckpt.passes import budget
+from fxckpt.passes import rates
 from fxckpt.runtime.offload import HostPool, Offloader
 from models import MLP, ResNet
 from support import assert_steps_equal, loss_of, run_step
@@ -212,8 +212,8 @@ def test_rates_are_timed_on_the_device_after_a_discarded_warm_up(monkeypatch) ->
         calls.append(device)
         return [100.0, 3.0, 1.0, 2.0][(len(calls) - 1) % 4]  # a slow first run, then 3 timings
 
-    monkeypatch.setattr(budget, "_timed", timed)
-    flops, bandwidth = budget.measure_rates("cpu", "cpu")
+    monkeypatch.setattr(rates, "_timed", timed)
+    flops, bandwidth = rates.measure_rates("cpu", "cpu")
     assert calls == [torch.device("cpu")] * 8  # matmul and copy: warm-up + 3 each
     assert flops == 2 * 256**3 / 2.0 and bandwidth == (1 << 22) / 2.0  # medians, warm-up discarded
 
@@ -221,20 +221,20 @@ def test_rates_are_timed_on_the_device_after_a_discarded_warm_up(monkeypatch) ->
 def test_auto_prices_offload_with_rates_of_the_models_device_once(monkeypatch) -> None:
     asked = []
 
-    def rates(device, host):
+    def measured(device, host):
         asked.append((device, host))
         return 1e9, 1e9
 
-    monkeypatch.setattr(budget, "measure_rates", rates)
-    monkeypatch.setattr(budget, "_RATES", {})
+    monkeypatch.setattr(rates, "measure_rates", measured)
+    monkeypatch.setattr(rates, "_RATES", {})
     x = torch.randn(16, 64)
     for _ in range(2):
         fxckpt.transform(MLP(depth=6, width=64), budget=0.6, offload="auto", offload_device="cpu",
                          offload_threshold=0, example_inputs=(x,))
     assert asked == [(torch.device("cpu"), torch.device("cpu"))]  # cached per (device, host)
     meta = torch.nn.Linear(2, 2, device="meta")
-    assert budget.device_of(meta) == torch.device("meta")
-    assert budget.device_of(torch.nn.ReLU()) == torch.device("cpu")
+    assert rates.device_of(meta) == torch.device("meta")
+    assert rates.device_of(torch.nn.ReLU()) == torch.device("cpu")
 
 
 def test_auto_offloads_when_copies_are_free_and_recomputes_when_slow() -> None:
@@ -257,7 +257,7 @@ def test_auto_offloads_when_copies_are_free_and_recomputes_when_slow() -> None:
         ({"offload": "sometimes", "offload_device": "cpu"}, "offload must be True, False or 'auto' (got 'sometimes')"),
         ({"offload": "auto", "offload_device": "cpu"}, "give budget= too (got budget=None)"),
         ({"offload": True, "offload_device": "cpu", "offload_threshold": -1},
-         "offload_threshold must be a non-negative number of bytes (got -1)"),
+         "offload_threshold must be a non-negative integer of bytes (got -1)"),
         ({"offload": True, "offload_device": "cpu", "offload_bandwidth": 0}, "offload_bandwidth must be a positive"),
     ],
 )

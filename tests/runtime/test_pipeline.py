@@ -48,7 +48,7 @@ def _annotated(model: nn.Module, *inputs: torch.Tensor, every: int | None = None
     captured = capture(model, inputs, {})
     annotate(captured.gm, captured.graph_args(inputs, {}))
     if every is not None:
-        plan = select(captured.gm, TransformConfig(every=every), capture=captured.method, training=True, signature="")
+        plan = select(captured.gm, TransformConfig.from_options(every=every), capture=captured.method, training=True, signature="")
         lower(captured.gm, plan)
     return captured.gm
 

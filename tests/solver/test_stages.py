@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import pytest
 
-from fxckpt.solver.partition import (
+from fxckpt.solver.stages import (
     check_balance,
     partition,
     partition_from_balance,

@@ -1,0 +1,48 @@
+"""The predicted memory and recompute cost of a plan, the same way for every strategy.
+
+Every plan gets a predicted peak from the simulator (:mod:`fxckpt.solver.simulate`), so a plan
+made by ``every=``, ``depth=``, ``force=`` or ``budget=`` reports comparable numbers.
+
+The simulator counts tensors, not the short-lived temporaries of backward kernels (a gradient
+being scaled, a weight gradient before it is added into ``.grad``). A *reserve* the size of the
+largest single gradient stands for them: the predicted peak is the simulated peak plus the
+reserve, and the budget solver plans for the budget minus the reserve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from fxckpt.passes.runs import Run, to_ranges
+from fxckpt.solver import Problem, simulate
+
+__all__ = ["Prediction", "predict", "reserve"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Predicted facts of one plan, in bytes and the simulator's cost units."""
+
+    peak: int
+    """Peak activation memory of a training step with the plan, reserve included."""
+    recompute: float
+    """Cost of recomputing (or offloading) the plan's segments."""
+    eager_peak: int
+    """Peak activation memory of a training step without checkpointing, reserve included."""
+
+
+def reserve(problem: Problem) -> int:
+    """Bytes set aside for backward temporaries: the largest single gradient."""
+    return max((op.gradient_bytes for op in problem.ops), default=0)
+
+
+def predict(problem: Problem, runs: Sequence[Run]) -> Prediction:
+    """Simulate ``runs`` (and no checkpointing) on ``problem``."""
+    ranges = to_ranges(problem, runs)
+    extra = reserve(problem)
+    return Prediction(
+        peak=simulate(problem, ranges).peak_bytes + extra,
+        recompute=sum(problem.index.segment_cost(a, b) for a, b in ranges),  # offload-aware
+        eager_peak=simulate(problem, ()).peak_bytes + extra,
+    )

@@ -1,0 +1,122 @@
+"""Select: run the strategy's pass, apply the rules every segment obeys, and build the Plan.
+
+    annotated gm --graph_view--> Problem --strategy pass--> runs --cleanup--> segments --> Plan
+                                                                  (force, in-place, hooks)
+
+A segment is a contiguous run of compute nodes in topological order. The Plan records, for each,
+what it keeps (its inputs), what it frees, its recompute FLOPs and why it exists, and for the
+whole plan the simulator's predicted peak and recompute cost (:mod:`fxckpt.passes.prediction`),
+so every strategy reports comparable numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Mapping, Sequence
+
+import torch.fx
+
+from fxckpt.config import TransformConfig
+from fxckpt.passes.actions import choose_actions
+from fxckpt.passes.annotate import has_info, info, planned_nodes
+from fxckpt.passes.cleanup import force_notes, pinned, without_kept
+from fxckpt.passes.graph_view import problem_of
+from fxckpt.passes.graphs import outermost
+from fxckpt.passes.prediction import predict
+from fxckpt.passes.rates import device_of, offload_cost_per_byte
+from fxckpt.passes.runs import Run
+from fxckpt.passes.strategies import choose
+from fxckpt.plan import Plan, Segment
+from fxckpt.strategy import Replay
+
+__all__ = ["select"]
+
+log = logging.getLogger(__name__)
+
+
+def select(
+    gm: torch.fx.GraphModule, config: TransformConfig, *, capture: str, training: bool, signature: str,
+    keep: Mapping[str, str] = {},
+) -> Plan:
+    """Choose segments for the annotated ``gm`` as ``config`` asks.
+
+    ``keep`` maps nodes that must never be recomputed (calls of modules with hooks, which would
+    fire again) to their module paths; they are taken out of every segment.
+    """
+    order = planned_nodes(gm.graph)
+    problem = problem_of(gm)
+    replay = config.strategy if isinstance(config.strategy, Replay) else None
+    if config.offload == "auto" and replay is None:
+        per_byte = offload_cost_per_byte(config.offload_bandwidth, device_of(gm), config.offload_device or "cpu")
+        problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
+    chosen = choose(config.strategy, order, problem, dict(config.force))
+    runs, kept_notes = without_kept(order, list(chosen.runs), keep)
+    notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, config.force)]
+    prediction = predict(problem, runs)
+    if chosen.budget is not None and replay is None and prediction.peak > chosen.budget:
+        notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
+                     f"{chosen.budget} B")
+    prefix = _segment_prefix(gm, len(runs))
+    segments = tuple(_describe(f"{prefix}_{i}", run, config) for i, run in enumerate(runs))
+    if config.offload == "auto" and replay is None:
+        segments, note = choose_actions(problem, segments, runs)
+        notes.append(note)
+    elif replay is not None:
+        actions = [s.action for s in replay.plan.segments]
+        segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))
+    if not segments:
+        notes.append("nothing is checkpointed: no strategy was given" if config.strategy_name == "none"
+                     else "nothing is checkpointed: the strategy found no segment")
+    plan = Plan(
+        strategy=config.strategy_name, options=config.to_dict(), capture=capture, training=training,
+        signature=signature, segments=segments, node_count=len(order),
+        total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
+        eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
+        predicted_recompute=prediction.recompute, budget=chosen.budget,
+    )
+    log.info("fxckpt plan: %s", plan.summary())
+    for seg in segments:
+        log.info("  %s: %s (%d nodes, %s)", seg.name, ", ".join(seg.module_paths) or "-", len(seg.nodes),
+                 seg.reason)
+    return plan
+
+
+def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
+    """``segment``, or a longer prefix if the graph module already has ``segment_<i>`` attributes."""
+    prefix = "segment"
+    while any(hasattr(gm, f"{prefix}_{i}") for i in range(count)):
+        prefix = "fxckpt_" + prefix
+    return prefix
+
+
+def _describe(name: str, run: Run, config: TransformConfig) -> Segment:
+    members = set(run)
+    inputs: list[torch.fx.Node] = []
+    for n in run:
+        for a in n.all_input_nodes:
+            if a not in members and a.op != "get_attr" and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in run if any(u not in members for u in n.users)]
+    return Segment(
+        name=name,
+        nodes=tuple(n.name for n in run),
+        module_paths=outermost(info(n).module_path for n in run),
+        inputs=tuple(a.name for a in inputs),
+        outputs=tuple(n.name for n in outputs),
+        saved_bytes=_saved_bytes(inputs),
+        freed_bytes=sum(info(n).new_bytes for n in run if n not in outputs),
+        recompute_flops=sum(info(n).flops for n in run),
+        restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
+        reason=_reason(run, config),
+    )
+
+
+def _saved_bytes(inputs: Sequence[torch.fx.Node]) -> int:
+    return sum(info(a).nbytes for a in inputs if has_info(a) and not info(a).is_state)
+
+
+def _reason(run: Run, config: TransformConfig) -> str:
+    if config.force and pinned(run[0], config.force) == "recompute":
+        return "force: recompute"
+    return "force" if config.strategy is None else config.strategy.reason()
