@@ -8,6 +8,7 @@ import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
+from fxckpt.pareto import pareto
 from fxckpt.module import STATE, TransformedModule, dispatcher_of, make_transformed
 from fxckpt.plan import Plan
 
@@ -113,36 +114,3 @@ def _as_tuple(value: Any, name: str) -> tuple:
     if isinstance(value, (str, torch.device, int)) or not hasattr(value, "__iter__"):
         raise ConfigError(f"{name} must be a list (got {value!r}); e.g. {name}=['cpu', 'cpu']")
     return tuple(str(v) if isinstance(v, torch.device) else v for v in value)
-
-
-def pareto(
-    model: torch.nn.Module,
-    *,
-    example_inputs: Sequence[Any] = (),
-    example_kwargs: Optional[Mapping[str, Any]] = None,
-    points: int = 9,
-) -> list[dict[str, float]]:
-    """The predicted memory / recompute trade-off of ``model`` on these inputs, in its current mode.
-
-    Returns points sorted by budget, each ``{"budget": bytes, "predicted_peak": bytes,
-    "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``. A smaller budget
-    never gives a higher predicted peak.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
-    from fxckpt.passes import annotate, capture
-    from fxckpt.passes.prediction import reserve
-    from fxckpt.passes.graph_view import problem_of
-    from fxckpt.solver import pareto as solve_pareto, simulate
-
-    captured = capture(model, tuple(example_inputs), dict(example_kwargs or {}))
-    annotate(captured.gm, captured.graph_args(tuple(example_inputs), dict(example_kwargs or {})))
-    problem = problem_of(captured.gm)
-    extra = reserve(problem)
-    eager = simulate(problem, ()).peak_bytes + extra
-    forward = sum(op.cost for op in problem.ops) or 1.0
-    return [
-        {"budget": p.budget + extra, "predicted_peak": p.predicted_peak + extra,
-         "recompute": p.recompute_cost / forward, "eager_peak": eager}
-        for p in sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
-    ]

@@ -12,7 +12,8 @@ model has a ``config``. They live here instead::
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import weakref
+from typing import Any, Optional, Union
 
 import torch
 import torch.fx
@@ -21,7 +22,10 @@ from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, NotPlannedError
 from fxckpt.plan import Plan
 
-__all__ = ["Inspection", "inspect"]
+__all__ = ["Inspection", "LoadedInspection", "inspect"]
+
+_VIEWS: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyDictionary()
+"""Graph views (networkx) per dispatcher and plan: flattening costs a pass over the graph."""
 
 
 class Inspection:
@@ -77,6 +81,17 @@ class Inspection:
         return self._current().pipeline
 
     @property
+    def view(self) -> Any:
+        """The latest plan's graph as a ``networkx.DiGraph`` (what ``fxckpt.show`` draws)."""
+        from fxckpt.passes.flatten import graph_view
+
+        compiled = self._current()
+        views = _VIEWS.setdefault(self._dispatcher, {})
+        if id(compiled) not in views:
+            views[id(compiled)] = graph_view(compiled.gm, compiled.plan)
+        return views[id(compiled)]
+
+    @property
     def offload_stats(self) -> Any:
         """What the latest training step offloaded (``None`` without ``offload=``)."""
         offloader = self._dispatcher.offloader
@@ -114,10 +129,44 @@ class Inspection:
         return f"<fxckpt.inspect of {type(self.module).__name__}: {what}>"
 
 
-def inspect(tm: torch.nn.Module) -> Inspection:
-    """fxckpt's plans, code and stages for a module :func:`fxckpt.transform` returned."""
+class LoadedInspection:
+    """The same view of a module :func:`fxckpt.load` returned (its latest call's saved graph)."""
+
+    def __init__(self, loaded: Any) -> None:
+        self.module = loaded
+
+    @property
+    def plan(self) -> Plan:
+        return self.module.plan
+
+    @property
+    def plans(self) -> list[Plan]:
+        return [v.plan for v in self.module.variants]
+
+    @property
+    def code(self) -> str:
+        return self.module.code
+
+    @property
+    def graph_module(self) -> torch.nn.Module:
+        return self.module.graph_module
+
+    @property
+    def pipeline(self) -> Optional[torch.nn.Module]:
+        return self.module.pipeline
+
+    @property
+    def view(self) -> Any:
+        return self.module.variant.view
+
+
+def inspect(tm: torch.nn.Module) -> Union[Inspection, LoadedInspection]:
+    """fxckpt's plans, code and stages for a module :func:`fxckpt.transform` (or ``load``) returned."""
+    from fxckpt.export.loaded import LoadedModule
     from fxckpt.module import STATE
 
+    if isinstance(tm, LoadedModule):
+        return LoadedInspection(tm)
     if not isinstance(tm, torch.nn.Module) or STATE not in tm.__dict__:
         raise ConfigError(
             f"fxckpt.inspect takes a module fxckpt.transform returned (got {type(tm).__name__}); "

@@ -156,6 +156,11 @@ class LoadedModule(torch.nn.Module):
         return list(self.__dict__["_variants"])
 
     @property
+    def variant(self) -> Variant:
+        """The saved graph the latest call ran (before any call: the one saved last)."""
+        return self.__dict__["_last"]
+
+    @property
     def plan(self) -> Plan:
         """The plan of the latest call's graph (before any call: the one saved last)."""
         return self.__dict__["_last"].plan

@@ -41,7 +41,7 @@ from fxckpt.runtime.batchnorm import DeferredBatchNorm
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.checkpoint import is_recomputing
 from fxckpt.runtime.microbatch import gather, scatter
-from fxckpt.runtime.schedule import clock_cycles, schedule_chart
+from fxckpt.runtime.schedule import checkpoint_stop as _checkpoint_stop, clock_cycles, schedule_chart
 
 __all__ = ["Pipeline", "CHECKPOINT_MODES", "check_chunks", "check_checkpoint", "check_device"]
 
@@ -211,7 +211,7 @@ class Pipeline(nn.Module):
         """Micro-batches ``i < checkpoint_stop`` are checkpointed (torchgpipe's rule)."""
         if not (self.training and torch.is_grad_enabled()):
             return 0
-        return {"always": micro_batches, "except_last": micro_batches - 1, "never": 0}[self.checkpoint]
+        return _checkpoint_stop(micro_batches, self.checkpoint)
 
     def schedule_chart(self, micro_batches: Optional[int] = None) -> str:
         """The forward schedule as ASCII, with the bubble fraction and checkpointed pairs marked."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-__all__ = ["clock_cycles", "bubble_fraction", "schedule_chart"]
+__all__ = ["clock_cycles", "bubble_fraction", "schedule_chart", "checkpoint_stop"]
 
 
 def _check(chunks: int, stages: int) -> None:
@@ -30,6 +30,12 @@ def clock_cycles(chunks: int, stages: int) -> Iterator[list[tuple[int, int]]]:
     _check(chunks, stages)
     for k in range(chunks + stages - 1):
         yield [(k - j, j) for j in range(max(0, k - chunks + 1), min(k + 1, stages))]
+
+
+def checkpoint_stop(chunks: int, checkpoint: str) -> int:
+    """torchgpipe's rule: micro-batches ``i < checkpoint_stop`` recompute their stage in backward
+    (``always``: all of them, ``except_last``: all but the last, ``never``: none)."""
+    return {"always": chunks, "except_last": chunks - 1, "never": 0}[checkpoint]
 
 
 def bubble_fraction(chunks: int, stages: int) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from fxckpt.plan import Plan
-from fxckpt.viz.common import PathLike, finish, inspect_module, new_figure
+from fxckpt.viz.common import PathLike, finish, inspect_module, memory_unit, new_figure
 
 __all__ = ["plot_pareto", "plot_schedule", "schedule_bars"]
 
@@ -35,14 +35,14 @@ def plot_pareto(model: Any, example_inputs: Sequence[Any] = (), example_kwargs: 
         mark: ``{"label": transformed_module}`` plans to mark on the curve.
         path: also save the picture there.
     """
-    from fxckpt.api import pareto
+    from fxckpt.pareto import pareto
 
     curve = pareto(model, example_inputs=tuple(example_inputs), example_kwargs=dict(example_kwargs or {}),
                    points=points)
     fig = new_figure(7, 4.5)
     ax = fig.add_subplot()
     eager = curve[0]["eager_peak"] if curve else 0
-    unit, scale = _unit(max([eager, *(p["predicted_peak"] for p in curve)], default=1))
+    unit, scale = memory_unit(max([eager, *(p["predicted_peak"] for p in curve)], default=1))
     ax.plot([p["predicted_peak"] / scale for p in curve], [100 * p["recompute"] for p in curve], marker="o",
             color="C0", label=f"budget solver ({len(curve)} budgets)", gid="pareto")
     ax.scatter([eager / scale], [0], marker="*", s=120, color="#444444", zorder=3, label="no checkpointing")
@@ -68,15 +68,11 @@ def _plan_point(module: Any) -> tuple[float, float]:
     return sim.peak_bytes, sim.recompute_cost / forward
 
 
-def _unit(peak: float) -> tuple[str, float]:
-    from fxckpt.viz.memory import _unit as unit
-
-    return unit(peak)
-
-
 def schedule_bars(chunks: int, stages: int, checkpoint: str) -> list[tuple[str, int, int, bool]]:
     """Every bar of the chart, ``(phase, micro-batch, stage, recomputed)``; ``_clock`` places it."""
-    stop = {"always": chunks, "except_last": chunks - 1, "never": 0}.get(checkpoint, 0)
+    from fxckpt.runtime.schedule import checkpoint_stop
+
+    stop = checkpoint_stop(chunks, checkpoint)
     bars = [("forward", i, j, False) for i in range(chunks) for j in range(stages)]
     bars += [("backward", i, j, i < stop) for i in range(chunks) for j in range(stages)]
     return bars

@@ -85,26 +85,24 @@ class Inspected:
 
 
 def inspect_module(module: Any) -> Inspected:
-    """:class:`Inspected` for a ``TransformedModule`` or a loaded module (latest plan)."""
-    from fxckpt.export.loaded import LoadedModule
-    from fxckpt.module import TransformedModule
+    """:class:`Inspected` for a transformed or loaded module (its latest plan)."""
+    from fxckpt.errors import ConfigError
+    from fxckpt.inspection import inspect
 
-    if isinstance(module, TransformedModule):
-        from fxckpt.inspection import inspect
-        from fxckpt.module import dispatcher_of
-        from fxckpt.passes.flatten import graph_view
+    try:
+        seen = inspect(module)
+    except ConfigError:
+        raise TypeError(f"expected a module returned by fxckpt.transform or fxckpt.load "
+                        f"(got {type(module).__name__})") from None
+    return Inspected(seen.plan, seen.view)
 
-        inspect(module).plan  # raises NotPlannedError before the first plan
-        compiled = dispatcher_of(module).last
-        assert compiled is not None
-        view = compiled.__dict__.get("_fxckpt_view")  # flattening costs a pass over the graph: once
-        if view is None:
-            view = compiled.__dict__["_fxckpt_view"] = graph_view(compiled.gm, compiled.plan)
-        return Inspected(compiled.plan, view)
-    if isinstance(module, LoadedModule):
-        variant = module.__dict__["_last"]
-        return Inspected(variant.plan, variant.view)
-    raise TypeError(f"expected a module returned by fxckpt.transform or fxckpt.load (got {type(module).__name__})")
+
+def memory_unit(peak: float) -> tuple[str, float]:
+    """The unit an axis showing up to ``peak`` bytes reads best in, and its size in bytes."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if peak >= 4 * scale:
+            return unit, float(scale)
+    return "bytes", 1.0
 
 
 def segment_colors(names: list[str]) -> dict[str, Any]:

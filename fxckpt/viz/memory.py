@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from fxckpt.viz.common import PathLike, finish, inspect_module, new_figure
+from fxckpt.viz.common import PathLike, finish, inspect_module, memory_unit, new_figure
 
 __all__ = ["plot_memory", "predicted_timelines"]
 
@@ -56,7 +56,7 @@ def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optiona
     ax = fig.add_subplot()
     peak = max([sim.peak_bytes, eager_sim.peak_bytes if eager else 0, measured.peak_bytes if measured else 0,
                 (plan.predicted_peak or 0)])
-    unit, scale = _unit(peak)
+    unit, scale = memory_unit(peak)
     n_forward = sum(1 for event, _ in sim.timeline if event.startswith("forward"))
     _phases(ax, sim.timeline, n_forward)
     _curve(ax, sim.timeline, scale, "predicted, this plan", "C0", "-", 1.6)
@@ -80,13 +80,6 @@ def _labels(ax: Any, plan: Any, peak: int, eager_peak: int, unit: str) -> None:
     ax.set_ylabel(f"live activation memory ({unit})")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="upper left")
-
-
-def _unit(peak: float) -> tuple[str, float]:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if peak >= 4 * scale:
-            return unit, float(scale)
-    return "bytes", 1.0
 
 
 def _fmt(n: float) -> str:

@@ -1,0 +1,48 @@
+"""The predicted memory / recompute trade-off of a model: one solver plan per budget.
+
+Used by :func:`fxckpt.pareto` and ``fxckpt.plot_pareto``: capture and annotate the model once,
+then ask the budget solver for plans from the smallest feasible peak to the eager peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from fxckpt.errors import ConfigError
+
+__all__ = ["pareto"]
+
+
+def pareto(
+    model: torch.nn.Module,
+    *,
+    example_inputs: Sequence[Any] = (),
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    points: int = 9,
+) -> list[dict[str, float]]:
+    """The predicted memory / recompute trade-off of ``model`` on these inputs, in its current mode.
+
+    Returns points sorted by budget, each ``{"budget": bytes, "predicted_peak": bytes,
+    "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``. A smaller budget
+    never gives a higher predicted peak.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    from fxckpt.passes import annotate, capture
+    from fxckpt.passes.prediction import reserve
+    from fxckpt.passes.graph_view import problem_of
+    from fxckpt.solver import pareto as solve_pareto, simulate
+
+    captured = capture(model, tuple(example_inputs), dict(example_kwargs or {}))
+    annotate(captured.gm, captured.graph_args(tuple(example_inputs), dict(example_kwargs or {})))
+    problem = problem_of(captured.gm)
+    extra = reserve(problem)
+    eager = simulate(problem, ()).peak_bytes + extra
+    forward = sum(op.cost for op in problem.ops) or 1.0
+    return [
+        {"budget": p.budget + extra, "predicted_peak": p.predicted_peak + extra,
+         "recompute": p.recompute_cost / forward, "eager_peak": eager}
+        for p in sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
+    ]
