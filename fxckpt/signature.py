@@ -54,8 +54,9 @@ _IDENTITY_TYPES: tuple[type, ...] = (
 class CallKey:
     """Everything a captured graph is specialised to, except tensor shapes."""
 
-    modes: tuple[bool, ...]
-    """``training`` of the root and of every submodule, in ``modules()`` order."""
+    modes: tuple[Hashable, ...]
+    """``training`` of the root and of every submodule, in ``modules()`` order (and which
+    submodules are compiled on their own: the graph calls those as they are)."""
     autocast: tuple[Hashable, ...]
     """Autocast enabled/dtype for CPU and CUDA."""
     spec: pytree.TreeSpec
@@ -64,7 +65,7 @@ class CallKey:
     """Per leaf: a tensor's type, dtype, device, rank and ``requires_grad``, or a value's key."""
 
 
-def call_key(modes: tuple[bool, ...], args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
+def call_key(modes: tuple[Hashable, ...], args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
     """The call's :class:`CallKey` and the shapes of its tensors (leaf order)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     keys: list[Hashable] = []

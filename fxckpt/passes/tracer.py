@@ -23,7 +23,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks", "to_graph_module", "ORIGINAL_PATH"]
+__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks", "is_compiled", "to_graph_module",
+           "ORIGINAL_PATH"]
 
 ORIGINAL_PATH = "fxckpt_path"
 """``node.meta`` key of a module or attribute path renamed because a GraphModule owns the name."""
@@ -59,6 +60,16 @@ def has_hooks(module: torch.nn.Module) -> bool:
     """True when the module has forward, pre-forward or backward hooks of its own."""
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or module._backward_pre_hooks)
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """True for a module compiled on its own (``module.compile()``, or ``torch.compile(module)``).
+
+    Such a module is called as it is (a leaf): tracing through it would drop its compilation.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(module, OptimizedModule) or module.__dict__.get("_compiled_call_impl") is not None
 
 
 class FxckptTracer(torch.fx.Tracer):

@@ -60,6 +60,8 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     """Run ``segment(*inputs)`` and recompute it in backward instead of keeping its activations."""
     if not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
+    if torch.compiler.is_compiling():
+        return torch_checkpoint.checkpoint(segment, *inputs, use_reentrant=False, preserve_rng_state=True)
     call = _SegmentCall(segment)
     return torch_checkpoint.checkpoint(
         segment,
