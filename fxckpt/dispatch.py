@@ -76,7 +76,8 @@ class Dispatcher:
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         compiled = self.serve(tm, args, kwargs)
         offloader = self.offloader
-        if offloader is None or self.config.offload == "auto" or not (tm.training and torch.is_grad_enabled()):
+        training = tm.training and torch.is_grad_enabled()
+        if offloader is None or self.config.offload == "auto" or not training:
             return compiled(args, kwargs)
         with offloader.hooks(tm):
             return compiled(args, kwargs)
@@ -187,7 +188,7 @@ def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     view = type(model).__new__(type(model))
     view.__dict__.update(tm.__dict__)
     view.__dict__.pop("__fxckpt__", None)
-    view.__dict__.pop("_compiled_call_impl", None)  # tm.compile() compiled tm's call, not the model's
+    view.__dict__.pop("_compiled_call_impl", None)  # what tm.compile() compiled is tm's call
     return view
 
 

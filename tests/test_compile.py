@@ -12,6 +12,7 @@ fxckpt.measure's RSS protocol in subprocesses (see docs/compile.md for the numbe
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any, Callable
 
 import pytest
@@ -50,7 +51,7 @@ class Recorder:
         return self.inner(gm, example_inputs)
 
     def checkpoint_ops(self) -> list[int]:
-        """Per graph: how many ``tag_activation_checkpoint`` ops (checkpointed segments) it holds."""
+        """Per graph: how many ``tag_activation_checkpoint`` ops (segments) it holds."""
         return [sum(n.target is CHECKPOINT_OP for n in g.graph.nodes) for g in self.graphs]
 
 
@@ -85,7 +86,8 @@ STRATEGIES: dict[str, Callable[[Case], dict[str, Any]]] = {
 }
 
 
-def transformed_pair(case: Case, strategy: str) -> tuple[torch.nn.Module, torch.nn.Module, tuple, dict]:
+def transformed_pair(case: Case, strategy: str) -> tuple[torch.nn.Module, torch.nn.Module,
+                                                         tuple, dict]:
     """The same transformed model twice (one to run eagerly, one to compile), and inputs."""
     model = case.make()
     args, kwargs = case.inputs()
@@ -118,14 +120,16 @@ FAST = [("mlp", "every"), ("mlp", "depth"), ("mlp", "budget"),
 SLOW = [("gpt2", "every"), ("gpt2", "depth"), ("gpt2", "budget")]
 
 
-@pytest.mark.parametrize("name,strategy", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
+@pytest.mark.parametrize("name,strategy",
+                         FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
 def test_aot_eager_is_bit_exact_and_compiles_once(name: str, strategy: str) -> None:
     check_compiled(_CASES[name], strategy, "aot_eager")
 
 
-# Inductor takes 20-100 s per graph on this 2-core machine: one strategy per model covers all three.
+# Inductor takes 20-100 s per model here with a cold cache: one strategy per model, three in all.
 @pytest.mark.slow
-@pytest.mark.parametrize("name,strategy", [("mlp", "depth"), ("resnet", "every"), ("gpt2", "budget")])
+@pytest.mark.parametrize("name,strategy",
+                         [("mlp", "depth"), ("resnet", "every"), ("gpt2", "budget")])
 def test_inductor_is_close(name: str, strategy: str) -> None:
     with inductor_config.patch(fallback_random=True):  # dropout masks drawn as eager draws them
         check_compiled(_CASES[name], strategy, "inductor")
@@ -232,6 +236,20 @@ def test_a_compiled_root_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixt
     assert model._compiled_call_impl is not None  # the model itself is left as it was
 
 
+def test_offload_is_exact_though_its_hooks_break_the_graph() -> None:
+    """Dynamo cannot trace saved-tensor hooks: correct, in several graphs (docs/compile.md)."""
+    model = MLP(depth=4, width=32)
+    x = torch.randn(8, 32, requires_grad=True)
+    options = {"every": 2, "offload": True, "offload_device": "cpu", "offload_threshold": 0}
+    ref = fxckpt.transform(copy.deepcopy(model), **options)
+    tm = fxckpt.transform(copy.deepcopy(model), **options)
+    compiled = torch.compile(tm, backend="aot_eager")
+    for seed in (0, 1):
+        assert_steps_equal(step(ref, (x,), {}, seed), step(compiled, (x,), {}, seed))
+    assert fxckpt.inspect(tm).offload_stats.offloaded > 0
+    assert any("saved_tensors_hooks" in reason for reason in graph_breaks())
+
+
 def compile_blocks(model: MLP, recorder: Recorder, in_place: bool) -> None:
     for i, block in enumerate(model.layers):
         if in_place:
@@ -271,7 +289,8 @@ def test_per_block_compile(order: str, in_place: bool) -> None:
 
 def compiled_step_peak(transformed: bool, backend: str, layers: int = 8, width: int = 512,
                        batch: int = 1024, every: int = 2) -> dict[str, Any]:
-    """Subprocess target: RSS peak of a compiled training step of ``layers`` x Linear+GELU."""
+    """Subprocess target: RSS peak of a compiled training step of ``layers`` x Linear+GELU
+    (``backend="none"``: not compiled)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     blocks: list[torch.nn.Module] = []
@@ -284,23 +303,28 @@ def compiled_step_peak(transformed: bool, backend: str, layers: int = 8, width: 
         model = fxckpt.transform(model, every=every, example_inputs=(x,))
         plan = fxckpt.inspect(model).plan
         predicted, eager_predicted = plan.predicted_peak, plan.eager_peak
-    compiled = torch.compile(model, backend=backend)
+    compiled = model if backend == "none" else torch.compile(model, backend=backend)
 
     def train_step() -> None:
         compiled(x).pow(2).mean().backward()
 
-    rss = step_peak_rss(train_step, warmup=2, repeats=3)
-    return {"peak": rss["peak_bytes"], "predicted": predicted, "eager_predicted": eager_predicted}
+    start = time.perf_counter()
+    train_step()
+    first = time.perf_counter() - start
+    rss = step_peak_rss(train_step, warmup=1, repeats=3)
+    return {"peak": rss["peak_bytes"], "predicted": predicted, "eager_predicted": eager_predicted,
+            "first_step_seconds": first}
 
 
 def check_memory(backend: str) -> None:
     target = f"{__name__}:compiled_step_peak"
     plain = run_in_subprocess(target, {"transformed": False, "backend": backend})
     ckpt = run_in_subprocess(target, {"transformed": True, "backend": backend})
-    assert ckpt["peak"] < 0.4 * plain["peak"], (ckpt, plain)
-    # The plan's figure holds under compile: 26 MiB predicted, 24 MiB measured here.
+    assert ckpt["peak"] < 0.5 * plain["peak"], (ckpt, plain)
+    # The plan's figure holds under compile: 18.0 MiB predicted, 15.9 MiB measured here.
     assert abs(ckpt["peak"] - ckpt["predicted"]) < 0.15 * ckpt["predicted"], ckpt
-    assert abs(plain["peak"] - ckpt["eager_predicted"]) < 0.15 * ckpt["eager_predicted"], (ckpt, plain)
+    eager_predicted = ckpt["eager_predicted"]
+    assert abs(plain["peak"] - eager_predicted) < 0.15 * eager_predicted, (ckpt, plain)
 
 
 @pytest.mark.slow

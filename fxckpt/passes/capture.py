@@ -112,7 +112,8 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
     guard = StateGuard(model, quiet)
     try:
         with guard:
-            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}), hooked + compiled)
+            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}),
+                                    hooked + compiled)
     except CaptureError:
         raise
     except Exception as e:

@@ -23,8 +23,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks", "is_compiled", "to_graph_module",
-           "ORIGINAL_PATH"]
+__all__ = ["FxckptTracer", "function_call", "function_of", "has_hooks", "is_compiled",
+           "to_graph_module", "ORIGINAL_PATH"]
 
 ORIGINAL_PATH = "fxckpt_path"
 """``node.meta`` key of a module or attribute path renamed because a GraphModule owns the name."""
@@ -69,7 +69,8 @@ def is_compiled(module: torch.nn.Module) -> bool:
     """
     from torch._dynamo.eval_frame import OptimizedModule
 
-    return isinstance(module, OptimizedModule) or module.__dict__.get("_compiled_call_impl") is not None
+    compiled_call = module.__dict__.get("_compiled_call_impl")
+    return isinstance(module, OptimizedModule) or compiled_call is not None
 
 
 class FxckptTracer(torch.fx.Tracer):

@@ -74,9 +74,9 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
 
 
 def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
-    """Under ``torch.compile``: torch's checkpoint without a ``context_fn``, which dynamo turns into
-    its ``tag_activation_checkpoint`` op; AOTAutograd's partitioner then recomputes the segment's
-    ops in backward from what it saved, in one graph with the rest of the forward.
+    """Under ``torch.compile``: torch's checkpoint without a ``context_fn``, which dynamo turns
+    into its ``tag_activation_checkpoint`` op; AOTAutograd's partitioner then recomputes the
+    segment's ops in backward from what it saved, in one graph with the rest of the forward.
 
     Buffers the segment writes are first set from copies taken before it runs: a no-op in the
     forward, but the recompute reads those copies, not the updated buffers (which AOTAutograd
