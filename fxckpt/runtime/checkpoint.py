@@ -60,7 +60,7 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     """Run ``segment(*inputs)`` and recompute it in backward instead of keeping its activations."""
     if not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():  # not under non-strict export: that runs this code
         return _traced_checkpoint(segment, inputs)
     call = _SegmentCall(segment)
     return torch_checkpoint.checkpoint(
