@@ -64,6 +64,10 @@ class Counts:
     plan_seconds: float = 0.0
 
 
+_SERVE_REASON = ("fxckpt picks the plan for each call outside the graph, one break before the "
+                 "forward's first op: compile without fullgraph=True, or compile each block")
+
+
 class Dispatcher:
     """The state behind a transformed module: its model, options, captures, plans and offloader."""
 
@@ -80,16 +84,27 @@ class Dispatcher:
         return not self.config.pipelined and not (training and torch.is_grad_enabled())
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        compiled = self.compiled_for(tm, args, kwargs)
-        self.last = compiled
+        compiled = self.serve(tm, args, kwargs)
         offloader = self.offloader
-        if offloader is None or not (tm.training and torch.is_grad_enabled()):
-            return compiled(args, kwargs)
-        offloader.stats = type(offloader.stats)()
-        if self.config.offload == "auto":
+        training = tm.training and torch.is_grad_enabled()
+        if offloader is None or self.config.offload == "auto" or not training:
             return compiled(args, kwargs)
         with offloader.hooks(tm):
             return compiled(args, kwargs)
+
+    @torch.compiler.disable(reason=_SERVE_REASON)
+    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """The plan that runs this call (captured and planned now if needed).
+
+        ``torch.compile`` does not trace this lookup (one graph break, before any segment): it
+        runs Python over dicts and may capture or plan, and its result, a different object for
+        each mode, autocast state and call structure, is what the compiled graph is guarded on.
+        """
+        compiled = self.compiled_for(tm, args, kwargs)
+        self.last = compiled
+        if self.offloader is not None and tm.training and torch.is_grad_enabled():
+            self.offloader.stats = type(self.offloader.stats)()
+        return compiled
 
     def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
@@ -111,8 +126,11 @@ class Dispatcher:
 
         plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
         key, shapes = call_key(module_states(tm), plan_args, plan_kwargs)
-        entry = self._entry(tm, key, shapes, args, kwargs)
-        return self._plan(tm, entry, shapes, args, kwargs)
+        # Capture and annotate call modules compiled on their own (module.compile()) eagerly:
+        # dynamo marks a frame it first meets under a dispatch mode (annotate's) as never compiled.
+        with torch.compiler.set_stance("force_eager"):
+            entry = self._entry(tm, key, shapes, args, kwargs)
+            return self._plan(tm, entry, shapes, args, kwargs)
 
     def _entry(self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict) -> Entry:
         from fxckpt.planner import capture_for
@@ -191,6 +209,7 @@ def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     view = type(model).__new__(type(model))
     view.__dict__.update(tm.__dict__)
     view.__dict__.pop("__fxckpt__", None)
+    view.__dict__.pop("_compiled_call_impl", None)  # what tm.compile() compiled is tm's call
     return view
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "call_key",
     "module_states",
     "has_hooks",
+    "is_compiled",
     "shapes_of",
     "dominates",
     "describe_signature",
@@ -56,8 +57,9 @@ _IDENTITY_TYPES: tuple[type, ...] = (
 class CallKey:
     """Everything a captured graph is specialised to, except tensor shapes."""
 
-    modules: tuple[tuple[bool, bool], ...]
-    """``(training, has hooks)`` of the root and of every submodule, in ``modules()`` order."""
+    modules: tuple[tuple[bool, bool, bool], ...]
+    """``(training, has hooks, compiled on its own)`` of the root and of every submodule, in
+    ``modules()`` order: hooked and compiled submodules are called as they are by the graph."""
     autocast: tuple[Hashable, ...]
     """Autocast enabled/dtype for CPU and CUDA."""
     spec: pytree.TreeSpec
@@ -66,9 +68,10 @@ class CallKey:
     """Per leaf: a tensor's type, dtype, device, rank and ``requires_grad``, or a value's key."""
 
 
-def module_states(root: torch.nn.Module) -> tuple[tuple[bool, bool], ...]:
-    """``(training, has hooks)`` of every module under ``root`` (see :class:`CallKey`)."""
-    return tuple((m.training, has_hooks(m)) for m in root.modules())
+def module_states(root: torch.nn.Module) -> tuple[tuple[bool, bool, bool], ...]:
+    """``(training, has hooks, compiled)`` of every module under ``root`` (see :class:`CallKey`);
+    the root's own compilation (``tm.compile()``) is its caller's business, not the graph's."""
+    return tuple((m.training, has_hooks(m), i > 0 and is_compiled(m)) for i, m in enumerate(root.modules()))
 
 
 TRANSPARENT_HOOKS = ("transformers.utils.output_capturing",)
@@ -83,7 +86,18 @@ def has_hooks(module: torch.nn.Module) -> bool:
     return any(getattr(h, "__module__", None) not in TRANSPARENT_HOOKS for t in tables for h in t.values())
 
 
-def call_key(modules: tuple[tuple[bool, bool], ...], args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
+def is_compiled(module: torch.nn.Module) -> bool:
+    """True for a module compiled on its own (``module.compile()``, or ``torch.compile(module)``).
+
+    Such a module is called as it is (a leaf): tracing through it would drop its compilation.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(module, OptimizedModule) or module.__dict__.get("_compiled_call_impl") is not None
+
+
+def call_key(modules: tuple[tuple[bool, bool, bool], ...], args: tuple,
+             kwargs: dict) -> tuple[CallKey, Shapes]:
     """The call's :class:`CallKey` and the shapes of its tensors (leaf order)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     keys: list[Hashable] = []

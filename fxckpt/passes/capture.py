@@ -38,7 +38,7 @@ from fxckpt.errors import CaptureError
 from fxckpt.passes.exporter import ShapeRule, export_graph
 from fxckpt.passes.state_guard import StateGuard
 from fxckpt.passes.tracer import FxckptTracer, to_graph_module
-from fxckpt.signature import Binder, Shapes, has_hooks, is_static_value
+from fxckpt.signature import Binder, Shapes, has_hooks, is_compiled, is_static_value
 
 __all__ = ["Captured", "capture", "SYMBOLIC", "EXPORT"]
 
@@ -93,12 +93,13 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
     binder = Binder(model.forward)
     modules = list(model.named_modules())
     hooked = tuple(path for path, m in modules if path and has_hooks(m))
+    compiled = tuple(path for path, m in modules if path and is_compiled(m) and path not in hooked)
     quiet = [m for _, m in modules if has_hooks(m)]
     failures: list[tuple[str, BaseException]] = []
     guard = StateGuard(model, quiet)
     try:
         with guard:
-            gm = _symbolic(model, binder, args, kwargs, hooked)
+            gm = _symbolic(model, binder, args, kwargs, hooked + compiled)
     except Exception as e:  # any tracer failure: fall back and report it if export fails too
         failures.append((SYMBOLIC, e))
     else:
@@ -111,7 +112,8 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
     guard = StateGuard(model, quiet)
     try:
         with guard:
-            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}), hooked)
+            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}),
+                                    hooked + compiled)
     except CaptureError:
         raise
     except Exception as e:
@@ -125,12 +127,12 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
 
 
 def _symbolic(model: torch.nn.Module, binder: Binder, args: Optional[tuple], kwargs: Optional[dict],
-              hooked: tuple[str, ...]) -> torch.fx.GraphModule:
+              leaves: tuple[str, ...]) -> torch.fx.GraphModule:
     concrete = None
     if args is not None or kwargs is not None:
         bound = binder.bind(tuple(args or ()), dict(kwargs or {}))
         concrete = {k: v for k, v in bound.items() if is_static_value(v)} or None
-    tracer = FxckptTracer(leaves=frozenset(hooked))
+    tracer = FxckptTracer(leaves=frozenset(leaves))
     graph = tracer.trace(model, concrete_args=concrete)
     return to_graph_module(tracer.root, graph, type(model).__name__)
 

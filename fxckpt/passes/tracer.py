@@ -23,8 +23,6 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fxckpt.signature import has_hooks
-
 __all__ = ["FxckptTracer", "function_call", "function_of", "to_graph_module", "ORIGINAL_PATH"]
 
 ORIGINAL_PATH = "fxckpt_path"

@@ -60,6 +60,8 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     """Run ``segment(*inputs)`` and recompute it in backward instead of keeping its activations."""
     if not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
+    if torch.compiler.is_dynamo_compiling():  # not under non-strict export: that runs this code
+        return _traced_checkpoint(segment, inputs)
     call = _SegmentCall(segment)
     return torch_checkpoint.checkpoint(
         segment,
@@ -69,6 +71,26 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
         context_fn=call.contexts,
         determinism_check=_DETERMINISM,
     )
+
+
+def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
+    """Under ``torch.compile``: torch's checkpoint without a ``context_fn``, which dynamo turns
+    into its ``tag_activation_checkpoint`` op; AOTAutograd's partitioner then recomputes the
+    segment's ops in backward from what it saved, in one graph with the rest of the forward.
+
+    Buffers the segment writes are first set from copies taken before it runs: a no-op in the
+    forward, but the recompute reads those copies, not the updated buffers (which AOTAutograd
+    would otherwise hand it, pytorch/pytorch#197039). Segment names and the recompute check are
+    eager-only: the compiled recompute is part of the graph.
+    """
+    buffers = [segment.get_buffer(n) for n in getattr(segment, "_fxckpt_restores", ())]
+    before = [b.detach().clone() for b in buffers]
+
+    def run(*args: Any) -> Any:
+        _put(buffers, before)
+        return segment(*args)
+
+    return torch_checkpoint.checkpoint(run, *inputs, use_reentrant=False, preserve_rng_state=True)
 
 
 # Generated code reads `fxckpt_checkpoint(segment_0, x)`; `fxckpt.checkpoint` is the public name.
