@@ -27,6 +27,7 @@ from fxckpt.runtime.schedule import bubble_fraction
 from fxckpt.passes import annotate, capture, lower, select
 from fxckpt.passes.capture import Captured
 from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.passes.sharding import full_parameters, recomputable
 from fxckpt.passes.state_guard import hooks_off
 from fxckpt.plan import Plan
 from fxckpt.signature import describe_signature, signature_key
@@ -68,10 +69,12 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
     gm = copy_graph_module(captured.gm)
     gm.training = training
     hooked = [model.get_submodule(p) for p in captured.hooked]
-    with hooks_off(hooked):  # the user's hooks must not fire on annotate's fake tensors
+    # The user's hooks must not fire on annotate's fake tensors (nor FSDP's all-gathers).
+    with hooks_off(hooked), full_parameters(model):
         annotate(gm, captured.graph_args(plan_args, plan_kwargs))
+    rerun = {p for p, m in zip(captured.hooked, hooked) if recomputable(m)}  # FSDP: gathers again
     keep = {n.name: str(n.target) for n in gm.graph.nodes
-            if n.op == "call_module" and str(n.target) in captured.hooked}
+            if n.op == "call_module" and str(n.target) in captured.hooked and str(n.target) not in rerun}
     plan = select(
         gm, config, capture=captured.method, training=training,
         signature=describe_signature(args, kwargs), keep=keep,
