@@ -50,6 +50,8 @@ class Compiled:
     """The signature key of the call it was planned for (what an export matches calls by)."""
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.pipeline is not None and not _batch_is_dynamic(self.captured):
+            _check_even_split(self.pipeline.pipeline.chunks, args, kwargs)
         return self.captured.call(self.pipeline or self.gm, args, kwargs)
 
 
@@ -64,8 +66,8 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
     """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``."""
     start = time.perf_counter()
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
-    if config.pipelined and not captured.shape_free:
-        _check_even_split(config, args, kwargs)
+    if config.pipelined and not _batch_is_dynamic(captured):
+        _check_even_split(config.chunks or 1, args, kwargs)
     gm = copy_graph_module(captured.gm)
     gm.training = training
     hooked = [model.get_submodule(p) for p in captured.hooked]
@@ -99,14 +101,23 @@ def first_micro_batch(config: TransformConfig, args: tuple, kwargs: dict) -> tup
     return scatter(args, kwargs, config.chunks)[0]
 
 
-def _check_even_split(config: TransformConfig, args: tuple, kwargs: dict) -> None:
+def _batch_is_dynamic(captured: Captured) -> bool:
+    """Does the graph take any batch size (dim 0 of every tensor input), so micro-batches may differ?
+
+    An exported graph's batch range starts at 2 (export specialises sizes 0 and 1); a last
+    micro-batch of 1 runs through it as well, as torchgpipe allows.
+    """
+    rule = captured.shape_rule
+    return rule is None or all(dims[0][0] != dims[0][1] for dims in rule.dims if dims)
+
+
+def _check_even_split(chunks: int, args: tuple, kwargs: dict) -> None:
     batch = batch_size(args, kwargs)
-    chunks = config.chunks or 1
     if batch and batch >= chunks and batch % chunks:
         raise ConfigError(
-            f"a graph captured with torch.export is specialised to one micro-batch shape, so the batch "
-            f"({batch}) must split evenly into chunks={chunks}; use a batch that is a multiple of "
-            f"{chunks}, or a model symbolic_trace can capture"
+            f"torch.export specialised this graph to one micro-batch size (the model's Python depends on "
+            f"the batch size), so the batch ({batch}) must split evenly into chunks={chunks}; use a "
+            f"batch that is a multiple of {chunks}, or a model symbolic_trace can capture"
         )
 
 
