@@ -9,6 +9,7 @@ The strategies and the memory simulator read only this record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Iterator
@@ -23,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.errors import PlanError
 
-__all__ = ["META_KEY", "NodeInfo", "annotate", "info", "module_path_of", "compute_nodes", "is_guard",
+__all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "module_path_of", "compute_nodes", "is_guard",
            "planned_nodes"]
 
 log = logging.getLogger(__name__)
@@ -98,21 +99,28 @@ def _normalise_path(path: str) -> str:
 
 def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.GraphModule:
     """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place."""
+    with faking(gm) as fake_mode:
+        fake_args = [pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor, v) for v in placeholder_values]
+        _Annotator(gm, fake_mode).run(*fake_args)
+    log.debug("annotated %d nodes", len(gm.graph.nodes))
+    return gm
+
+
+@contextlib.contextmanager
+def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
+    """A fake tensor mode to run ``gm`` in, leaving RNG states and ``gm``'s buffers as they were."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_args = [pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor, v) for v in placeholder_values]
     saved = [b.detach().clone() for b in gm.buffers()]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices), fake_mode:
-            _Annotator(gm, fake_mode).run(*fake_args)
+            yield fake_mode
     finally:
         # Under a user's autocast region, autocast caches casts of parameters: drop the fake ones.
         torch.clear_autocast_cache()
         with torch.no_grad():
             for b, s in zip(gm.buffers(), saved):
                 b.copy_(s)
-    log.debug("annotated %d nodes", len(gm.graph.nodes))
-    return gm
 
 
 # Ops whose schema does not mark the arguments they write (running statistics), by position.
