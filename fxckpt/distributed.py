@@ -81,7 +81,8 @@ class StageModule(nn.Module):
         self._modules.clear()
         self._parameters.clear()
         self._buffers.clear()
-        for name, (tensor, persistent) in stage_state(self.__dict__["graph"], self.__dict__["_model"]).items():
+        state = stage_state(self.__dict__["graph"], self.__dict__["_model"])
+        for name, (tensor, persistent) in state.items():
             _register(self, name, tensor, persistent)
 
     def forward(self, *args: Any) -> Any:
@@ -99,7 +100,8 @@ class StageModule(nn.Module):
         return f"stage={self.index}, recompute={self.recompute}"
 
 
-def stage_state(graph: nn.Module, model: Optional[nn.Module] = None) -> dict[str, tuple[torch.Tensor, bool]]:
+def stage_state(graph: nn.Module,
+                model: Optional[nn.Module] = None) -> dict[str, tuple[torch.Tensor, bool]]:
     """``{model name: (tensor, persistent)}`` for the parameters and buffers a stage graph reads.
 
     Names come from the graph (segment submodules dropped, renamed attributes restored). With
@@ -108,11 +110,11 @@ def stage_state(graph: nn.Module, model: Optional[nn.Module] = None) -> dict[str
     """
     renamed = _renamed_heads(graph)
     found: dict[str, tuple[torch.Tensor, bool]] = {}
-    for name, t in [*graph.named_parameters(remove_duplicate=False), *graph.named_buffers(remove_duplicate=False)]:
+    for name, t in _tensors(graph):
         found.setdefault(_model_name(graph, name, renamed), (t, True))
     if model is None:
         return found
-    own = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    own = dict(_tensors(model))
     by_id: dict[int, str] = {}
     for name, t in own.items():
         by_id.setdefault(id(t), name)
@@ -124,6 +126,12 @@ def stage_state(graph: nn.Module, model: Optional[nn.Module] = None) -> dict[str
             name = by_id[id(t)]
         kept[name] = (t, _persistent(model, name))
     return kept
+
+
+def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer under every name (shared ones under each)."""
+    return [*module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False)]
 
 
 def _model_name(graph: nn.Module, name: str, renamed: dict[str, str]) -> str:
@@ -205,15 +213,16 @@ def _stage_modules(stages: Any, example_inputs: Optional[Sequence[Any]],
     if isinstance(stages, nn.Module) and STATE in stages.__dict__:
         return _stages_of(stages, dispatcher_of(stages), example_inputs, example_kwargs)
     if example_inputs is not None or example_kwargs is not None:
-        raise ConfigError("example_inputs= plans a transformed module; the stages given are planned already "
-                          f"(got {type(stages).__name__})")
+        raise ConfigError("example_inputs= plans a transformed module; the stages given are "
+                          f"planned already (got {type(stages).__name__})")
     if hasattr(stages, "stage_modules"):
         return list(stages.stage_modules), None
     if isinstance(stages, (list, tuple)) and stages and all(isinstance(s, nn.Module) for s in stages):
         return list(stages), None
     raise ConfigError(
-        "stages must be a module fxckpt.transform returned (with stages=, devices= or chunks=), its "
-        f"fxckpt.inspect(tm).pipeline, or a list of stage modules (got {type(stages).__name__})"
+        "stages must be a module fxckpt.transform returned (with stages=, devices= or chunks=), "
+        "its fxckpt.inspect(tm).pipeline, or a list of stage modules "
+        f"(got {type(stages).__name__})"
     )
 
 
@@ -221,8 +230,9 @@ def _stages_of(tm: nn.Module, dispatcher: Any, example_inputs: Optional[Sequence
                example_kwargs: Optional[dict]) -> tuple[list[nn.Module], nn.Module]:
     if not dispatcher.config.pipelined:
         raise ConfigError(
-            f"this {type(dispatcher.model).__name__} was transformed without stages; transform it with "
-            "stages=K (one per rank), e.g. fxckpt.transform(model, depth=2, stages=2, chunks=4)"
+            f"this {type(dispatcher.model).__name__} was transformed without stages; transform it "
+            "with stages=K (one per rank), e.g. fxckpt.transform(model, depth=2, stages=2, "
+            "chunks=4)"
         )
     if example_inputs is not None or example_kwargs is not None:
         if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
@@ -231,8 +241,8 @@ def _stages_of(tm: nn.Module, dispatcher: Any, example_inputs: Optional[Sequence
         compiled = dispatcher.plan_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
     elif dispatcher.last is None:
         raise ConfigError(
-            "this transformed module has not planned its stages yet: pass example_inputs=(batch,) to "
-            "build_stage (or to fxckpt.transform), or call it once in training"
+            "this transformed module has not planned its stages yet: pass example_inputs=(batch,) "
+            "to build_stage (or to fxckpt.transform), or call it once in training"
         )
     else:
         compiled = dispatcher.last

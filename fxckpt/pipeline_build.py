@@ -49,6 +49,11 @@ class PipelinedModule(nn.Module):
         return [s.get_submodule("module") for s in self.pipeline.stages]
 
     @property
+    def chunks(self) -> int:
+        """Micro-batches per call (fewer when the batch is smaller)."""
+        return self.pipeline.chunks
+
+    @property
     def recomputed(self) -> list[tuple[int, int]]:
         """``(micro-batch, stage)`` pairs recomputed in the latest backward."""
         return self.pipeline.recomputed
@@ -136,9 +141,10 @@ def _refuse_batch_outputs(gm: torch.fx.GraphModule, chunks: int) -> None:
     found = batch_outputs(gm) if chunks > 1 else []
     if found:
         raise ConfigError(
-            f"{', '.join(found)} is not a tensor and changes with the batch size (e.g. x.shape[0]); "
-            f"with chunks={chunks} the model runs on micro-batches, whose value is not the batch's. "
-            "Return it as a tensor with a batch dimension, compute it outside the model, or use chunks=1"
+            f"{', '.join(found)} is not a tensor and changes with the batch size (e.g. "
+            f"x.shape[0]); with chunks={chunks} the model runs on micro-batches, whose value is "
+            "not the batch's. Return it as a tensor with a batch dimension, compute it outside "
+            "the model, or use chunks=1"
         )
 
 

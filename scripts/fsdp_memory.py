@@ -1,4 +1,6 @@
-"""Peak activation memory of a training step under FSDP2, with and without fxckpt (docs/distributed.md).
+"""Peak activation memory of a training step under FSDP2, with and without fxckpt.
+
+The figures of docs/distributed.md:
 
     MALLOC_MMAP_THRESHOLD_=65536 python scripts/fsdp_memory.py
 
@@ -23,7 +25,8 @@ import torch.nn as nn
 
 import fxckpt
 
-CONFIGS = {"fsdp": (True, False), "fsdp+fxckpt": (True, True), "plain": (False, False), "fxckpt": (False, True)}
+CONFIGS = {"fsdp": (True, False), "fsdp+fxckpt": (True, True),  # (fully_shard, fxckpt.transform)
+           "plain": (False, False), "fxckpt": (False, True)}
 
 
 class Block(nn.Module):
@@ -56,7 +59,8 @@ def _worker(rank: int, world: int, port: int, config: str, results: "mp.SimpleQu
     from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     shard, transform = CONFIGS[config]

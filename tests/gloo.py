@@ -19,7 +19,8 @@ def run(body: Callable[..., None], *args: Any, world: int = 2) -> None:
 
 def _entry(rank: int, world: int, port: int, body: Callable[..., None], args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    timeout = datetime.timedelta(seconds=60)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     try:
         torch.set_num_threads(1)  # several processes on a shared 2-core machine
         body(rank, world, *args)

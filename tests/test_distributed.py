@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 import torch
@@ -29,7 +30,8 @@ def _stages(model: torch.nn.Module, x: torch.Tensor) -> list:
     """Two stages of ``model``, each with its own lowered checkpoint segments inside."""
     captured = capture(model, (x,), {})
     annotate(captured.gm, [x])
-    plan = select(captured.gm, TransformConfig(every=1), capture=captured.method, training=True, signature="")
+    plan = select(captured.gm, TransformConfig(every=1), capture=captured.method, training=True,
+                  signature="")
     lower(captured.gm, plan)
     return split_stages(captured.gm, partition(captured.gm, 2, plan=plan).stage_of)
 
@@ -62,7 +64,8 @@ def _mlp_stages(rank: int, world: int, checkpoint_dir: str) -> None:
         assert mine and set(stage.submod.state_dict()) <= set(model.state_dict()), sorted(mine)
         for name, p in mine.items():
             assert p is model.get_parameter(name)
-            torch.testing.assert_close(p.grad, reference.get_parameter(name).grad, rtol=1e-5, atol=1e-6,
+            want = reference.get_parameter(name).grad
+            torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"{kind}, rank {rank}, grad of {name}: {m}")
         assert _all_names(sorted(stage.submod.state_dict())) == sorted(model.state_dict())
     _save_and_reload(stage, reference, rank, checkpoint_dir)
@@ -92,8 +95,8 @@ def test_stages_from_the_transformed_module_match_one_process_and_checkpoint(tmp
 
 
 def _bn_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 8), nn.BatchNorm1d(8),
-                         nn.ReLU(), nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(),
+                         nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
 
 
 def _batchnorm_stages(rank: int, world: int) -> None:
@@ -101,7 +104,7 @@ def _batchnorm_stages(rank: int, world: int) -> None:
     model = _bn_model()
     reference = copy.deepcopy(model)
     x, y = torch.randn(12, 6), torch.randn(12, 3)
-    for xs, ys in zip(x.chunk(3), y.chunk(3)):  # micro-batch by micro-batch: 3 updates of the statistics
+    for xs, ys in zip(x.chunk(3), y.chunk(3)):  # micro-batch by micro-batch: 3 statistics updates
         _sum_sq(reference(xs), ys).backward()
     tm = fxckpt.transform(model, every=1, stages=2)  # a BatchNorm in each stage
     stage = fd.build_stage(tm, rank, "cpu", recompute=True, example_inputs=(x,))
@@ -117,9 +120,11 @@ def _batchnorm_stages(rank: int, world: int) -> None:
         if name.endswith("num_batches_tracked"):
             assert int(b) == int(want) == 3, f"rank {rank}: {name} is {int(b)}, want 3"
         else:
-            torch.testing.assert_close(b, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}, {name}: {m}")
+            torch.testing.assert_close(b, want, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank}, {name}: {m}")
     for name, p in stage.submod.named_parameters():
-        torch.testing.assert_close(p.grad, reference.get_parameter(name).grad, rtol=1e-5, atol=1e-6, msg=name)
+        want = reference.get_parameter(name).grad
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow
@@ -162,7 +167,8 @@ def test_stage_modules_use_the_model_names() -> None:
 def test_fxckpt_distributed_is_reached_from_import_fxckpt() -> None:
     code = ("import sys, fxckpt; assert 'fxckpt.distributed' not in sys.modules; "
             "assert 'torch.distributed.pipelining' not in sys.modules; "
-            "assert callable(fxckpt.distributed.build_stage); assert 'distributed' in fxckpt.__all__")
+            "assert callable(fxckpt.distributed.build_stage); "
+            "assert 'distributed' in fxckpt.__all__")
     subprocess.run([sys.executable, "-c", code], check=True, env=None)
 
 
@@ -186,6 +192,24 @@ def test_values_that_are_not_tensors_cannot_cross_ranks() -> None:
         fd.build_stage(stages, 1, "cpu")
 
 
+X = torch.randn(4, 32)
+BAD_SOURCES = [
+    (lambda: MLP(depth=2), {}, r"stages must be a module fxckpt.transform returned .*\(got MLP\)"),
+    (lambda: fxckpt.transform(MLP(depth=2), every=1), {},
+     r"MLP was transformed without stages; transform it with stages=K \(one per rank\)"),
+    (lambda: fxckpt.transform(MLP(depth=2), every=1, stages=2), {},
+     r"has not planned its stages yet: pass example_inputs=\(batch,\) to build_stage"),
+    (lambda: fxckpt.transform(MLP(depth=2), every=1, stages=2), {"example_inputs": X},
+     r"example_inputs must be a tuple of positional inputs \(got Tensor\)"),
+]
+
+
+@pytest.mark.parametrize("make,options,message", BAD_SOURCES)
+def test_what_build_stage_cannot_take(make: Callable, options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        fd.build_stage(make(), 0, "cpu", **options)
+
+
 def test_bad_arguments_are_rejected() -> None:
     torch.manual_seed(0)
     x = torch.randn(4, 32)
@@ -194,17 +218,8 @@ def test_bad_arguments_are_rejected() -> None:
         fd.build_stage(stages, 2, "cpu")
     with pytest.raises(ConfigError, match="does not exist"):
         fd.build_stage(stages, 0, "cuda:7")
-    with pytest.raises(ConfigError, match=r"example_inputs= plans a transformed module.*\(got list\)"):
+    with pytest.raises(ConfigError, match=r"example_inputs= plans a transformed module.*got list"):
         fd.build_stage(stages, 0, "cpu", example_inputs=(x,))
-    with pytest.raises(ConfigError, match=r"stages must be a module fxckpt.transform returned .*\(got MLP\)"):
-        fd.build_stage(MLP(depth=2), 0, "cpu")
-    with pytest.raises(ConfigError, match=r"MLP was transformed without stages; transform it with stages=K"):
-        fd.build_stage(fxckpt.transform(MLP(depth=2), every=1), 0, "cpu")
-    tm = fxckpt.transform(MLP(depth=2), every=1, stages=2)
-    with pytest.raises(ConfigError, match=r"has not planned its stages yet: pass example_inputs=\(batch,\)"):
-        fd.build_stage(tm, 0, "cpu")
-    with pytest.raises(ConfigError, match=r"example_inputs must be a tuple of positional inputs \(got Tensor\)"):
-        fd.build_stage(tm, 0, "cpu", example_inputs=x)
     with pytest.raises(ConfigError, match=r"schedule kind must be one of \('gpipe', '1f1b'\) \(got 'zb'\)"):
         fd.schedule(object(), "zb", 4)
     with pytest.raises(ConfigError, match=r"n_microbatches must be a positive integer \(got 0\)"):

@@ -130,7 +130,8 @@ class PerSample(torch.nn.Module):
 
 
 def test_graphs_specialised_to_one_batch_size_need_an_even_split() -> None:
-    message = r"specialised this graph to one micro-batch size .* the batch \({}\) must split evenly into chunks=2"
+    message = (r"specialised this graph to one micro-batch size .* the batch \({}\) must split "
+               r"evenly into chunks=2")
     with pytest.raises(fxckpt.ConfigError, match=message.format(7)):
         fxckpt.transform(PerSample(), every=1, chunks=2, devices=["cpu"] * 2)(torch.randn(7, 4))
     tm = fxckpt.transform(PerSample(), every=1, chunks=2, devices=["cpu"] * 2)

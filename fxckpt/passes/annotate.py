@@ -24,7 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.errors import PlanError
 
-__all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "module_path_of", "compute_nodes", "is_guard",
+__all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "module_path_of", "compute_nodes",
+           "is_guard",
            "planned_nodes"]
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ def _normalise_path(path: str) -> str:
 def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.GraphModule:
     """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place."""
     with faking(gm) as fake_mode:
-        fake_args = [pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor, v) for v in placeholder_values]
+        fake = fake_mode.from_tensor
+        fake_args = [pytree.tree_map_only(torch.Tensor, fake, v) for v in placeholder_values]
         _Annotator(gm, fake_mode).run(*fake_args)
     log.debug("annotated %d nodes", len(gm.graph.nodes))
     return gm
@@ -108,7 +110,7 @@ def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.Gra
 
 @contextlib.contextmanager
 def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
-    """A fake tensor mode to run ``gm`` in, leaving RNG states and ``gm``'s buffers as they were."""
+    """A fake tensor mode to run ``gm`` in; RNG states and ``gm``'s buffers stay as they were."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     saved = [b.detach().clone() for b in gm.buffers()]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []

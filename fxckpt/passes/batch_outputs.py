@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def batch_outputs(gm: torch.fx.GraphModule) -> list[str]:
-    """Names of the annotated ``gm``'s non-tensor outputs whose value changes with the batch size."""
+    """Names of the annotated ``gm``'s non-tensor outputs whose value changes with the batch."""
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     leaves = [n for n in pytree.tree_leaves(output.args[0]) if isinstance(n, torch.fx.Node)]
     suspects = [n for n in leaves if META_KEY in n.meta and not info(n).is_tensor]
@@ -41,15 +41,15 @@ def batch_outputs(gm: torch.fx.GraphModule) -> list[str]:
     try:
         first, second = (_values(gm, suspects, b) for b in (batch, batch + 1))
     except Exception as e:  # the graph takes one batch size only: nothing to compare
-        log.debug("batch_outputs: %s does not run at batch %d (%s)", type(gm).__name__, batch + 1, e)
+        log.debug("batch_outputs: the graph does not run at batch %d (%s)", batch + 1, e)
         return []
     names = _leaf_names(gm, output)
     return [names[n] for n, a, b in zip(suspects, first, second) if not same_value(a, b)]
 
 
 def _batch(gm: torch.fx.GraphModule) -> Optional[int]:
-    sizes = {info(n).shapes[0][0] for n in gm.graph.nodes
-             if n.op == "placeholder" and META_KEY in n.meta and info(n).shapes and info(n).shapes[0]}
+    inputs = [info(n) for n in gm.graph.nodes if n.op == "placeholder" and META_KEY in n.meta]
+    sizes = {i.shapes[0][0] for i in inputs if i.shapes and i.shapes[0]}
     return sizes.pop() if len(sizes) == 1 else None
 
 
@@ -79,4 +79,5 @@ def _leaf_names(gm: torch.fx.GraphModule, output: torch.fx.Node) -> dict[torch.f
     if spec is not None and spec.out_spec is not None:  # exported: flat outputs, the caller's spec
         tree = pytree.tree_unflatten(list(pytree.tree_leaves(tree)), spec.out_spec)
     paths, _ = pytree.tree_flatten_with_path(tree)
-    return {leaf: "output" + pytree.keystr(path) for path, leaf in paths if isinstance(leaf, torch.fx.Node)}
+    return {leaf: "output" + pytree.keystr(path) for path, leaf in paths
+            if isinstance(leaf, torch.fx.Node)}

@@ -38,7 +38,8 @@ from torch.fx.graph import _PyTreeCodeGen
 
 from fxckpt.errors import CaptureError
 from fxckpt.passes.exporter import ShapeRule, export_graph
-from fxckpt.passes.sharding import full_parameters, parameter_owners, refuse_sharded_root, sharding_key
+from fxckpt.passes.sharding import (full_parameters, parameter_owners, refuse_sharded_root,
+                                    sharding_key)
 from fxckpt.passes.state_guard import StateGuard
 from fxckpt.passes.tracer import FxckptTracer, has_hooks, to_graph_module
 from fxckpt.signature import Binder, Shapes, is_static_value
@@ -70,7 +71,7 @@ class Captured:
     """:func:`~fxckpt.passes.sharding.sharding_key` of ``model`` when captured."""
 
     def accepts(self, shapes: Shapes) -> bool:
-        """True when this graph computes the model for tensors of these shapes (and its sharding)."""
+        """True when this graph computes the model for tensors of these shapes, as sharded now."""
         if self.model is not None and sharding_key(self.model) != self.sharding:
             return False  # fully_shard since: the graph reads parameters FSDP replaced
         return self.shape_rule is None or self.shape_rule.accepts(shapes)

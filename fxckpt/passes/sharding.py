@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator
+from typing import Any, Iterator, cast
 
 import torch
 
@@ -46,7 +46,7 @@ def recomputable(module: torch.nn.Module) -> bool:
         return False
     from torch.distributed.fsdp import fully_shard
 
-    state = fully_shard.state(module)
+    state = cast(Any, fully_shard).state(module)  # contract()'s accessor; the stubs omit it
     hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
              *module._backward_hooks.values(), *module._backward_pre_hooks.values()]
     return all(getattr(h, "__self__", None) is state for h in hooks)
@@ -63,12 +63,13 @@ def sharding_key(model: torch.nn.Module) -> tuple[bool, ...]:
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     hooks = [*model._forward_pre_hooks.values(), *model._forward_hooks.values()]
-    root = is_fsdp(model) or any(isinstance(getattr(h, "__self__", None), FSDPState) for h in hooks)
+    root = is_fsdp(model) or any(isinstance(getattr(h, "__self__", None), FSDPState)
+                                 for h in hooks)
     return (root, *(is_fsdp(m) for m in model.modules()))
 
 
 def parameter_owners(model: torch.nn.Module) -> tuple[str, ...]:
-    """Paths of the non-root modules that own parameters, outside FSDP modules (called opaquely)."""
+    """Paths of the non-root modules owning parameters, outside FSDP modules (called opaquely)."""
     owners: list[str] = []
     skip: list[str] = []
     for path, m in model.named_modules():
@@ -85,9 +86,10 @@ def parameter_owners(model: torch.nn.Module) -> tuple[str, ...]:
 @contextlib.contextmanager
 def full_parameters(model: torch.nn.Module) -> Iterator[None]:
     """Show every ``DTensor`` parameter as a stride-0 plain tensor of its global shape."""
-    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
     for m in model.modules():
-        swapped += [(m, name, p) for name, p in m._parameters.items() if _is_dtensor(p)]
+        swapped += [(m, name, p) for name, p in m._parameters.items()
+                    if p is not None and _is_dtensor(p)]
     try:
         for m, name, p in swapped:
             full = torch.empty((), dtype=p.dtype, device=p.device).expand(p.shape)

@@ -116,9 +116,10 @@ def _one_value(items: list, where: str) -> Any:
     for i, it in enumerate(items[1:], start=1):
         if not same_value(it, items[0]):
             raise ValueError(
-                f"{where} is {_show(items[0])} in micro-batch 0 but {_show(it)} in micro-batch {i}; "
-                "a non-tensor output must be the same in every micro-batch to be the batch's. Return "
-                "it as a tensor with a batch dimension, or compute it outside the pipeline"
+                f"{where} is {_show(items[0])} in micro-batch 0 but {_show(it)} in micro-batch "
+                f"{i}; a non-tensor output must be the same in every micro-batch to be the "
+                "batch's. Return it as a tensor with a batch dimension, or compute it outside the "
+                "pipeline"
             )
     return items[0]
 

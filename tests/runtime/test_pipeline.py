@@ -294,7 +294,8 @@ class Masked(nn.Module):
         return out
 
 
-def _pipelined(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, chunks: int = 2) -> PipelinedModule:
+def _pipelined(model: nn.Module, x: torch.Tensor, mask: torch.Tensor,
+               chunks: int = 2) -> PipelinedModule:
     captured = capture(model, (x,), {"mask": mask})
     annotate(captured.gm, captured.graph_args((x,), {"mask": mask}))
     return build_pipeline(captured.gm, chunks=chunks, devices=["cpu"] * 2)
@@ -306,15 +307,17 @@ def test_batch_dims_that_disagree_fail_at_the_call() -> None:
     with pytest.raises(ValueError, match=r"same batch size along dim 0.*x: 4, mask: 3"):
         pm(x, torch.ones(3, 16))
     out = pm(torch.randn(5, 16), torch.ones(5, 16))  # micro-batches of 3 and 2
-    assert out["logits"].shape == (5, 3) and (out["width"], out["kind"], out["extra"]) == (16, "masked", None)
+    assert out["logits"].shape == (5, 3)
+    assert (out["width"], out["kind"], out["extra"]) == (16, "masked", None)
 
 
 def test_non_tensor_outputs_that_follow_the_batch_size_are_refused() -> None:
-    """``x.shape[0]`` is 2 in both micro-batches of a batch of 4: equal, and still not the batch's 4."""
+    """``x.shape[0]`` is 2 in both micro-batches of a batch of 4: equal, yet not the batch's 4."""
     x, mask = torch.randn(4, 16), torch.ones(4, 16)
+    message = (r"output\['n'\] is not a tensor and changes with the batch size .* with chunks=2 "
+               r"the model runs on micro-batches")
     for model in (Masked(per_sample=True), KwargsDict()):
-        with pytest.raises(ConfigError, match=r"output\['n'\] is not a tensor and changes with the batch "
-                                              r"size .* with chunks=2 the model runs on micro-batches"):
+        with pytest.raises(ConfigError, match=message):
             _pipelined(model, x, mask)
     assert _pipelined(KwargsDict(), x, mask, chunks=1)(x, mask)["n"] == 4
 
