@@ -249,6 +249,30 @@ def _stages_of(tm: nn.Module, dispatcher: Any, example_inputs: Optional[Sequence
     return list(compiled.pipeline.stage_modules), dispatcher.model
 
 
+def _refuse_shared_parameters(modules: list[nn.Module], model: Optional[nn.Module]) -> None:
+    """A parameter two stages use (tied embeddings) would be two copies on two ranks.
+
+    Each rank would add only its own stage's part to the gradient and step its own copy, and the
+    copies would drift apart: refused, rather than trained silently wrong.
+    """
+    users: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for j, m in enumerate(modules):
+        for name, (t, _) in stage_state(m, model).items():
+            if isinstance(t, nn.Parameter) and j not in users.setdefault(id(t), []):
+                users[id(t)].append(j)
+                names.setdefault(id(t), name)
+    shared = {names[i]: stages for i, stages in users.items() if len(stages) > 1}
+    if shared:
+        shown = ", ".join(f"{n} (stages {s})" for n, s in sorted(shared.items()))
+        raise ConfigError(
+            f"parameters used by more than one stage: {shown}. Each rank would keep its own copy "
+            "and its own part of the gradient. Untie them (Hugging Face: "
+            "config.tie_word_embeddings=False), or choose stage boundaries that keep their users "
+            "in one stage (balance=)"
+        )
+
+
 def _check_tensor_edges(module: nn.Module, index: int, count: int) -> None:
     """Values crossing ranks must be tensors; the stage's annotations say which are not."""
     if not isinstance(module, torch.fx.GraphModule):
@@ -288,6 +312,7 @@ def build_stage(
     if isinstance(stage_index, bool) or not isinstance(stage_index, int) or not 0 <= stage_index < len(modules):
         raise ConfigError(f"stage_index must be an integer in [0, {len(modules) - 1}] (got {stage_index!r})")
     dev = check_device(device)
+    _refuse_shared_parameters(modules, model)
     graph = modules[stage_index]
     _check_tensor_edges(graph, stage_index, len(modules))
     module = StageModule(graph, stage_index, model, recompute).to(dev)

@@ -132,6 +132,55 @@ def test_recomputed_stages_update_batchnorm_once_per_micro_batch() -> None:
     gloo.run(_batchnorm_stages)
 
 
+def _gpt2(tied: bool) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, bos_token_id=0,
+                     eos_token_id=0, use_cache=False, tie_word_embeddings=tied, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(cfg)
+
+
+def _logits_sum_sq(out: tuple, target: torch.Tensor) -> torch.Tensor:
+    return out[0].pow(2).sum()  # an exported graph's last stage returns the flat outputs
+
+
+def _gpt2_stages(rank: int, world: int) -> None:
+    torch.manual_seed(0)
+    model, x = _gpt2(tied=False), torch.randint(0, 64, (8, 12))
+    reference = copy.deepcopy(model)
+    reference(x).logits.pow(2).sum().backward()
+    tm = fxckpt.transform(model, depth=3, stages=2, chunks=4)
+    stage = fd.build_stage(tm, rank, "cpu", example_inputs=(x,))
+    run = fd.schedule(stage, "1f1b", n_microbatches=4, loss_fn=_logits_sum_sq, scale_grads=False)
+    if rank == 0:
+        run.step(x)
+    else:
+        run.step(target=torch.zeros(8))
+    assert _all_names(sorted(stage.submod.state_dict())) == sorted(model.state_dict())
+    for name, p in stage.submod.named_parameters():
+        want = reference.get_parameter(name).grad
+        torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.slow
+def test_gpt2_stages_across_ranks_send_only_tensors() -> None:
+    """An exported GPT-2 (dynamic sizes) over 2 ranks: every gradient equals one process's."""
+    pytest.importorskip("transformers")
+    gloo.run(_gpt2_stages)
+
+
+@pytest.mark.slow
+def test_parameters_two_stages_use_are_refused() -> None:
+    """Tied embeddings in stages 0 and 1: each rank would train its own copy."""
+    pytest.importorskip("transformers")
+    tm = fxckpt.transform(_gpt2(tied=True), depth=3, stages=2, chunks=4)
+    message = (r"parameters used by more than one stage: lm_head.weight \(stages \[0, 1\]\).*"
+               r"tie_word_embeddings=False")
+    with pytest.raises(ConfigError, match=message):
+        fd.build_stage(tm, 0, "cpu", example_inputs=(torch.randint(0, 64, (8, 12)),))
+
+
 class Renamed(nn.Module):
     """A child named like a GraphModule attribute (renamed in the graph), a BatchNorm, and a
     non-persistent buffer."""
