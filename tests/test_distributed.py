@@ -160,7 +160,8 @@ def _gpt2_stages(rank: int, world: int) -> None:
     assert _all_names(sorted(stage.submod.state_dict())) == sorted(model.state_dict())
     for name, p in stage.submod.named_parameters():
         want = reference.get_parameter(name).grad
-        torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.slow
