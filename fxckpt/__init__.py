@@ -3,7 +3,11 @@
     tm = fxckpt.transform(model, every=2)     # or depth=2, force={...}
     loss = loss_fn(tm(x), y); loss.backward() # same gradients, less memory
     info = fxckpt.inspect(tm); print(info.plan); print(info.code)
+
+``fxckpt.distributed`` (stages for ``torch.distributed.pipelining``) is imported on first use.
 """
+
+from typing import Any
 
 from fxckpt.api import pareto, transform
 from fxckpt.budget import BudgetInfeasibleError
@@ -48,4 +52,14 @@ __all__ = [
     "PlanError",
     "NotPlannedError",
     "InputError",
+    "distributed",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # `fxckpt.distributed` without importing it (and torch.distributed) with every `import fxckpt`.
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module("fxckpt.distributed")
+    raise AttributeError(f"module 'fxckpt' has no attribute {name!r}")

@@ -206,7 +206,7 @@ def _volume(shapes: Shapes) -> int:
 
 def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     """An instance of the model's class over ``tm``'s current state, to capture (never ``tm``)."""
-    view = type(model).__new__(type(model))
+    view = object.__new__(type(model))  # not type(model).__new__: FSDPModule.__new__ builds anew
     view.__dict__.update(tm.__dict__)
     view.__dict__.pop("__fxckpt__", None)
     view.__dict__.pop("_compiled_call_impl", None)  # what tm.compile() compiled is tm's call

@@ -68,7 +68,7 @@ class TransformedModule(torch.nn.Module):
 def make_transformed(model: torch.nn.Module, config: TransformConfig) -> TransformedModule:
     """A new transformed module sharing ``model``'s state (``model`` itself is not changed)."""
     cls = _class_for(type(model))
-    tm: TransformedModule = object.__new__(cls)
+    tm: TransformedModule = object.__new__(cls)  # FSDPModule.__new__ would build a fresh model instance
     tm.__dict__.update(model.__dict__)
     tm.__dict__.pop(STATE, None)
     if tm.__dict__.get("_compiled_call_impl") is not None:  # model.compile(): would skip our forward

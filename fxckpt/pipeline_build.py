@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import ConfigError
+from fxckpt.passes.batch_outputs import batch_outputs
 from fxckpt.passes.partition import Balance, StagePlan, partition, pytree_specs, split_stages, stage_order
 from fxckpt.plan import Plan
 from fxckpt.runtime.pipeline import Device, Pipeline, check_checkpoint, check_chunks, check_device
@@ -46,6 +47,11 @@ class PipelinedModule(nn.Module):
     def stage_modules(self) -> list[nn.Module]:
         """The stage GraphModules, in order (what ``fxckpt.distributed.build_stage`` takes)."""
         return [s.get_submodule("module") for s in self.pipeline.stages]
+
+    @property
+    def chunks(self) -> int:
+        """Micro-batches per call (fewer when the batch is smaller)."""
+        return self.pipeline.chunks
 
     @property
     def recomputed(self) -> list[tuple[int, int]]:
@@ -109,6 +115,7 @@ def build_pipeline(
     """
     check_chunks(chunks)
     check_checkpoint(checkpoint)
+    _refuse_batch_outputs(gm, chunks)
     devs = _check_devices(devices)
     k = _stage_count(stages, devs, balance)
     if len(devs) == 1 and k > 1:
@@ -128,6 +135,17 @@ def build_pipeline(
     log.info("fxckpt pipeline: %d stage(s) on %s, chunks=%d, checkpoint=%s", stage_plan.stages,
              [str(d) for d in devs], chunks, checkpoint)
     return PipelinedModule(pipe, stage_plan, gm)
+
+
+def _refuse_batch_outputs(gm: torch.fx.GraphModule, chunks: int) -> None:
+    found = batch_outputs(gm) if chunks > 1 else []
+    if found:
+        raise ConfigError(
+            f"{', '.join(found)} is not a tensor and changes with the batch size (e.g. "
+            f"x.shape[0]); with chunks={chunks} the model runs on micro-batches, whose value is "
+            "not the batch's. Return it as a tensor with a batch dimension, compute it outside "
+            "the model, or use chunks=1"
+        )
 
 
 def _check_devices(devices: object) -> list[torch.device]:

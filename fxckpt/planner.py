@@ -21,12 +21,13 @@ import torch.fx
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, FxckptError, PlanError
-from fxckpt.pipeline_build import build_pipeline
+from fxckpt.pipeline_build import PipelinedModule, build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
 from fxckpt.runtime.schedule import bubble_fraction
 from fxckpt.passes import annotate, capture, lower, select
 from fxckpt.passes.capture import Captured
 from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.passes.sharding import full_parameters, recomputable
 from fxckpt.passes.state_guard import hooks_off
 from fxckpt.plan import Plan
 from fxckpt.signature import describe_signature, signature_key
@@ -43,12 +44,14 @@ class Compiled:
     captured: Captured
     gm: torch.fx.GraphModule
     plan: Plan
-    pipeline: Optional[torch.nn.Module] = None
+    pipeline: Optional[PipelinedModule] = None
     """The pipelined module (``fxckpt.pipeline_build.PipelinedModule``) when stages were asked for."""
     key: Any = None
     """The signature key of the call it was planned for (what an export matches calls by)."""
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.pipeline is not None and not _batch_is_dynamic(self.captured):
+            _check_even_split(self.pipeline.chunks, args, kwargs)
         return self.captured.call(self.pipeline or self.gm, args, kwargs)
 
 
@@ -84,15 +87,18 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
 def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,
            model: torch.nn.Module) -> Compiled:
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
-    if config.pipelined and not captured.shape_free:
-        _check_even_split(config, args, kwargs)
+    if config.pipelined and not _batch_is_dynamic(captured):
+        _check_even_split(config.chunks or 1, args, kwargs)
     gm = copy_graph_module(captured.gm)
     gm.training = training
     hooked = [model.get_submodule(p) for p in captured.hooked]
-    with hooks_off(hooked):  # the user's hooks must not fire on annotate's fake tensors
+    # The user's hooks must not fire on annotate's fake tensors (nor FSDP's all-gathers).
+    with hooks_off(hooked), full_parameters(model):
         annotate(gm, captured.graph_args(plan_args, plan_kwargs))
+    # Hooked modules stay out of segments, but FSDP's: they gather their parameters again.
+    kept = {p for p, m in zip(captured.hooked, hooked) if not recomputable(m)}
     keep = {n.name: str(n.target) for n in gm.graph.nodes
-            if n.op == "call_module" and str(n.target) in captured.hooked}
+            if n.op == "call_module" and str(n.target) in kept}
     plan = select(
         gm, config, capture=captured.method, training=training,
         signature=describe_signature(args, kwargs), keep=keep,
@@ -116,14 +122,24 @@ def first_micro_batch(config: TransformConfig, args: tuple, kwargs: dict) -> tup
     return scatter(args, kwargs, config.chunks)[0]
 
 
-def _check_even_split(config: TransformConfig, args: tuple, kwargs: dict) -> None:
+def _batch_is_dynamic(captured: Captured) -> bool:
+    """Does the graph take any batch size (dim 0 of its tensor inputs), so micro-batches may vary?
+
+    An exported graph's batch range starts at 2 (export specialises sizes 0 and 1); a last
+    micro-batch of 1 runs through it as well, as torchgpipe allows.
+    """
+    rule = captured.shape_rule
+    return rule is None or all(dims[0][0] != dims[0][1] for dims in rule.dims if dims)
+
+
+def _check_even_split(chunks: int, args: tuple, kwargs: dict) -> None:
     batch = batch_size(args, kwargs)
-    chunks = config.chunks or 1
     if batch and batch >= chunks and batch % chunks:
         raise ConfigError(
-            f"a graph captured with torch.export is specialised to one micro-batch shape, so the batch "
-            f"({batch}) must split evenly into chunks={chunks}; use a batch that is a multiple of "
-            f"{chunks}, or a model symbolic_trace can capture"
+            f"torch.export specialised this graph to one micro-batch size (the model's Python "
+            f"depends on the batch size), so the batch ({batch}) must split evenly into "
+            f"chunks={chunks}; use a batch that is a multiple of {chunks}, or a model "
+            "symbolic_trace can capture"
         )
 
 

@@ -93,3 +93,48 @@ def test_bad_pipeline_options_found_when_planning() -> None:
     tm = fxckpt.transform(TwoInputs(), chunks=2, devices=["cpu"])
     with pytest.raises(ValueError, match="batch"):
         tm(torch.randn(4, 3), torch.randn(5, 3))
+
+
+@pytest.mark.slow
+def test_hf_gpt2_micro_batches_need_not_divide_the_batch() -> None:
+    """Batch 8 in chunks=7 (micro-batches 2, 1, 1, 1, 1, 1, 1): the exported graph's batch is
+    dynamic, so one capture and one plan serve every micro-batch size."""
+    model = gpt2(layers=2)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (8, 12))
+    tm = fxckpt.transform(model, depth=3, chunks=7, devices=["cpu", "cpu"])
+    got, want = tm(ids), reference(ids)
+    loss, expected = loss_of(got.logits), loss_of(want.logits)
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    info = fxckpt.inspect(tm)
+    assert (info.captures, info.plans_made) == (1, 1)
+    assert sorted({i for i, _ in info.pipeline.recomputed}) == list(range(6))  # except_last: 7 - 1
+
+
+class PerSample(torch.nn.Module):
+    """Python that loops over the batch: torch.export specialises the batch size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.fc(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+def test_graphs_specialised_to_one_batch_size_need_an_even_split() -> None:
+    message = (r"specialised this graph to one micro-batch size .* the batch \({}\) must split "
+               r"evenly into chunks=2")
+    with pytest.raises(fxckpt.ConfigError, match=message.format(7)):
+        fxckpt.transform(PerSample(), every=1, chunks=2, devices=["cpu"] * 2)(torch.randn(7, 4))
+    tm = fxckpt.transform(PerSample(), every=1, chunks=2, devices=["cpu"] * 2)
+    assert tm(torch.randn(8, 4)).shape == (8, 4)
+    with pytest.raises(fxckpt.ConfigError, match=message.format(7)):
+        tm(torch.randn(7, 4))  # micro-batches of 4 and 3 for a graph made for 4

@@ -196,7 +196,7 @@ def _module(path: str, mod: torch.nn.Module, code_dir: str, tensors: _Tensors,
 
 
 def _leaf_class(mod: torch.nn.Module, path: str) -> str:
-    from fxckpt.passes.tracer import has_hooks
+    from fxckpt.signature import has_hooks
 
     where = f"the module at {path or '<root>'}"
     cls = module_class_path(type(mod), where)

@@ -15,6 +15,8 @@ Either way the graph must compute what the model computes, or capture refuses:
 
 * custom autograd Functions stay opaque calls (their backward runs);
 * modules with hooks are called as they are, so hooks fire on real tensors once per call;
+* with FSDP2 (``fully_shard``), modules owning parameters are called too, so parameters are
+  always read live, sharded or whole as FSDP left them (:mod:`fxckpt.passes.sharding`);
 * a forward that draws numpy/Python random numbers or changes Python state is refused with
   :class:`~fxckpt.errors.CaptureError`, naming what changed (:mod:`fxckpt.passes.state_guard`);
 * global module hooks are refused: a graph cannot call them once per module.
@@ -36,6 +38,8 @@ from torch.fx.graph import _PyTreeCodeGen
 
 from fxckpt.errors import CaptureError
 from fxckpt.passes.exporter import ShapeRule, export_graph
+from fxckpt.passes.sharding import (full_parameters, parameter_owners, refuse_sharded_root,
+                                    sharding_key)
 from fxckpt.passes.state_guard import StateGuard
 from fxckpt.passes.tracer import FxckptTracer, to_graph_module
 from fxckpt.signature import Binder, Shapes, has_hooks, is_compiled, is_static_value
@@ -60,10 +64,16 @@ class Captured:
     shape_rule: Optional[ShapeRule] = None
     """For exported graphs: the shapes the graph accepts (``None``: any shape)."""
     hooked: tuple[str, ...] = ()
-    """Modules with hooks, called as they are; kept out of recompute segments."""
+    """Modules with hooks, called as they are; kept out of recompute segments (but FSDP's)."""
+    model: Optional[torch.nn.Module] = None
+    """What was captured (its children and hook tables are the transformed module's)."""
+    sharding: tuple[bool, ...] = ()
+    """:func:`~fxckpt.passes.sharding.sharding_key` of ``model`` when captured."""
 
     def accepts(self, shapes: Shapes) -> bool:
-        """True when this graph computes the model for tensors of these shapes."""
+        """True when this graph computes the model for tensors of these shapes, as sharded now."""
+        if self.model is not None and sharding_key(self.model) != self.sharding:
+            return False  # fully_shard since: the graph reads parameters FSDP replaced
         return self.shape_rule is None or self.shape_rule.accepts(shapes)
 
     @property
@@ -93,27 +103,31 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
     binder = Binder(model.forward)
     modules = list(model.named_modules())
     hooked = tuple(path for path, m in modules if path and has_hooks(m))
-    compiled = tuple(path for path, m in modules if path and is_compiled(m) and path not in hooked)
+    sharding = sharding_key(model)
+    if any(sharding):  # FSDP: parameters are read by calling the modules that own them
+        refuse_sharded_root(model)
+    owners = parameter_owners(model) if any(sharding) else ()
+    compiled = tuple(path for path, m in modules if path and is_compiled(m))
+    called = tuple(dict.fromkeys(hooked + compiled + tuple(owners)))
     quiet = [m for _, m in modules if has_hooks(m)]
     failures: list[tuple[str, BaseException]] = []
     guard = StateGuard(model, quiet)
     try:
         with guard:
-            gm = _symbolic(model, binder, args, kwargs, hooked + compiled)
+            gm = _symbolic(model, binder, args, kwargs, called)
     except Exception as e:  # any tracer failure: fall back and report it if export fails too
         failures.append((SYMBOLIC, e))
     else:
         _refuse_changes(model, guard.changes)
         log.debug("captured %s with symbolic_trace (%d nodes)", type(model).__name__, len(gm.graph.nodes))
-        return Captured(gm, SYMBOLIC, binder, None, hooked)
+        return Captured(gm, SYMBOLIC, binder, None, hooked, model, sharding)
     if args is None and kwargs is None:
         _refuse_changes(model, guard.changes)
         raise CaptureError(_message(model, failures, have_inputs=False)) from failures[0][1]
     guard = StateGuard(model, quiet)
     try:
-        with guard:
-            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}),
-                                    hooked + compiled)
+        with guard, full_parameters(model):  # export runs opaque modules' forward on fakes too
+            exported = export_graph(model, tuple(args or ()), dict(kwargs or {}), called)
     except CaptureError:
         raise
     except Exception as e:
@@ -123,7 +137,7 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
     _refuse_changes(model, guard.changes)
     log.info("captured %s with torch.export (%s shapes; symbolic_trace failed: %s)", type(model).__name__,
              "dynamic" if exported.shapes.dynamic else "fixed", _first_line(failures[0][1]))
-    return Captured(exported.gm, EXPORT, binder, exported.shapes, hooked)
+    return Captured(exported.gm, EXPORT, binder, exported.shapes, hooked, model, sharding)
 
 
 def _symbolic(model: torch.nn.Module, binder: Binder, args: Optional[tuple], kwargs: Optional[dict],

@@ -250,10 +250,12 @@ def split_stages(gm: torch.fx.GraphModule, stage_of: Mapping[str, int]) -> list[
     stage = _check_stage_of(nodes, stage_of)
     k = max(stage.values()) + 1
     carried = _carried(nodes, stage, k)
+    sizes = [_sizes_read_off(c) for c in carried]
+    carried = [[v for v in c if v not in read] for c, read in zip(carried, sizes)]
     out = []
     for j in range(k):
         try:
-            out.append(_build_stage(gm, nodes, stage, j, k, carried))
+            out.append(_build_stage(gm, nodes, stage, j, k, carried, sizes[j - 1] if j else {}))
         except Exception as e:
             raise PlanError(f"split_stages: could not build stage {j} of {k}: {e}") from e
     log.debug("split into %d stages; carried between stages: %s", k, [[n.name for n in c] for c in carried])
@@ -288,8 +290,32 @@ def _carried(nodes: list[torch.fx.Node], stage: dict[torch.fx.Node, int], k: int
     return carried
 
 
+def _sizes_read_off(values: list[torch.fx.Node]) -> dict[torch.fx.Node, tuple[torch.fx.Node, int]]:
+    """Symbolic sizes among ``values`` that one of the tensors among them has as a dimension.
+
+    An exported graph with dynamic shapes computes ``sym_size`` ints early and uses them late
+    (``view(batch, seq, -1)``). Carried across a stage boundary they would be values that are
+    not tensors, which ``torch.distributed.pipelining`` cannot send; the next stage reads them
+    off a tensor it receives anyway (``node.meta["val"]`` says which dimension is which symbol).
+    """
+    dims: dict[Any, tuple[torch.fx.Node, int]] = {}
+    for t in values:
+        val = t.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt):
+                    dims.setdefault(size.node.expr, (t, d))
+    read = {}
+    for v in values:
+        val = v.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr in dims:
+            read[v] = dims[val.node.expr]
+    return read
+
+
 def _build_stage(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], stage: dict[torch.fx.Node, int],
-                 j: int, k: int, carried: list[list[torch.fx.Node]]) -> torch.fx.GraphModule:
+                 j: int, k: int, carried: list[list[torch.fx.Node]],
+                 sizes: Mapping[torch.fx.Node, tuple[torch.fx.Node, int]]) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
 
@@ -305,6 +331,9 @@ def _build_stage(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], stage: di
     else:
         for v in carried[j - 1]:
             env[v] = graph.placeholder(v.name)
+            env[v].meta = dict(v.meta)
+        for v, (t, d) in sizes.items():
+            env[v] = graph.call_function(torch.ops.aten.sym_size.int, (env[t], d))
             env[v].meta = dict(v.meta)
     for n in nodes:
         if stage.get(n) == j:

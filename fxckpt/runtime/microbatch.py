@@ -14,7 +14,10 @@ Rules (torchgpipe's, with ``torch.tensor_split`` sizes):
   pieces (8 into 3: 3, 3, 2);
 * non-tensor arguments and 0-dim tensors go to every micro-batch unchanged;
 * outputs keep their structure (tuple, list, dict, namedtuple, dataclass, Hugging Face
-  ``ModelOutput``); tensors are concatenated on dim 0, other leaves come from the first micro-batch.
+  ``ModelOutput``); tensors are concatenated on dim 0; any other value must be the same in every
+  micro-batch (``None``, a flag, a name), or a ``ValueError`` names it -- a value computed from
+  the batch size (``x.shape[0]``) is refused when the pipeline is built
+  (:mod:`fxckpt.passes.batch_outputs`), since equal micro-batches would hide it.
 
 The pieces are views, so gradients flow back into the caller's tensors as if nothing was split.
 """
@@ -27,7 +30,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["scatter", "gather", "batch_size"]
+__all__ = ["scatter", "gather", "batch_size", "same_value"]
 
 MicroBatch = tuple[tuple, dict]
 
@@ -105,7 +108,33 @@ def _gather(items: list, where: str) -> Any:
         if isinstance(first, tuple) and hasattr(first, "_fields"):
             return type(first)(*parts)
         return type(first)(parts)
-    return first
+    return _one_value(items, where)
+
+
+def _one_value(items: list, where: str) -> Any:
+    """A non-tensor output is the whole batch's only if every micro-batch returned the same."""
+    for i, it in enumerate(items[1:], start=1):
+        if not same_value(it, items[0]):
+            raise ValueError(
+                f"{where} is {_show(items[0])} in micro-batch 0 but {_show(it)} in micro-batch "
+                f"{i}; a non-tensor output must be the same in every micro-batch to be the "
+                "batch's. Return it as a tensor with a batch dimension, or compute it outside the "
+                "pipeline"
+            )
+    return items[0]
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """``a == b`` as one bool; ``False`` when ``==`` gives no single answer (arrays) or fails."""
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # e.g. an array's elementwise ==
+        return False
+
+
+def _show(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _cat(items: list, where: str) -> torch.Tensor:

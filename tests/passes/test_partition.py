@@ -155,3 +155,41 @@ def test_split_rejects_stages_that_are_not_contiguous() -> None:
         split_stages(gm, {name: i % 2 for i, name in enumerate(names)})
     with pytest.raises(ConfigError, match="missing"):
         split_stages(gm, {names[0]: 0})
+
+
+class Flatten(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, h: torch.Tensor, b: int, s: int) -> torch.Tensor:
+        return self.fc(h.reshape(b * s, 8)).reshape(b, s, 8)
+
+
+class Reshaping(nn.Module):
+    """Sizes read early and used late; a Python test on a size, so torch.export captures it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(4, 8), Flatten()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        if b > 0:  # symbolic_trace cannot branch on a size: export captures, with dynamic dims
+            x = x * 2
+        return self.head(self.fc(x), b, s)
+
+
+def test_sizes_are_read_off_carried_tensors_not_sent() -> None:
+    """An exported graph's ``sym_size`` values are not tensors: the next stage reads them off a
+    tensor it receives instead, so only tensors cross stage boundaries (as pipelining needs)."""
+    model, x = Reshaping(), torch.randn(4, 3, 4)
+    captured = capture(model, (x,), {})
+    assert captured.method == "export" and captured.shape_free
+    annotate(captured.gm, captured.graph_args((x,), {}))
+    stages = split_stages(captured.gm, partition(captured.gm, balance=["head"]).stage_of)
+    carried = [n for n in stages[1].graph.nodes if n.op == "placeholder"]
+    assert carried and all(info(n).is_tensor for n in carried), [n.name for n in carried]
+    x = torch.randn(5, 2, 4)  # another batch and sequence length
+    (out,) = stages[1](*stages[0](x))  # exported graphs' stages: flat inputs, a flat output
+    torch.testing.assert_close(out, model(x))

@@ -67,12 +67,12 @@ class Result:
 
 def test_gather_keeps_structure() -> None:
     t = [torch.full((2, 1), float(i)) for i in range(3)]
-    out = gather([{"x": ti, "meta": ("tag", i), "p": Pair(ti, [ti])} for i, ti in enumerate(t)])
+    out = gather([{"x": ti, "meta": ("tag", 7, None), "p": Pair(ti, [ti])} for ti in t])
     assert list(out) == ["x", "meta", "p"] and out["x"].shape == (6, 1)
-    assert out["meta"] == ("tag", 0)  # non-tensor leaves come from the first micro-batch
+    assert out["meta"] == ("tag", 7, None)  # the same in every micro-batch: the batch's value
     assert isinstance(out["p"], Pair) and isinstance(out["p"].b, list) and out["p"].b[0].shape == (6, 1)
-    res = gather([Result(ti, i) for i, ti in enumerate(t)])
-    assert isinstance(res, Result) and res.logits.shape == (6, 1) and res.n == 0
+    res = gather([Result(ti, 3) for ti in t])
+    assert isinstance(res, Result) and res.logits.shape == (6, 1) and res.n == 3
     od = gather([collections.OrderedDict(a=ti) for ti in t])
     assert type(od) is collections.OrderedDict
 
@@ -94,3 +94,15 @@ def test_gather_errors() -> None:
         gather([(torch.ones(1),), [torch.ones(1)]])
     with pytest.raises(ValueError, match="at least one"):
         gather([])
+
+
+def test_non_tensor_outputs_that_differ_between_micro_batches_are_named() -> None:
+    t = torch.ones(2, 1)
+    message = (r"output\['n'\] is 2 in micro-batch 0 but 1 in micro-batch 2; a non-tensor output "
+               r"must be the same in every micro-batch")
+    with pytest.raises(ValueError, match=message):
+        gather([{"x": t, "n": 2}, {"x": t, "n": 2}, {"x": t[:1], "n": 1}])
+    with pytest.raises(ValueError, match=r"output\.n is 0 in micro-batch 0 but 1 in micro-batch"):
+        gather([Result(t, 0), Result(t, 1)])
+    with pytest.raises(ValueError, match=r"output\[1\] is 'a' in micro-batch 0 but 'b'"):
+        gather([(t, "a"), (t, "b")])

@@ -279,16 +279,47 @@ def test_bad_arguments_fail_at_build_time(kwargs: dict, error: type, message: st
     assert isinstance(e.value, ValueError)
 
 
-def test_batch_dims_that_disagree_fail_at_the_call() -> None:
-    model = KwargsDict()
-    x, mask = torch.randn(4, 16), torch.ones(4, 16)
+class Masked(nn.Module):
+    """A dict output with non-tensor values the same in every micro-batch (and one that is not)."""
+
+    def __init__(self, per_sample: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 3)
+        self.per_sample = per_sample
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> dict:
+        out = {"logits": self.fc(x * mask), "width": x.shape[1], "kind": "masked", "extra": None}
+        if self.per_sample:
+            out["n"] = x.shape[0]  # the micro-batch's size, not the batch's
+        return out
+
+
+def _pipelined(model: nn.Module, x: torch.Tensor, mask: torch.Tensor,
+               chunks: int = 2) -> PipelinedModule:
     captured = capture(model, (x,), {"mask": mask})
     annotate(captured.gm, captured.graph_args((x,), {"mask": mask}))
-    pm = build_pipeline(captured.gm, chunks=2, devices=["cpu"] * 2)
+    return build_pipeline(captured.gm, chunks=chunks, devices=["cpu"] * 2)
+
+
+def test_batch_dims_that_disagree_fail_at_the_call() -> None:
+    x, mask = torch.randn(4, 16), torch.ones(4, 16)
+    pm = _pipelined(Masked(), x, mask)
     with pytest.raises(ValueError, match=r"same batch size along dim 0.*x: 4, mask: 3"):
         pm(x, torch.ones(3, 16))
-    out = pm(x, mask)
-    assert out["logits"].shape == (4, 3) and out["n"] == 2  # a non-tensor output comes from micro-batch 0
+    out = pm(torch.randn(5, 16), torch.ones(5, 16))  # micro-batches of 3 and 2
+    assert out["logits"].shape == (5, 3)
+    assert (out["width"], out["kind"], out["extra"]) == (16, "masked", None)
+
+
+def test_non_tensor_outputs_that_follow_the_batch_size_are_refused() -> None:
+    """``x.shape[0]`` is 2 in both micro-batches of a batch of 4: equal, yet not the batch's 4."""
+    x, mask = torch.randn(4, 16), torch.ones(4, 16)
+    message = (r"output\['n'\] is not a tensor and changes with the batch size .* with chunks=2 "
+               r"the model runs on micro-batches")
+    for model in (Masked(per_sample=True), KwargsDict()):
+        with pytest.raises(ConfigError, match=message):
+            _pipelined(model, x, mask)
+    assert _pipelined(KwargsDict(), x, mask, chunks=1)(x, mask)["n"] == 4
 
 
 @pytest.mark.slow
