@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from statistics import median
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ from fxckpt.bench.child import solve_scaling
 from fxckpt.bench.methods import CheckpointedChain
 from fxckpt.bench.models import MODELS, spec_for
 from fxckpt.bench.report import machine_info
-from fxckpt.bench.runner import matched_configs
+from fxckpt.bench.targets import timing_noise
+from fxckpt.bench.runner import (NOISE_GROUPS, Config, _in_report_order, _kwargs, matched_configs,
+                                 minimum_configs)
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -42,7 +45,12 @@ def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> No
         assert ROW_KEYS <= set(row) and row["status"] == "ok", row
         assert MEASURED_KEYS <= set(row), row
         assert row["rss_bytes"] > 0 and row["step_s"] > 0
-    fx = data["rows"][1]
+    base, fx, compiled = data["rows"][0], data["rows"][1], data["rows"][4]
+    steps, base_steps = base["step_samples"], base["base_samples"]  # --repeats 2: 2 pairs a group
+    assert len(base["group_ratios"]) == NOISE_GROUPS and len(steps) == 2 * NOISE_GROUPS
+    assert base["time_ratio"] == pytest.approx(median(steps) / median(base_steps))
+    assert base["group_ratios"][0] == pytest.approx(median(steps[:2]) / median(base_steps[:2]))
+    assert "torch.compile(backend='inductor')" in compiled["detail"] and "group_ratios" not in fx
     assert fx["predicted_peak"] > 0 and fx["budget_bytes"] > 0 and fx["solve_s"] >= 0
     assert fx["predicted_over_measured"] == pytest.approx(fx["predicted_peak"] / fx["rss_bytes"])
     assert data["machine"]["cores"] == os.cpu_count() and data["machine"]["threads"] == 1
@@ -54,6 +62,7 @@ def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> No
     for label in labels:
         assert f"| {label} |" in md
     assert "## Targets" in md and "## Solver alone" not in md
+    assert "Timing noise " in md and "mlp ±" in md
     assert md.count("budget held") == 1 and "Pareto dominance" in md
     assert "PASS" in proc.stdout or "FAIL" in proc.stdout
 
@@ -71,6 +80,22 @@ def test_a_failing_compile_backend_becomes_an_error_row(tmp_path: Path) -> None:
     assert [c.verdict for c in peer] == ["SKIP"] and "no_such_backend" in peer[0].detail
     md = render_markdown(result, checks)
     assert "| compile b=0.5 | — |" in md and "**error**: " in md
+
+
+@pytest.mark.slow  # five fresh Python processes: 20-40 s
+def test_an_infeasible_budget_is_run_again_at_its_stated_minimum_and_measured() -> None:
+    opts = BenchOptions(quick=True, models=("mlp",), methods=("fxckpt",), budgets=(0.2,),
+                        repeats=1, scaling_layers=(), match_peers=False)
+    base, infeasible, retry = run_bench(opts)["rows"]
+    assert infeasible["status"] == "infeasible" and infeasible["min_budget"] > 0
+    assert "BudgetInfeasibleError" in infeasible["error"] and "step_s" not in infeasible
+    assert (retry["label"], retry["minimum_of"], retry["budget"]) == (
+        "fxckpt @minimum of b=0.2", "fxckpt b=0.2", infeasible["min_budget"])
+    assert retry["status"] == "ok" and retry["rss_bytes"] > 0 and retry["step_s"] > 0
+    assert retry["predicted_peak"] <= infeasible["min_budget"]
+    (check,) = _by_target(check_targets([base, infeasible, retry], []), "budget held")
+    assert check.passed == (retry["rss_bytes"] <= 1.05 * infeasible["min_budget"])
+    assert f"with budget={infeasible['min_budget']}: measured" in check.detail
 
 
 def _row(model: str, method: str, budget: float | None, rss: float, time_ratio: float, **extra: Any) -> dict:
@@ -108,20 +133,82 @@ def test_targets_check_budget_prediction_and_dominance_with_their_numbers() -> N
     dom = _by_target(checks, "Pareto dominance")
     assert [c.subject for c in dom] == ["m checkpoint_per_block", "m compile b=0.25", "m checkpoint_sequential"]
     assert [c.verdict for c in dom] == ["PASS", "FAIL", "FAIL"]
-    assert "fxckpt/peer time = 0.92" in dom[0].detail  # 1.20 / 1.30, at 27 MiB <= 30 MiB
-    assert "fxckpt/peer time = 1.05" in dom[1].detail  # 1.10 / 1.05 at 49 MiB <= 50 MiB
-    assert "no fxckpt point at or below the peer's peak 20.0 MiB (lowest: 27.0 MiB)" in dom[2].detail
+    # the unmodified row's one ratio 1.00 is the noise: 0%
+    # 1.20 / 1.30, at 27 MiB <= 30 MiB
+    assert "fxckpt/peer time = 0.923, limit 1 + 0.0%" in dom[0].detail
+    assert "faster beyond the noise" in dom[0].detail
+    assert "fxckpt/peer time = 1.048" in dom[1].detail  # 1.10 / 1.05 at 49 MiB <= 50 MiB
+    assert "slower beyond the noise" in dom[1].detail
+    assert ("no fxckpt point at or below the peer's peak 20.0 MiB + its memory noise "
+            "(lowest: 27.0 MiB)") in dom[2].detail
 
 
-def test_infeasible_budgets_are_skipped_and_failed_runs_fail() -> None:
-    rows = [_row("m", "unmodified", None, 100, 1.0),
-            {"model": "m", "method": "fxckpt", "budget": 0.1, "label": "fxckpt b=0.1", "status": "infeasible",
-             "error": "smallest is 0.3"},
+def _infeasible(budget: float, min_mib: float) -> dict:
+    return {"model": "m", "method": "fxckpt", "budget": budget, "label": f"fxckpt b={budget:g}",
+            "status": "infeasible", "error": "BudgetInfeasibleError: ...",
+            "min_budget": int(min_mib * MiB)}
+
+
+def _at_minimum(of: dict, status: str = "ok", rss: float = 0.0) -> dict:
+    row = dict(_row("m", "fxckpt", None, rss, 1.3, minimum_of=of["label"], status=status),
+               budget=of["min_budget"], label=f"fxckpt @minimum of b={of['budget']:g}")
+    failed = dict(row, error="BudgetInfeasibleError: again", rss_bytes=None)
+    return row if status == "ok" else failed
+
+
+def test_an_infeasible_budget_passes_only_if_its_stated_minimum_is_held_when_measured() -> None:
+    held, broken, again, unmeasured = (_infeasible(b, 30) for b in (0.1, 0.15, 0.2, 0.25))
+    rows = [_row("m", "unmodified", None, 100, 1.0), held, broken, again, unmeasured,
+            _at_minimum(held, rss=31.4), _at_minimum(broken, rss=31.6),
+            _at_minimum(again, "infeasible"),
             {"model": "m", "method": "fxckpt", "budget": 0.5, "label": "fxckpt b=0.5", "status": "error",
              "error": "KeyError: 'kind'"}]
-    verdicts = [(c.verdict, c.detail) for c in _by_target(check_targets(rows, []), "budget held")]
-    assert verdicts[0][0] == "SKIP" and "smallest is 0.3" in verdicts[0][1]
-    assert verdicts[1][0] == "FAIL" and "KeyError" in verdicts[1][1]
+    checks = _by_target(check_targets(rows, []), "budget held")  # none for the @minimum rows
+    assert [(c.subject, c.verdict) for c in checks] == [
+        ("m fxckpt b=0.1 (infeasible)", "PASS"), ("m fxckpt b=0.15 (infeasible)", "FAIL"),
+        ("m fxckpt b=0.2 (infeasible)", "FAIL"), ("m fxckpt b=0.25 (infeasible)", "FAIL"),
+        ("m fxckpt b=0.5", "FAIL")]
+    assert "states a minimum of 30.0 MiB (31457280 bytes)" in checks[0].detail
+    assert ("measured 31.4 MiB vs 1.05 x 30.0 MiB = 31.5 MiB: 1.047x the stated minimum"
+            in checks[0].detail)
+    assert "1.053x the stated minimum" in checks[1].detail
+    assert "with budget=31457280: infeasible: BudgetInfeasibleError: again" in checks[2].detail
+    assert checks[3].detail.endswith("that minimum was not measured")
+    assert "KeyError" in checks[4].detail
+    # the run at the minimum is one more fxckpt point: its prediction is checked
+    predictions = _by_target(check_targets(rows, []), "prediction")
+    assert "m fxckpt @minimum of b=0.1" in [c.subject for c in predictions]
+
+
+def test_infeasible_rows_get_a_run_at_their_stated_minimum_in_bytes() -> None:
+    opts = BenchOptions(models=("mlp",), methods=("fxckpt", "checkpoint_per_block"),
+                        budgets=(0.1, 0.5))
+    configs = configurations(opts)
+    memory = {c: {"status": "ok", "rss_bytes": MiB} for c in configs}
+    memory[configs[1]] = {"status": "infeasible", "error": "...", "min_budget": 3 * MiB}
+    (retry,) = minimum_configs(configs, memory)
+    assert (retry.method, retry.budget, retry.minimum_of, retry.label) == (
+        "fxckpt", 3 * MiB, "fxckpt b=0.1", "fxckpt @minimum of b=0.1")
+    assert isinstance(retry.budget, int)
+    assert _kwargs(retry, opts, "measure_memory")["time_solver"] is False
+    peer = Config("mlp", "fxckpt", 2 * MiB, match="checkpoint_per_block")
+    assert [c.label for c in _in_report_order(configs + [peer, retry])] == [
+        "unmodified", "fxckpt b=0.1", "fxckpt @minimum of b=0.1", "fxckpt b=0.5",
+        "fxckpt @checkpoint_per_block", "checkpoint_per_block"]
+    # a matched row can be infeasible too: its minimum is measured and follows it
+    memory[peer] = {"status": "infeasible", "error": "...", "min_budget": 4 * MiB}
+    (again,) = minimum_configs([peer], memory)
+    assert again.label == "fxckpt @minimum of @checkpoint_per_block" and again.budget == 4 * MiB
+    assert [c.label for c in _in_report_order([again, peer, configs[0]])] == [
+        "unmodified", "fxckpt @checkpoint_per_block", "fxckpt @minimum of @checkpoint_per_block"]
+
+
+def test_only_the_unmodified_model_is_timed_in_noise_groups() -> None:
+    opts = BenchOptions(models=("mlp",), methods=("fxckpt",), budgets=(0.5,))
+    base, fx = configurations(opts)
+    assert _kwargs(base, opts, "measure_time")["groups"] == NOISE_GROUPS
+    assert "groups" not in _kwargs(base, opts, "measure_memory")
+    assert "groups" not in _kwargs(fx, opts, "measure_time")
 
 
 def test_solver_targets_use_time_limit_and_log_log_slope() -> None:
@@ -199,11 +286,41 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
     assert "usage: python -m fxckpt.bench" in capsys.readouterr().err
 
 
-def test_dominance_within_the_timing_noise_says_so() -> None:
-    rows = [_row("m", "unmodified", None, 100, 1.04),
-            _row("m", "fxckpt", 0.5, 40, 1.20, predicted_peak=int(40 * MiB)),
-            _row("m", "checkpoint_per_block", None, 41, 1.18),
-            _row("m", "checkpoint_sequential", None, 45, 1.40)]
-    close, far = _by_target(check_targets(rows, []), "Pareto dominance")
-    assert close.verdict == "FAIL" and "within the timing noise of ±4%" in close.detail  # 1.20 / 1.18
-    assert far.verdict == "PASS" and "noise" not in far.detail  # 1.20 / 1.40 = 0.86
+def test_dominance_needs_no_more_memory_and_no_slower_time_beyond_the_noise() -> None:
+    noise = [1.01, 0.97, 1.02, 1.00, 0.99]  # 3%
+    base = _row("m", "unmodified", None, 100, 1.01, group_ratios=noise)
+    ours = [_row("m", "fxckpt", 0.4, 40, 1.20, rss_samples=[40 * MiB, 40 * MiB]),
+            _row("m", "fxckpt", 0.45, 45.1, 1.00, rss_samples=[int(45.1 * MiB)] * 2)]
+    peers = [_row("m", "checkpoint_per_block", None, 41, 1.18),  # 1.20 / 1.18 = 1.017: a tie
+             _row("m", "checkpoint_sequential", None, 42, 1.40),  # 1.20 / 1.40: faster
+             _row("m", "compile", 0.5, 40, 1.15),  # 1.20 / 1.15 = 1.043: slower beyond 3%
+             _row("m", "compile", 0.6, 45, 1.05),  # the 1.00x point uses 0.1 MiB more: not it
+             _row("m", "compile", 0.7, 45, 1.05, rss_samples=[int(44.9 * MiB), int(45.2 * MiB)])]
+    dom = _by_target(check_targets([base, *ours, *peers], []), "Pareto dominance")
+    assert [c.verdict for c in dom] == ["PASS", "PASS", "FAIL", "FAIL", "PASS"]
+    assert ("fxckpt/peer time = 1.017, limit 1 + 3.0% (timing noise of 5 self-ratios): "
+            "equal within the noise") in dom[0].detail
+    assert "faster beyond the noise" in dom[1].detail
+    assert "fxckpt/peer time = 1.043" in dom[2].detail
+    assert "slower beyond the noise" in dom[2].detail
+    assert dom[3].detail.startswith("fxckpt b=0.4: 40.0 MiB, 1.20x time")
+    assert "(memory noise 0 KiB)" in dom[3].detail
+    # the peer's own RSS samples spread by 0.3 MiB: 45.1 MiB is within that memory noise
+    assert dom[4].detail.startswith("fxckpt b=0.45: 45.1 MiB, 1.00x time")
+    assert "(memory noise 307 KiB)" in dom[4].detail
+    assert timing_noise([base], "m") == (pytest.approx(0.03), 5)
+    assert timing_noise([base], "other") is None
+
+
+def test_dominance_without_a_measured_noise_uses_none() -> None:
+    rows = [_row("m", "fxckpt", 0.5, 40, 1.19), _row("m", "checkpoint_per_block", None, 41, 1.18)]
+    (dom,) = _by_target(check_targets(rows, []), "Pareto dominance")
+    assert dom.verdict == "FAIL" and "limit 1 + 0.0% (timing noise not measured)" in dom.detail
+
+
+def test_a_peer_shares_a_matched_row_only_if_that_budget_is_not_above_its_peak() -> None:
+    opts = BenchOptions(models=("mlp",), methods=("checkpoint_per_block", "checkpoint_sequential"))
+    configs = configurations(opts)
+    peaks = {"unmodified": 100, "checkpoint_per_block": 50, "checkpoint_sequential": 49.8}
+    memory = {c: {"status": "ok", "rss_bytes": int(peaks[c.label] * MiB)} for c in configs}
+    assert [c.budget for c in matched_configs(configs, memory)] == [50 * MiB, int(49.8 * MiB)]

@@ -1,8 +1,14 @@
-"""budget= holds the measured peak, keeps gradients exact, and fails clearly when it cannot."""
+"""budget= holds the measured peak, keeps gradients exact, and fails clearly when it cannot.
+
+A budget fraction is checked against the *measured* eager peak: the unmodified model's step
+measured with the same protocol (the live-tensor tracker, one warm-up step) as the transformed
+model's, never against the plan's own prediction of it.
+"""
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -19,8 +25,19 @@ CASES = [
 ]
 
 
-def _measured_peak(tm: torch.nn.Module, args: tuple) -> int:
-    return step_peak_tracked(lambda: loss_of(tm(*args)).backward(), warmup=1, repeats=1)["peak_bytes"]
+def _measured_peak(module: torch.nn.Module, args: tuple) -> int:
+    """Peak live tensor bytes of one training step after a warm-up step (gradients exist)."""
+    def step() -> None:
+        loss_of(module(*args)).backward()
+
+    return step_peak_tracked(step, warmup=1, repeats=1)["peak_bytes"]
+
+
+@functools.cache
+def _measured_eager_peak(name: str) -> int:
+    """The unmodified model's measured peak (shapes, not weights, decide it: one per case)."""
+    _, make, inputs = next(c for c in CASES if c[0] == name)
+    return _measured_peak(make(), inputs())
 
 
 @pytest.mark.parametrize("name,make,inputs", CASES, ids=[c[0] for c in CASES])
@@ -34,9 +51,11 @@ def test_measured_peak_stays_under_the_budget(name: str, make, inputs, fraction:
     assert plan.budget == int(fraction * plan.eager_peak)
     assert plan.predicted_peak <= plan.budget and plan.segments
     assert_steps_equal(run_step(tm, args, {}, seed=5), run_step(reference, args, {}, seed=5))
-    measured = _measured_peak(tm, args)
-    assert measured <= plan.budget * 1.05, f"{name}: measured {measured} > budget {plan.budget}"
+    eager, measured = _measured_eager_peak(name), _measured_peak(tm, args)
+    limit = fraction * eager * 1.05
+    assert measured <= limit, f"{name}: {measured} > 1.05 x {fraction} x measured eager {eager}"
     assert measured <= plan.predicted_peak * 1.05 and measured >= plan.predicted_peak * 0.85
+    assert abs(plan.eager_peak / eager - 1) <= 0.10, f"{name}: eager {plan.eager_peak} vs {eager}"
 
 
 def test_smaller_budget_never_gives_higher_peak() -> None:
@@ -54,9 +73,13 @@ def test_smaller_budget_never_gives_higher_peak() -> None:
 
 def test_absolute_budget_in_bytes_and_units() -> None:
     model, x = MLP(depth=12, width=64), torch.randn(16, 64)
-    eager = fxckpt.inspect(fxckpt.transform(copy.deepcopy(model), budget=1.0, example_inputs=(x,))).plan.eager_peak
-    tm = fxckpt.transform(model, budget=f"{eager * 0.6 / 1024:.1f}KiB", example_inputs=(x,))
-    assert fxckpt.inspect(tm).plan.predicted_peak <= eager * 0.6 and fxckpt.inspect(tm).plan.strategy == "budget"
+    eager = _measured_peak(copy.deepcopy(model), (x,))
+    budget = f"{int(eager * 0.6) // 1024}KiB"
+    tm = fxckpt.transform(model, budget=budget, example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert plan.strategy == "budget" and plan.predicted_peak <= plan.budget <= eager * 0.6
+    measured = _measured_peak(tm, (x,))
+    assert measured <= plan.budget * 1.05, f"{measured} > 1.05 x {budget} = {plan.budget} bytes"
 
 
 def test_infeasible_budget_states_the_minimum() -> None:
@@ -68,6 +91,26 @@ def test_infeasible_budget_states_the_minimum() -> None:
     assert f"Give budget >= {err.min_budget}" in str(err) and "cannot be met" in str(err)
     ok = fxckpt.transform(MLP(depth=12, width=64), budget=err.min_budget, example_inputs=(x,))
     assert fxckpt.inspect(ok).plan.predicted_peak <= err.min_budget
+
+
+_MLP_MINIMUM = pytest.mark.xfail(strict=True, reason=(
+    "the planner's peak leaves out the weight-gradient temporary of a Linear's backward (the mm "
+    "result before it is added into .grad; 128x128 floats = 4 activations of 32x128): at the "
+    "stated minimum of 13 activations, the tracker measures 11 activations + that temporary, "
+    "1.15x the minimum. Issue 12 (verify each plan's peak on fake tensors) fixes it"))
+_MINIMUM_CASES = [pytest.param(*CASES[0], id="mlp", marks=_MLP_MINIMUM),
+                  pytest.param(*CASES[1], id="resnet"),
+                  pytest.param(*CASES[2], id="gpt2", marks=pytest.mark.slow)]  # 15-45 s
+
+
+@pytest.mark.parametrize("name,make,inputs", _MINIMUM_CASES)
+def test_the_stated_minimum_is_held_when_measured(name: str, make, inputs) -> None:
+    args = inputs()
+    with pytest.raises(fxckpt.BudgetInfeasibleError) as e:
+        fxckpt.transform(make(), budget=0.05, example_inputs=args)
+    minimum = e.value.min_budget
+    measured = _measured_peak(fxckpt.transform(make(), budget=minimum, example_inputs=args), args)
+    assert measured <= minimum * 1.05, f"{name}: {measured} > 1.05 x the stated minimum {minimum}"
 
 
 @pytest.mark.parametrize("other", [{"every": 2}, {"depth": 2}])

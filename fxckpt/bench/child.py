@@ -91,30 +91,47 @@ def _tracked(step: Callable[[], None]) -> Result:
 
 
 def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
-                 repeats: int = 5, compile_backend: str = COMPILE_BACKEND, time_solver: bool = False) -> Result:
+                 repeats: int = 5, compile_backend: str = COMPILE_BACKEND,
+                 time_solver: bool = False, groups: int = 1) -> Result:
     """Median step seconds of the method and of the unmodified model, timed by turns.
 
+    ``groups`` x ``repeats`` pairs of steps are timed, alternating method and baseline; with
+    ``groups > 1``, ``group_ratios`` gives the ratio of medians of each group of ``repeats`` pairs
+    (the protocol of one row's ratio, repeated): for the unmodified model against its own copy
+    their spread is the timing noise (:func:`fxckpt.bench.targets.timing_noise`).
     ``time_solver`` is accepted so that memory and time children take the same arguments; the
     time child never times the solver.
     """
-    from fxckpt.measure import time_step
-
     spec, built, inputs, loss = _setup(model, quick)
     baseline = copy.deepcopy(built)
     try:
         module, _ = prepare(method, built, inputs, spec, budget, compile_backend, time_solver=False)
         steps = {"method": _step(module, inputs, loss), "base": _step(baseline, inputs, loss)}
-        samples: dict[str, list[float]] = {name: [] for name in steps}
-        for step in steps.values():
-            step()  # warm-up (compiles)
-        for _ in range(repeats):
-            for name, step in steps.items():
-                samples[name].append(time_step(step, repeats=1, warmup=0))
+        samples = _paired_samples(steps, groups * repeats)
     except Exception as e:  # noqa: BLE001
         return _failure(e)
     method_s, base_s = statistics.median(samples["method"]), statistics.median(samples["base"])
-    return {"status": "ok", "step_s": method_s, "base_step_s": base_s, "time_ratio": method_s / base_s,
-            "step_samples": samples["method"], "base_samples": samples["base"]}
+    chunks = [slice(g * repeats, (g + 1) * repeats) for g in range(groups)]
+    median = statistics.median
+    result = {"status": "ok", "step_s": method_s, "base_step_s": base_s, "time_ratio": method_s / base_s,
+              "step_samples": samples["method"], "base_samples": samples["base"]}
+    if groups > 1:
+        result["group_ratios"] = [median(samples["method"][c]) / median(samples["base"][c])
+                                  for c in chunks]
+    return result
+
+
+def _paired_samples(steps: dict[str, Callable[[], None]], pairs: int) -> dict[str, list[float]]:
+    """Seconds of each step, ``pairs`` times, by turns, after one warm-up each (compiles)."""
+    from fxckpt.measure import time_step
+
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        step()
+    for _ in range(pairs):
+        for name, step in steps.items():
+            samples[name].append(time_step(step, repeats=1, warmup=0))
+    return samples
 
 
 def solve_scaling(layers: list[int], budgets: list[float], repeats: int = 3) -> Result:

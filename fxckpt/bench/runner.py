@@ -4,8 +4,12 @@
         memory child  (MALLOC_MMAP_THRESHOLD_ set)  -> RSS peak, tracked peak, plan facts
     for each peer that saved memory (match_peers):
         memory child  fxckpt with budget = the peer's measured peak in bytes ("fxckpt @peer")
+    for each fxckpt budget (of the grid or matched) the solver found infeasible:
+        memory child  fxckpt with budget = the minimum its error stated ("fxckpt @minimum of b=")
     for each configuration that worked:
         time child    (default allocator)           -> median step, baseline step, ratio
+                      (the unmodified model: NOISE_GROUPS x repeats pairs against its own copy,
+                      whose per-group ratios are the timing noise)
     for each layer count:
         scaling child                                -> solver seconds on a GPT-2 graph
 
@@ -14,6 +18,8 @@ one at a time. A child that crashes or times out becomes an error row.
 
 The ``fxckpt @peer`` rows make the Pareto comparison exact: a peer is compared with fxckpt asked
 for the very memory the peer was measured to use, not only with the nearest budget of the grid.
+The ``fxckpt @minimum`` rows hold an infeasible budget's error to its word: the minimum it states
+must be met when measured.
 """
 
 from __future__ import annotations
@@ -29,11 +35,15 @@ from typing import Any, Callable, Optional
 from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS
 from fxckpt.bench.models import MODEL_NAMES, spec_for
 
-__all__ = ["BenchOptions", "Config", "configurations", "run_bench", "label"]
+__all__ = ["BenchOptions", "Config", "configurations", "run_bench", "label", "matched_configs",
+           "minimum_configs", "NOISE_GROUPS"]
 
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+
+NOISE_GROUPS = 5
+"""Groups of ``repeats`` paired steps timed for the unmodified model against its own copy."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,14 +95,20 @@ class Config:
     """A fraction; for a ``match`` row, bytes (an ``int``)."""
     match: Optional[str] = None
     """Label of the peer whose measured peak is this row's budget."""
+    minimum_of: Optional[str] = None
+    """Label of the infeasible row whose stated minimum (bytes) is this row's budget."""
 
     @property
     def label(self) -> str:
-        return label(self.method, self.budget, self.match)
+        return label(self.method, self.budget, self.match, self.minimum_of)
 
 
-def label(method: str, budget: Optional[float], match: Optional[str] = None) -> str:
-    """Row label: ``fxckpt b=0.5``, ``checkpoint_per_block``, ``fxckpt @checkpoint_per_block``."""
+def label(method: str, budget: Optional[float], match: Optional[str] = None,
+          minimum_of: Optional[str] = None) -> str:
+    """Row label: ``fxckpt b=0.5``, ``checkpoint_per_block``, ``fxckpt @checkpoint_per_block``,
+    ``fxckpt @minimum of b=0.25``."""
+    if minimum_of is not None:
+        return f"{method} @minimum of {minimum_of.removeprefix(method + ' ')}"
     if match is not None:
         return f"{method} @{match}"
     return method if budget is None else f"{method} b={budget:g}"
@@ -119,10 +135,15 @@ def _child(function: str, kwargs: dict[str, Any], *, mmap: bool, timeout: float)
         return {"status": "error", "error": f"subprocess crashed: {tail}"}
 
 
-def _kwargs(cfg: Config, opts: BenchOptions) -> dict[str, Any]:
-    kwargs = {"model": cfg.model, "method": cfg.method, "budget": cfg.budget, "quick": opts.quick,
-              "repeats": opts.repeats, "compile_backend": opts.compile_backend}
-    return kwargs if cfg.match is None else dict(kwargs, time_solver=False)
+def _kwargs(cfg: Config, opts: BenchOptions, function: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"model": cfg.model, "method": cfg.method, "budget": cfg.budget,
+                              "quick": opts.quick, "repeats": opts.repeats,
+                              "compile_backend": opts.compile_backend}
+    if cfg.match is not None or cfg.minimum_of is not None:
+        kwargs["time_solver"] = False
+    if function == "measure_time" and cfg.method == "unmodified":
+        kwargs["groups"] = NOISE_GROUPS
+    return kwargs
 
 
 def _progress(start: float, done: int, total: int, cfg: Config, row: Row, what: str) -> None:
@@ -143,7 +164,8 @@ def _measure_all(configs: list[Config], opts: BenchOptions, function: str, jobs:
     results: dict[Config, Row] = {}
 
     def one(cfg: Config) -> tuple[Config, Row]:
-        return cfg, _child(function, _kwargs(cfg, opts), mmap=what == "memory", timeout=opts.timeout)
+        return cfg, _child(function, _kwargs(cfg, opts, function), mmap=what == "memory",
+                           timeout=opts.timeout)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for cfg, row in pool.map(one, configs):
@@ -154,7 +176,7 @@ def _measure_all(configs: list[Config], opts: BenchOptions, function: str, jobs:
 
 def _merge(cfg: Config, memory: Row, timing: Optional[Row]) -> Row:
     row: Row = {"model": cfg.model, "method": cfg.method, "budget": cfg.budget, "match": cfg.match,
-                "label": cfg.label, **memory}
+                "minimum_of": cfg.minimum_of, "label": cfg.label, **memory}
     if timing is None:
         return row
     if timing.get("status") == "ok":
@@ -184,7 +206,9 @@ PEER_METHODS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
 
 def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:
     """``fxckpt`` with each peer's measured peak as its budget, for every peer that used less
-    memory than the unmodified model (peaks within 1% of one already matched share its row)."""
+    memory than the unmodified model. A peer whose peak is at most 1% above a budget already
+    matched shares that row (its budget is not above this peer's peak, so the comparison stays
+    fair to the peer)."""
     base = {c.model: memory[c].get("rss_bytes") for c in configs if c.method == "unmodified"}
     matched: list[Config] = []
     for cfg in configs:
@@ -192,17 +216,31 @@ def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Co
         limit = base.get(cfg.model)
         if cfg.method not in PEER_METHODS or not peak or not limit or peak >= limit:
             continue
-        if any(m.model == cfg.model and abs(int(m.budget or 0) - peak) <= 0.01 * peak for m in matched):
+        if any(m.model == cfg.model and 0 <= peak - int(m.budget or 0) <= 0.01 * peak
+               for m in matched):
             continue
         matched.append(Config(cfg.model, "fxckpt", int(peak), match=cfg.label))
     return matched
 
 
+def minimum_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:
+    """``fxckpt`` with ``budget=`` the minimum stated by each ``BudgetInfeasibleError`` (bytes)."""
+    return [Config(c.model, c.method, int(memory[c]["min_budget"]), minimum_of=c.label)
+            for c in configs
+            if memory[c].get("status") == "infeasible" and memory[c].get("min_budget")]
+
+
 def _in_report_order(configs: list[Config]) -> list[Config]:
-    """Per model: unmodified, fxckpt on the grid, fxckpt matched to peers, then the peers."""
+    """Per model: unmodified, fxckpt on the grid, fxckpt matched to peers, then the peers; each
+    ``@minimum`` row right after the infeasible row whose minimum it measures."""
     models = list(dict.fromkeys(c.model for c in configs))
     rank = {m: i for i, m in enumerate(METHODS)}
-    return sorted(configs, key=lambda c: (models.index(c.model), rank[c.method], c.match is not None))
+    main = sorted((c for c in configs if c.minimum_of is None),
+                  key=lambda c: (models.index(c.model), rank[c.method], c.match is not None))
+    ordered: list[Config] = []
+    for cfg in main:
+        ordered += [cfg] + [m for m in configs if m.model == cfg.model and m.minimum_of == cfg.label]
+    return ordered
 
 
 def _scaling(opts: BenchOptions, start: float) -> list[Row]:
@@ -229,7 +267,10 @@ def run_bench(opts: BenchOptions, *, clock: Callable[[], float] = time.perf_coun
     if opts.match_peers:
         matched = matched_configs(configs, memory)
         memory.update(_measure_all(matched, opts, "measure_memory", opts.jobs, start))
-        configs = _in_report_order(configs + matched)
+        configs += matched
+    minimums = minimum_configs(configs, memory)
+    memory.update(_measure_all(minimums, opts, "measure_memory", opts.jobs, start))
+    configs = _in_report_order(configs + minimums)
     timed = [c for c in configs if memory[c].get("status") == "ok"]
     timing = _measure_all(timed, opts, "measure_time", 1, start)
     rows = [_merge(c, memory[c], timing.get(c)) for c in configs]

@@ -1,18 +1,31 @@
 """The issue's targets, checked on the measured rows: PASS, FAIL or SKIP, with the numbers.
 
 * **budget held**: fxckpt's measured (RSS) peak <= 1.05 x b x the unmodified model's measured
-  peak, at every budget the solver found feasible. (A fraction means a fraction of the real,
-  measured eager peak; the check against the plan's own budget in bytes is shown alongside.)
-  For ``fxckpt @peer`` rows the budget is bytes (the peer's measured peak): measured <= 1.05 x it.
+  peak, at every budget of the grid. (A fraction means a fraction of the real, measured eager
+  peak; the check against the plan's own budget in bytes is shown alongside.) For
+  ``fxckpt @peer`` rows the budget is bytes (the peer's measured peak): measured <= 1.05 x it.
+  A budget the solver calls infeasible is held to the minimum its ``BudgetInfeasibleError``
+  states: fxckpt is run again with ``budget=err.min_budget`` (the ``fxckpt @minimum of b=...``
+  row) and the target PASSES only if that run's measured peak is <= 1.05 x ``min_budget``; a
+  minimum that was not measured, failed, or was itself infeasible is a FAIL.
 * **prediction**: ``plan.predicted_peak`` within 10% of the measured peak, for every fxckpt row,
   and ``plan.eager_peak`` within 10% of the unmodified model's measured peak.
 * **Pareto dominance**: for each peer point (per-block checkpoint, checkpoint_sequential,
-  torch.compile at each budget), among fxckpt's points (the budget grid and the ``fxckpt @peer``
-  rows) whose measured peak is at most the peer's (+2%: "equal" within the RSS protocol's noise),
-  the fastest must have a lower step-time ratio than the peer. The ratio of the two time ratios
-  is reported. No such fxckpt point is a FAIL. When the two differ by less than the timing noise
-  (the largest distance from 1.00x of an unmodified model timed against its own copy), the
-  verdict stands but the detail says it is not conclusive.
+  torch.compile with inductor at each budget), fxckpt dominates when one of its measured points
+  (the budget grid, the stated minimums and the ``fxckpt @peer`` rows) has
+
+  - **memory**: measured peak <= the peer's measured peak + the memory noise, where the memory
+    noise is the larger spread (max - min) of the RSS samples of the two rows compared (no other
+    tolerance), and
+  - **time**: step-time ratio <= the peer's x (1 + the timing noise), where the timing noise of
+    a model is the largest distance from 1.00 among the ratios of its unmodified model against
+    its own deep copy, each ratio taken like a row's (median of ``repeats`` alternating pairs),
+    several groups in one process.
+
+  Among the points that meet the memory condition the fastest is compared. Otherwise it is a
+  FAIL, whatever the reason: no point at or below the peer's memory, or slower beyond the noise.
+  A time difference within the noise counts as equal (a tie), and the detail says so; "faster"
+  is said only beyond the noise.
 * **solve time**: the solver alone under 1 s on the 12-layer GPT-2 graph (every budget of the
   benchmark's GPT-2, and the scaling run's 12-layer graph).
 * **scaling**: solver time grows roughly linearly with graph size: the log-log slope of seconds
@@ -28,12 +41,11 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-__all__ = ["Check", "check_targets", "timing_noise", "BUDGET_TOL", "PREDICT_TOL", "EQUAL_TOL", "SOLVE_LIMIT_S",
-           "MAX_SLOPE", "PEERS"]
+__all__ = ["Check", "check_targets", "timing_noise", "memory_noise", "noise_summary", "BUDGET_TOL",
+           "PREDICT_TOL", "SOLVE_LIMIT_S", "MAX_SLOPE", "PEERS"]
 
 BUDGET_TOL = 0.05
 PREDICT_TOL = 0.10
-EQUAL_TOL = 0.02
 SOLVE_LIMIT_S = 1.0
 MAX_SLOPE = 1.2
 PEERS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
@@ -61,6 +73,10 @@ def _mib(n: float) -> str:
     return f"{n / MiB:.1f} MiB"
 
 
+def _size(n: float) -> str:
+    return _mib(n) if n >= MiB else f"{n / 1024:.0f} KiB"
+
+
 def _ok(row: Optional[Row]) -> bool:
     return row is not None and row.get("status") == "ok"
 
@@ -69,10 +85,10 @@ def _base(rows: list[Row], model: str) -> Optional[Row]:
     return next((r for r in rows if r["model"] == model and r["method"] == "unmodified"), None)
 
 
-def _budget_check(row: Row, base: Optional[Row]) -> Check:
+def _budget_check(row: Row, base: Optional[Row], rows: list[Row]) -> Check:
     subject = f"{row['model']} {row['label']}"
     if row.get("status") == "infeasible":
-        return Check("budget held", subject, None, f"solver says infeasible: {row.get('error')}")
+        return _infeasible_check(row, rows)
     if not _ok(row) or not _ok(base):
         why = row.get("error") if not _ok(row) else "unmodified model not measured"
         return Check("budget held", subject, False, f"no measurement: {why}")
@@ -91,6 +107,28 @@ def _budget_check(row: Row, base: Optional[Row]) -> Check:
         detail += (f"; vs the plan's own budget {_mib(row['budget_bytes'])}: "
                    f"{row['rss_bytes'] / row['budget_bytes']:.3f}x")
     return Check("budget held", subject, ok, detail)
+
+
+def _infeasible_check(row: Row, rows: list[Row]) -> Check:
+    """An infeasible budget passes only if the minimum its error states is met when measured."""
+    subject = f"{row['model']} {row['label']} (infeasible)"
+    minimum = row.get("min_budget")
+    if not minimum:
+        return Check("budget held", subject, False,
+                     f"infeasible, no minimum stated: {row.get('error')}")
+    stated = f"solver says infeasible and states a minimum of {_mib(minimum)} ({minimum} bytes)"
+    retry = next((r for r in rows if r["model"] == row["model"]
+                  and r.get("minimum_of") == row["label"]), None)
+    if retry is None:
+        return Check("budget held", subject, False, f"{stated}; that minimum was not measured")
+    if not _ok(retry):
+        why = f"{retry.get('status')}: {retry.get('error')}"
+        return Check("budget held", subject, False, f"{stated}; with budget={minimum}: {why}")
+    measured, limit = retry["rss_bytes"], (1 + BUDGET_TOL) * minimum
+    return Check("budget held", subject, measured <= limit,
+                 f"{stated}; with budget={minimum}: measured {_mib(measured)} vs "
+                 f"{1 + BUDGET_TOL:.2f} x {_mib(minimum)} = {_mib(limit)}: "
+                 f"{measured / minimum:.3f}x the stated minimum")
 
 
 def _prediction(subject: str, predicted: Optional[int], measured: Optional[int], tracked: Optional[int]) -> Check:
@@ -119,32 +157,57 @@ def _prediction_checks(rows: list[Row], model: str) -> list[Check]:
     return checks
 
 
-def timing_noise(rows: list[Row]) -> Optional[float]:
-    """Largest distance from 1 of an unmodified model's time ratio against its own copy."""
-    own = [abs(r["time_ratio"] - 1) for r in rows if r["method"] == "unmodified" and r.get("time_ratio")]
-    return max(own) if own else None
+def timing_noise(rows: list[Row], model: str) -> Optional[tuple[float, int]]:
+    """Largest distance from 1 among the unmodified model's time ratios against its own copy
+    (``group_ratios`` of its time child; its one ``time_ratio`` when those are missing), and how
+    many ratios that is; ``None`` when the unmodified model was not timed."""
+    base = _base(rows, model)
+    if base is None:
+        return None
+    ratios = base.get("group_ratios") or ([base["time_ratio"]] if base.get("time_ratio") else [])
+    return (max(abs(r - 1) for r in ratios), len(ratios)) if ratios else None
 
 
-def _dominance(peer: Row, ours: list[Row], noise: Optional[float] = None) -> Check:
+def memory_noise(*compared: Row) -> int:
+    """The larger spread (max - min, bytes) of the RSS samples of the rows compared."""
+    return max((max(s) - min(s) for r in compared if (s := r.get("rss_samples"))), default=0)
+
+
+def noise_summary(rows: list[Row]) -> str:
+    """The timing noise of every model, for the report."""
+    parts = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        noise = timing_noise(rows, model)
+        parts.append(f"{model} ±{noise[0]:.1%} ({noise[1]} ratios)" if noise
+                     else f"{model} not measured (0 used)")
+    return "; ".join(parts)
+
+
+def _dominance(peer: Row, ours: list[Row], noise: Optional[tuple[float, int]]) -> Check:
     subject = f"{peer['model']} {peer['label']}"
     if not _ok(peer) or peer.get("time_ratio") is None:
         return Check("Pareto dominance", subject, None, f"peer not measured: {peer.get('error') or peer.get('time_error')}")
     timed = [r for r in ours if _ok(r) and r.get("time_ratio") is not None]
-    fit = [r for r in timed if r["rss_bytes"] <= (1 + EQUAL_TOL) * peer["rss_bytes"]]
+    fit = [r for r in timed if r["rss_bytes"] <= peer["rss_bytes"] + memory_noise(r, peer)]
     if not fit:
         lowest = min((r["rss_bytes"] for r in timed), default=None)
         got = _mib(lowest) if lowest is not None else "no measured fxckpt point"
         why = next((f"; fxckpt @{peer['label']}: {r['status']}: {r.get('error')}" for r in ours
                     if r.get("match") == peer["label"] and not _ok(r)), "")
         return Check("Pareto dominance", subject, False,
-                     f"no fxckpt point at or below the peer's peak {_mib(peer['rss_bytes'])} (lowest: {got}){why}")
+                     f"no fxckpt point at or below the peer's peak {_mib(peer['rss_bytes'])} + "
+                     f"its memory noise (lowest: {got}){why}")
     best = min(fit, key=lambda r: r["time_ratio"])
     speed = best["time_ratio"] / peer["time_ratio"]
+    tn = noise[0] if noise else 0.0
+    verdict = ("faster beyond the noise" if speed < 1 - tn
+               else "slower beyond the noise" if speed > 1 + tn else "equal within the noise")
+    source = f"timing noise of {noise[1]} self-ratios" if noise else "timing noise not measured"
     detail = (f"{best['label']}: {_mib(best['rss_bytes'])}, {best['time_ratio']:.2f}x time vs "
-              f"peer {_mib(peer['rss_bytes'])}, {peer['time_ratio']:.2f}x time: fxckpt/peer time = {speed:.2f}")
-    if noise is not None and abs(speed - 1) <= noise:
-        detail += f" (within the timing noise of ±{noise:.0%}: not conclusive either way)"
-    return Check("Pareto dominance", subject, best["time_ratio"] < peer["time_ratio"], detail)
+              f"peer {_mib(peer['rss_bytes'])}, {peer['time_ratio']:.2f}x time (memory noise "
+              f"{_size(memory_noise(best, peer))}): fxckpt/peer time = {speed:.3f}, "
+              f"limit 1 + {tn:.1%} ({source}): {verdict}")
+    return Check("Pareto dominance", subject, speed <= 1 + tn, detail)
 
 
 def _solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
@@ -177,12 +240,12 @@ def check_targets(rows: list[Row], scaling: list[Row]) -> list[Check]:
     models = list(dict.fromkeys(r["model"] for r in rows))
     checks: list[Check] = []
     for model in models:
-        checks += [_budget_check(r, _base(rows, model)) for r in rows
-                   if r["model"] == model and r["method"] == "fxckpt"]
+        checks += [_budget_check(r, _base(rows, model), rows) for r in rows
+                   if r["model"] == model and r["method"] == "fxckpt" and not r.get("minimum_of")]
     for model in models:
         checks += _prediction_checks(rows, model)
-    noise = timing_noise(rows)
     for model in models:
         ours = [r for r in rows if r["model"] == model and r["method"] == "fxckpt"]
+        noise = timing_noise(rows, model)
         checks += [_dominance(p, ours, noise) for p in rows if p["model"] == model and p["method"] in PEERS]
     return checks + _solve_checks(rows, scaling) + _scaling_check(scaling)
