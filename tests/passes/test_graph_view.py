@@ -22,8 +22,16 @@ import torch.fx
 import torch.nn as nn
 
 from fxckpt.passes import annotate, capture
-from fxckpt.passes.graph_view import (BYTE_COST, LOSS, RANDOM_BYTE_COST, SEGMENT_COST,
-                                      SYNTHETIC, problem_of, to_networkx, to_problem)
+from fxckpt.passes.graph_view import (
+    BYTE_COST,
+    LOSS,
+    RANDOM_BYTE_COST,
+    SEGMENT_COST,
+    SYNTHETIC,
+    problem_of,
+    to_networkx,
+    to_problem,
+)
 from fxckpt.solver import Op, Problem, simulate
 
 

@@ -41,7 +41,7 @@ def _segmentations(n: int) -> list[Segments]:
     return plans
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scored(problem: Problem) -> list[tuple[int, float, Segments]]:
     """(peak, cost, plan) of every plan; cost with the problem's overhead and offload prices."""
     ix = problem.index
@@ -151,12 +151,11 @@ def test_chain_of_three_matmuls_by_hand() -> None:
     [0, 2):   a is let go after b; at d: b (saved by c), c, d               = 210
     Nothing goes lower (the oracle agrees): 209 is infeasible.
     """
-    mm = dict(grad_bytes=0)
     problem = Problem(ops=(
-        Op(name="a", out_bytes=100, cost=2.0, inputs=("x",), saves=("x",), **mm),
-        Op(name="b", out_bytes=100, cost=1.0, inputs=("a",), saves=("a",), **mm),
-        Op(name="c", out_bytes=100, cost=1.0, inputs=("b",), saves=("b",), **mm),
-        Op(name="d", out_bytes=10, cost=1.0, inputs=("c",), **mm),
+        Op(name="a", out_bytes=100, cost=2.0, inputs=("x",), saves=("x",), grad_bytes=0),
+        Op(name="b", out_bytes=100, cost=1.0, inputs=("a",), saves=("a",), grad_bytes=0),
+        Op(name="c", out_bytes=100, cost=1.0, inputs=("b",), saves=("b",), grad_bytes=0),
+        Op(name="d", out_bytes=10, cost=1.0, inputs=("c",), grad_bytes=0),
     ), outputs=("d",))
     assert peak_bytes(problem) == 310
     assert peak_bytes(problem, [(1, 3)]) == 300 and peak_bytes(problem, [(0, 2)]) == 210

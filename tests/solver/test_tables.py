@@ -11,8 +11,13 @@ from solver_oracle import random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, simulate
 from fxckpt.solver.problem import Index
-from fxckpt.solver.tables import (Profiles, SegmentWalker, anchors, local_peak,
-                                  recompute_phase)
+from fxckpt.solver.tables import (
+    Profiles,
+    SegmentWalker,
+    anchors,
+    local_peak,
+    recompute_phase,
+)
 
 
 def chain4() -> Problem:
