@@ -1,0 +1,54 @@
+"""Hand-made plans over a tiny traced model, so lower and flatten are tested without a strategy.
+
+``Tiny`` traces (symbolic_trace) to::
+
+    x -> fc1 -> relu -> fc2 -> tanh -> mul(., scale) -> add(., relu) -> drop -> head -> out
+
+``scale`` is a buffer read through a ``get_attr`` node; ``relu`` has two readers (``fc2`` and
+``add``), so a segment ending at ``mul`` that starts at ``fc1`` has two outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn as nn
+
+from fxckpt.passes import capture
+from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.plan import Plan, Segment
+
+__all__ = ["Tiny", "segment", "plan", "traced"]
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+        self.drop = nn.Dropout(0.5)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        g = torch.tanh(self.fc2(h)) * self.scale
+        return self.head(self.drop(g + h))
+
+
+def segment(name: str, nodes: tuple[str, ...], inputs: tuple[str, ...],
+            outputs: tuple[str, ...], restores: tuple[str, ...] = (),
+            action: str = "recompute") -> Segment:
+    """A Segment with only the fields lower and flatten read filled in meaningfully."""
+    return Segment(name=name, nodes=nodes, module_paths=(), inputs=inputs, outputs=outputs,
+                   saved_bytes=0, freed_bytes=0, recompute_flops=0, restores=restores,
+                   reason="test", action=action)
+
+
+def plan(*segments: Segment, training: bool = True, pipeline: dict | None = None) -> Plan:
+    return Plan(strategy="force", options={}, capture="symbolic_trace", training=training,
+                signature="", segments=segments, node_count=0, total_flops=0,
+                pipeline=pipeline)
+
+
+def traced(model: nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
+    """A fresh graph module of ``model`` (its own graph, the model's modules and tensors)."""
+    return copy_graph_module(capture(model, args, {}).gm)
