@@ -36,6 +36,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
+from fxckpt.checks import check_int
 from fxckpt.errors import ConfigError
 from fxckpt.passes.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
@@ -309,8 +310,7 @@ def build_stage(
     the model's parameters under the model's names.
     """
     modules, model = _stage_modules(stages, example_inputs, example_kwargs)
-    if isinstance(stage_index, bool) or not isinstance(stage_index, int) or not 0 <= stage_index < len(modules):
-        raise ConfigError(f"stage_index must be an integer in [0, {len(modules) - 1}] (got {stage_index!r})")
+    check_int("stage_index", stage_index, low=0, high=len(modules) - 1)
     dev = check_device(device)
     _refuse_shared_parameters(modules, model)
     graph = modules[stage_index]
@@ -331,7 +331,6 @@ def schedule(stage: Any, kind: str, n_microbatches: int, loss_fn: Optional[Calla
 
     if kind not in SCHEDULES:
         raise ConfigError(f"schedule kind must be one of {SCHEDULES} (got {kind!r})")
-    if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) or n_microbatches < 1:
-        raise ConfigError(f"n_microbatches must be a positive integer (got {n_microbatches!r})")
+    check_int("n_microbatches", n_microbatches)
     cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
     return cls(stage, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)

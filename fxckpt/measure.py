@@ -43,6 +43,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxckpt.checks import check_int
 from fxckpt.errors import FxckptError
 
 __all__ = [
@@ -240,8 +241,7 @@ def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float
 
 
 def _check_repeats(repeats: int) -> None:
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer (got {repeats!r})")
+    check_int("repeats", repeats)
 
 
 def run_in_subprocess(
