@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from fxckpt.checks import check_int
 from fxckpt.errors import ConfigError
+from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.pipeline import check_device
@@ -283,7 +284,7 @@ def _check_tensor_edges(module: nn.Module, index: int, count: int) -> None:
     if index < count - 1:
         out = next(n for n in reversed(nodes) if n.op == "output")
         edges += [a for a in out.all_input_nodes]
-    bad = [n.name for n in edges if "fxckpt" in n.meta and not n.meta["fxckpt"].is_tensor]
+    bad = [n.name for n in edges if has_info(n) and not info(n).is_tensor]
     if bad:
         raise ConfigError(
             f"stage {index} sends or receives non-tensor values {bad} between ranks, which "
