@@ -70,6 +70,21 @@ def test_infeasible_budget_states_the_minimum() -> None:
     assert fxckpt.inspect(ok).plan.predicted_peak <= err.min_budget
 
 
+def test_one_infeasible_budget_exception() -> None:
+    """fxckpt's public error is the solver's exception with fxckpt's error base."""
+    from fxckpt.solver import BudgetInfeasible
+
+    err = fxckpt.BudgetInfeasibleError(100, 250, "budget 100 bytes cannot be met")
+    assert isinstance(err, BudgetInfeasible) and isinstance(err, fxckpt.FxckptError)
+    assert isinstance(err, ValueError)
+    assert (err.budget, err.min_budget, str(err)) == (100, 250, "budget 100 bytes cannot be met")
+    plain = BudgetInfeasible(100, 250)
+    assert str(plain) == ("no checkpoint plan keeps the predicted peak activation memory under "
+                          "100 bytes; the smallest budget any plan meets is 250 bytes")
+    with pytest.raises(BudgetInfeasible, match="smallest peak"):
+        fxckpt.transform(MLP(depth=4, width=32), budget=0.01, example_inputs=(torch.randn(4, 32),))
+
+
 @pytest.mark.parametrize("other", [{"every": 2}, {"depth": 2}])
 def test_budget_with_another_strategy_is_rejected(other: dict) -> None:
     with pytest.raises(fxckpt.ConfigError, match=r"give at most one strategy, got .*budget=0.5 of the eager peak"):

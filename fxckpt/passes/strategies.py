@@ -146,11 +146,11 @@ def budgeted(problem: Problem, order: Sequence[torch.fx.Node], budget: Budget) -
 def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
     fraction = f" ({minimum / eager:.3f} of the eager peak)" if eager else ""
     return BudgetInfeasibleError(
+        limit, minimum,
         f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest peak "
         f"activation memory any plan reaches for this model and input is {format_bytes(minimum)} "
         f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
         f"budget >= {minimum}, or a smaller batch",
-        min_budget=minimum, budget=limit,
     )
 
 
