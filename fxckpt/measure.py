@@ -261,7 +261,8 @@ def training_step(module: Callable[..., Any], inputs: Sequence[Any],
     return step
 
 
-def step_memory(step: Callable[[], Any], repeats: int = 3, *, tracked: bool = True) -> dict[str, Any]:
+def step_memory(step: Callable[[], Any], repeats: int = 3, *,
+                tracked: bool = True) -> dict[str, Any]:
     """Peak activation memory of ``step()``: the RSS protocol over ``repeats`` steps after one
     warm-up step (``rss_bytes``, ``rss_samples``), then, unless ``tracked`` is false, one step
     under :class:`LiveTensorTracker` (``tracked_bytes``). The tracker is a cross-check: when it
@@ -276,7 +277,8 @@ def step_memory(step: Callable[[], Any], repeats: int = 3, *, tracked: bool = Tr
     return result
 
 
-def time_by_turns(steps: Mapping[str, Callable[[], Any]], repeats: int = 3) -> dict[str, list[float]]:
+def time_by_turns(steps: Mapping[str, Callable[[], Any]],
+                  repeats: int = 3) -> dict[str, list[float]]:
     """Seconds of each of ``steps`` over ``repeats`` rounds, after one warm-up call of each.
 
     Every round times each step once, in turn, so a change in the machine's load hits all of

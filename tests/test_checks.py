@@ -28,7 +28,8 @@ def test_is_int_refuses_bools_and_floats() -> None:
     (1, {"low": 2}, "n must be an integer >= 2 (got 1)"),
     (-1, {"low": 0, "unit": "of bytes"}, "n must be a non-negative integer of bytes (got -1)"),
 ])
-def test_check_int_states_the_rule_and_the_value(value: object, options: dict, message: str) -> None:
+def test_check_int_states_the_rule_and_the_value(value: object, options: dict,
+                                                 message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         check_int("n", value, **options)
     assert str(caught.value) == message

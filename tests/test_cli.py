@@ -87,5 +87,6 @@ def test_every_subcommand_lives_in_cli() -> None:
     import fxckpt.cli
 
     assert fxckpt.__main__.main is fxckpt.cli.main
-    commands = fxckpt.cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    parser = fxckpt.cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert set(commands) == {"demo", "plan"}

@@ -202,7 +202,7 @@ def test_time_by_turns_warms_up_then_times_each_step_once_per_round() -> None:
     assert calls == ["a", "b"] * 3  # one warm-up round, then two timed rounds taken by turns
     assert {k: len(v) for k, v in samples.items()} == {"a": 2, "b": 2}
     assert all(s >= 0 for v in samples.values() for s in v)
-    with pytest.raises(fxckpt.ConfigError, match=r"^repeats must be a positive integer \(got 0\)$"):
+    with pytest.raises(fxckpt.ConfigError, match=r"^repeats must be .* integer \(got 0\)$"):
         time_by_turns({"a": lambda: None}, repeats=0)
 
 

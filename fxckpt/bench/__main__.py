@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", type=_list_of(str, "--methods"), help="comma-separated (default: all)")
     p.add_argument("--budgets", type=_list_of(float, "--budgets"), help="fractions (default 0.25,0.5,0.75)")
     p.add_argument("--repeats", type=positive_int, default=3, help="steps per median (default: 3)")
-    p.add_argument("--jobs", type=positive_int, default=2, help="memory subprocesses at once (default: 2)")
+    p.add_argument("--jobs", type=positive_int, default=2,
+                   help="memory subprocesses at once (default: 2)")
     p.add_argument("--scaling-layers", type=_list_of(int, "--scaling-layers"),
                    help="GPT-2 layer counts for the solver-scaling run (default 12,48,192; '' skips)")
     p.add_argument("--no-match-peers", dest="match_peers", action="store_false",

@@ -20,10 +20,9 @@ import torch.fx
 from fxckpt.config import TransformConfig
 from fxckpt.passes.actions import choose_actions
 from fxckpt.passes.annotate import has_info, info
-from fxckpt.passes.graphs import planned_nodes
 from fxckpt.passes.cleanup import force_notes, pinned, without_kept
 from fxckpt.passes.graph_view import problem_of
-from fxckpt.passes.graphs import outermost
+from fxckpt.passes.graphs import outermost, planned_nodes
 from fxckpt.passes.prediction import predict
 from fxckpt.passes.rates import device_of, offload_cost_per_byte
 from fxckpt.passes.runs import Run

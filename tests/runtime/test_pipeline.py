@@ -224,7 +224,8 @@ def test_each_pair_is_logged_at_debug_only(caplog: pytest.LogCaptureFixture) -> 
         pm(x)
     pairs = [(r.levelno, r.getMessage()) for r in caplog.records
              if r.name == "fxckpt.runtime.pipeline"]
-    checkpointed, kept = "checkpointed, recomputed in backward", "not checkpointed, activations kept"
+    checkpointed = "checkpointed, recomputed in backward"
+    kept = "not checkpointed, activations kept"
     assert pairs == [
         (logging.DEBUG, f"micro-batch {i}/2 on stage {j} (cpu): {what} (checkpoint_stop=1)")
         for j in range(2) for i, what in ((0, checkpointed), (1, kept))]
