@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 
 from fxckpt.config import TransformConfig
-from fxckpt.errors import ConfigError
+from fxckpt.errors import ConfigError, ConfigTypeError
 from fxckpt.pareto import pareto
 from fxckpt.module import STATE, TransformedModule, dispatcher_of, make_transformed
 from fxckpt.plan import Plan
@@ -71,7 +71,7 @@ def transform(
     plan and code with :func:`fxckpt.inspect`.
     """
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(
+        raise ConfigTypeError(
             f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
             "nn.Module whose forward calls it"
         )

@@ -18,6 +18,7 @@ import re
 from typing import Union
 
 from fxckpt.errors import ConfigError, FxckptError
+from fxckpt.solver.problem import BudgetInfeasible
 
 __all__ = ["Budget", "BudgetInfeasibleError", "parse_budget", "UNITS"]
 
@@ -31,16 +32,14 @@ UNITS = {
 _PATTERN = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-class BudgetInfeasibleError(FxckptError, ValueError):
+class BudgetInfeasibleError(FxckptError, BudgetInfeasible):
     """No plan keeps the peak activation memory under the budget.
 
-    ``min_budget`` is the smallest peak (in bytes) any plan reaches for this model and input.
+    ``budget`` is the budget in bytes and ``min_budget`` the smallest peak (in bytes) any plan
+    reaches for this model and input. The solver's :class:`~fxckpt.solver.BudgetInfeasible`
+    with fxckpt's error base: ``BudgetInfeasibleError(budget, min_budget, message)``. Either
+    class catches both.
     """
-
-    def __init__(self, message: str, *, min_budget: int, budget: int) -> None:
-        super().__init__(message)
-        self.min_budget = min_budget
-        self.budget = budget
 
 
 @dataclasses.dataclass(frozen=True)

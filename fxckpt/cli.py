@@ -1,6 +1,10 @@
-"""``fxckpt plan TARGET``: plan a model from the shell, print the plan, write a report.
+"""The ``fxckpt`` command line: ``fxckpt plan TARGET ...`` and ``fxckpt demo [--quick]``.
 
     fxckpt plan mypkg.models:make_model --input-shape 8,3,224,224 --budget 2GiB --report out/
+    fxckpt demo --quick      # measure memory and step time of each strategy on a small GPT
+
+One subcommand per task, each a small function taking the parsed arguments
+(``python -m fxckpt`` calls :func:`main`).
 
 ``TARGET`` is ``module:callable``; the callable (a function or a class) is called with no
 arguments and must return an ``nn.Module``. The current directory is importable, as with
@@ -23,7 +27,8 @@ from typing import Any, NoReturn, Optional, Sequence
 
 import torch
 
-__all__ = ["CliError", "OneLineParser", "add_plan_command", "load_target", "parse_shape", "make_inputs"]
+__all__ = ["main", "build_parser", "CliError", "OneLineParser", "add_plan_command",
+           "add_demo_command", "positive_int", "load_target", "parse_shape", "make_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,67 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``fxckpt`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    return int(args.run(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fxckpt`` parser with its subcommands."""
+    parser = OneLineParser(
+        prog="fxckpt", description="Activation checkpointing chosen by torch.fx passes.",
+        epilog="Run 'fxckpt COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log fxckpt's decisions (and show tracebacks)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_demo_command(commands)
+    add_plan_command(commands)
+    return parser
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type=``: ``"3"`` -> 3; anything not an integer >= 1 is a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
+    return value
+
+
+def add_demo_command(commands: Any) -> None:
+    """Add the ``demo`` subcommand (:mod:`fxckpt.demo`) to the ``fxckpt`` parser."""
+    demo = commands.add_parser(
+        "demo", help="measure memory and time of each strategy on a small GPT",
+        description="Transform a small GPT with each strategy and measure peak activation memory "
+                    "(RSS, one subprocess per strategy) and step time against the unmodified "
+                    "model.",
+    )
+    demo.add_argument("--quick", action="store_true",
+                      help="a smaller model (a few seconds per strategy)")
+    demo.add_argument("--repeats", type=positive_int, default=3,
+                      help="steps per median (default: 3)")
+    demo.add_argument("--threads", type=positive_int, default=1,
+                      help="torch threads for timing steps (default: 1, steady on a shared "
+                           "machine; memory is always measured with 1)")
+    demo.add_argument("--jobs", type=positive_int, default=1,
+                      help="memory-measuring processes run at once (default: 1)")
+    demo.set_defaults(run=run_demo_command)
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    """The ``demo`` subcommand; returns the exit code."""
+    from fxckpt.demo import run_demo
+
+    run_demo(quick=args.quick, repeats=args.repeats, threads=args.threads, jobs=args.jobs)
+    return 0
 
 
 def add_plan_command(commands: Any) -> None:

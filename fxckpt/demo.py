@@ -11,6 +11,9 @@ reports, against the unmodified model measured in the same run:
 * the median step time. Absolute times on a shared machine are noise; the ratios are the point.
 
     parent ──run_in_subprocess──▶ child: build model, transform, measure ──JSON──▶ table
+
+The children measure with the benchmark's helpers (:func:`fxckpt.measure.step_memory`,
+:func:`fxckpt.measure.time_by_turns`); only the model and its strategies are the demo's own.
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ def _step_for(
     """A training step (forward, loss, backward) under ``strategy``, and the plan's summary."""
     from fxckpt.api import transform
     from fxckpt.inspection import inspect
+    from fxckpt.measure import training_step
 
     run: nn.Module = model
     summary = "unmodified model (baseline)"
@@ -143,10 +147,10 @@ def _step_for(
         run = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
         summary = inspect(run).plan.summary()
 
-    def step() -> None:  # gradients accumulate: allocated in warm-up, not part of the step's peak
-        F.cross_entropy(run(idx).flatten(0, 1), targets.flatten()).backward()
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    return step, summary
+    return training_step(run, (idx,), loss), summary
 
 
 def measure_memory(strategy: str, config: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
@@ -155,29 +159,20 @@ def measure_memory(strategy: str, config: dict[str, Any], repeats: int = 3) -> d
     One thread: with every freed tensor an ``munmap``, two-thread steps ran several times slower
     here (TLB shoot-downs across cores, most likely); the tensors are the same either way.
     """
-    from fxckpt.measure import step_peak_rss, step_peak_tracked
+    from fxckpt.measure import step_memory
 
     step, summary = _step_for(strategy, *_setup(config, threads=1))
-    rss = step_peak_rss(step, warmup=1, repeats=repeats)
-    tracked = step_peak_tracked(step, warmup=0, repeats=1)
-    return {"strategy": strategy, "summary": summary, "rss_bytes": rss["peak_bytes"],
-            "rss_samples": rss["samples"], "tracked_bytes": tracked["peak_bytes"]}
+    return {"strategy": strategy, "summary": summary, **step_memory(step, repeats)}
 
 
 def measure_times(strategies: list[str], config: dict[str, Any], repeats: int = 3,
                   threads: Optional[int] = None) -> dict[str, float]:
     """Median step seconds per strategy, in one process, taking turns so load hits all alike."""
-    from fxckpt.measure import time_step
+    from fxckpt.measure import time_by_turns
 
     model, idx, targets = _setup(config, threads)
     steps = {name: _step_for(name, model, idx, targets)[0] for name in strategies}
-    samples: dict[str, list[float]] = {name: [] for name in strategies}
-    for step in steps.values():
-        step()  # warm-up
-    for _ in range(repeats):
-        for name, step in steps.items():
-            samples[name].append(time_step(step, repeats=1, warmup=0))
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return {name: statistics.median(s) for name, s in time_by_turns(steps, repeats).items()}
 
 
 def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, jobs: int = 1,
@@ -212,23 +207,33 @@ def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, 
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """An aligned table of measured rows, each with its ratio to the first (baseline) row."""
-    from fxckpt.plan import format_bytes
+    """An aligned table of measured rows, each with its ratio to the first (baseline) row.
 
+    A tracker count that could not be taken (``None``) shows as ``n/a``.
+    """
     base = rows[0]
     header = ("strategy", "peak activation (RSS)", "vs none", "tracked tensors", "vs none",
               "step time", "vs none")
     table = [header] + [
-        (r["strategy"], format_bytes(r["rss_bytes"]), _ratio(r["rss_bytes"], base["rss_bytes"]),
-         format_bytes(r["tracked_bytes"]), _ratio(r["tracked_bytes"], base["tracked_bytes"]),
+        (r["strategy"], _bytes(r["rss_bytes"]), _ratio(r["rss_bytes"], base["rss_bytes"]),
+         _bytes(r["tracked_bytes"]), _ratio(r["tracked_bytes"], base["tracked_bytes"]),
          f"{r['seconds'] * 1000:.0f} ms", _ratio(r["seconds"], base["seconds"]))
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths)))
              for row in table]
     return "\n".join(lines)
 
 
-def _ratio(value: float, baseline: float) -> str:
-    return f"{value / baseline:.2f}x" if baseline > 0 else "n/a"
+def _ratio(value: Optional[float], baseline: Optional[float]) -> str:
+    if value is None or baseline is None or baseline <= 0:
+        return "n/a"
+    return f"{value / baseline:.2f}x"
+
+
+def _bytes(n: Optional[int]) -> str:
+    from fxckpt.plan import format_bytes
+
+    return "n/a" if n is None else format_bytes(n)

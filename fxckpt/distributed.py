@@ -36,7 +36,9 @@ import torch
 import torch.fx
 import torch.nn as nn
 
+from fxckpt.checks import check_int
 from fxckpt.errors import ConfigError
+from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.pipeline import check_device
@@ -282,7 +284,7 @@ def _check_tensor_edges(module: nn.Module, index: int, count: int) -> None:
     if index < count - 1:
         out = next(n for n in reversed(nodes) if n.op == "output")
         edges += [a for a in out.all_input_nodes]
-    bad = [n.name for n in edges if "fxckpt" in n.meta and not n.meta["fxckpt"].is_tensor]
+    bad = [n.name for n in edges if has_info(n) and not info(n).is_tensor]
     if bad:
         raise ConfigError(
             f"stage {index} sends or receives non-tensor values {bad} between ranks, which "
@@ -309,8 +311,7 @@ def build_stage(
     the model's parameters under the model's names.
     """
     modules, model = _stage_modules(stages, example_inputs, example_kwargs)
-    if isinstance(stage_index, bool) or not isinstance(stage_index, int) or not 0 <= stage_index < len(modules):
-        raise ConfigError(f"stage_index must be an integer in [0, {len(modules) - 1}] (got {stage_index!r})")
+    check_int("stage_index", stage_index, low=0, high=len(modules) - 1)
     dev = check_device(device)
     _refuse_shared_parameters(modules, model)
     graph = modules[stage_index]
@@ -331,7 +332,6 @@ def schedule(stage: Any, kind: str, n_microbatches: int, loss_fn: Optional[Calla
 
     if kind not in SCHEDULES:
         raise ConfigError(f"schedule kind must be one of {SCHEDULES} (got {kind!r})")
-    if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) or n_microbatches < 1:
-        raise ConfigError(f"n_microbatches must be a positive integer (got {n_microbatches!r})")
+    check_int("n_microbatches", n_microbatches)
     cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
     return cls(stage, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "FxckptError",
     "ConfigError",
+    "ConfigTypeError",
     "CaptureError",
     "PlanError",
     "NotPlannedError",
@@ -24,6 +25,13 @@ class FxckptError(Exception):
 
 class ConfigError(FxckptError, ValueError):
     """An argument to :func:`fxckpt.transform` is out of range or conflicts with another."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument is not even of the right type (``transform("not a module")``).
+
+    A :class:`ConfigError` like every bad argument, and a ``TypeError`` as Python code expects.
+    """
 
 
 class CaptureError(FxckptError, RuntimeError):

@@ -21,8 +21,12 @@ each checks the other:
   and blind to allocator overhead, kernel scratch space and Python objects.
 
 Time steps in a process *without* the variable: an ``mmap`` per tensor makes every step fault its
-pages in again (1.6x slower with one thread here, several times slower with two). Absolute step times on a shared machine are noise; report
-medians and ratios against a baseline measured in the same run.
+pages in again (1.6x slower with one thread here, several times slower with two). Absolute step
+times on a shared machine are noise; report medians and ratios against a baseline measured in
+the same run (:func:`time_by_turns`).
+
+The benchmark's children (:mod:`fxckpt.bench.child`) and the demo (:mod:`fxckpt.demo`) measure
+with the same helpers: :func:`training_step`, :func:`step_memory`, :func:`time_by_turns`.
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxckpt.checks import check_int
 from fxckpt.errors import FxckptError
 
 __all__ = [
@@ -54,6 +59,10 @@ __all__ = [
     "step_peak_rss",
     "step_peak_tracked",
     "time_step",
+    "training_step",
+    "step_memory",
+    "time_by_turns",
+    "error_text",
     "run_in_subprocess",
     "calibrate_rss",
 ]
@@ -164,7 +173,7 @@ def _storage_of(t: torch.Tensor) -> Optional[torch.UntypedStorage]:
 
 def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1) -> dict[str, Any]:
     """Median peak of live tensor bytes of ``fn()``, by :class:`LiveTensorTracker`."""
-    _check_repeats(repeats)
+    check_int("repeats", repeats)
     for _ in range(warmup):
         fn()
     samples = []
@@ -211,7 +220,7 @@ def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> d
     Honest only in a process started with ``MALLOC_MMAP_THRESHOLD_`` set (see
     :func:`run_in_subprocess`); without it freed memory is not returned and steps look free.
     """
-    _check_repeats(repeats)
+    check_int("repeats", repeats)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
         log.warning("MALLOC_MMAP_THRESHOLD_ is not set: freed memory stays resident and the RSS "
                     "peak understates the step; measure through run_in_subprocess")
@@ -228,7 +237,7 @@ def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> d
 
 def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
-    _check_repeats(repeats)
+    check_int("repeats", repeats)
     for _ in range(warmup):
         fn()
     times = []
@@ -239,9 +248,56 @@ def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float
     return statistics.median(times)
 
 
-def _check_repeats(repeats: int) -> None:
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer (got {repeats!r})")
+def training_step(module: Callable[..., Any], inputs: Sequence[Any],
+                  loss: Callable[[Any], torch.Tensor]) -> Callable[[], None]:
+    """``step()``: forward ``module(*inputs)``, ``loss`` of its output, backward.
+
+    Gradients accumulate from step to step: they are allocated in the warm-up step and are not
+    part of any later step's peak.
+    """
+    def step() -> None:
+        loss(module(*inputs)).backward()
+
+    return step
+
+
+def step_memory(step: Callable[[], Any], repeats: int = 3, *,
+                tracked: bool = True) -> dict[str, Any]:
+    """Peak activation memory of ``step()``: the RSS protocol over ``repeats`` steps after one
+    warm-up step (``rss_bytes``, ``rss_samples``), then, unless ``tracked`` is false, one step
+    under :class:`LiveTensorTracker` (``tracked_bytes``). The tracker is a cross-check: when it
+    fails, ``tracked_bytes`` is ``None`` and ``tracked_error`` says why."""
+    rss = step_peak_rss(step, warmup=1, repeats=repeats)
+    result: dict[str, Any] = {"rss_bytes": rss["peak_bytes"], "rss_samples": rss["samples"]}
+    if tracked:
+        try:
+            result["tracked_bytes"] = step_peak_tracked(step, warmup=0, repeats=1)["peak_bytes"]
+        except Exception as e:  # noqa: BLE001 - RSS stands without the cross-check
+            result.update(tracked_bytes=None, tracked_error=error_text(e))
+    return result
+
+
+def time_by_turns(steps: Mapping[str, Callable[[], Any]],
+                  repeats: int = 3) -> dict[str, list[float]]:
+    """Seconds of each of ``steps`` over ``repeats`` rounds, after one warm-up call of each.
+
+    Every round times each step once, in turn, so a change in the machine's load hits all of
+    them alike and their ratios stay meaningful on a shared machine.
+    """
+    check_int("repeats", repeats)
+    for step in steps.values():
+        step()  # warm-up (and compilation, for torch.compile)
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            samples[name].append(time_step(step, repeats=1, warmup=0))
+    return samples
+
+
+def error_text(e: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of an exception, cut to ``limit`` characters."""
+    text = f"{type(e).__name__}: {e}".strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def run_in_subprocess(

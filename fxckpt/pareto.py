@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from fxckpt.errors import ConfigError
+from fxckpt.errors import ConfigTypeError
 
 __all__ = ["pareto"]
 
@@ -29,7 +29,7 @@ def pareto(
     never gives a higher predicted peak.
     """
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+        raise ConfigTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     from fxckpt.passes import annotate, capture
     from fxckpt.passes.prediction import reserve
     from fxckpt.passes.graph_view import problem_of

@@ -113,6 +113,21 @@ def test_the_stated_minimum_is_held_when_measured(name: str, make, inputs) -> No
     assert measured <= minimum * 1.05, f"{name}: {measured} > 1.05 x the stated minimum {minimum}"
 
 
+def test_one_infeasible_budget_exception() -> None:
+    """fxckpt's public error is the solver's exception with fxckpt's error base."""
+    from fxckpt.solver import BudgetInfeasible
+
+    err = fxckpt.BudgetInfeasibleError(100, 250, "budget 100 bytes cannot be met")
+    assert isinstance(err, BudgetInfeasible) and isinstance(err, fxckpt.FxckptError)
+    assert isinstance(err, ValueError)
+    assert (err.budget, err.min_budget, str(err)) == (100, 250, "budget 100 bytes cannot be met")
+    plain = BudgetInfeasible(100, 250)
+    assert str(plain) == ("no checkpoint plan keeps the predicted peak activation memory under "
+                          "100 bytes; the smallest budget any plan meets is 250 bytes")
+    with pytest.raises(BudgetInfeasible, match="smallest peak"):
+        fxckpt.transform(MLP(depth=4, width=32), budget=0.01, example_inputs=(torch.randn(4, 32),))
+
+
 @pytest.mark.parametrize("other", [{"every": 2}, {"depth": 2}])
 def test_budget_with_another_strategy_is_rejected(other: dict) -> None:
     with pytest.raises(fxckpt.ConfigError, match=r"give at most one strategy, got .*budget=0.5 of the eager peak"):

@@ -80,3 +80,13 @@ def test_python_dash_m_fxckpt_reports_errors_without_a_traceback(tmp_path: Path)
     help_text = subprocess.run([sys.executable, "-m", "fxckpt", "plan", "--help"], env=env, capture_output=True,
                                text=True, timeout=300).stdout
     assert "module:callable" in help_text and "--budget B" in help_text and "examples:" in help_text
+
+
+def test_every_subcommand_lives_in_cli() -> None:
+    import fxckpt.__main__
+    import fxckpt.cli
+
+    assert fxckpt.__main__.main is fxckpt.cli.main
+    parser = fxckpt.cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == {"demo", "plan"}

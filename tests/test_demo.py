@@ -69,6 +69,17 @@ def test_format_table_aligns_and_divides_by_the_first_row() -> None:
     assert lines[2].split() == ["every=2", "40.0", "MiB", "0.40x", "41.0", "MiB", "0.41x", "750", "ms", "1.50x"]
 
 
+def test_format_table_shows_a_missing_tracker_count_as_n_a() -> None:
+    rows = [
+        {"strategy": "none", "rss_bytes": 2**20, "tracked_bytes": None, "seconds": 0.5},
+        {"strategy": "every=2", "rss_bytes": 2**19, "tracked_bytes": 2**19, "seconds": 0.5},
+    ]
+    lines = format_table(rows).splitlines()
+    assert lines[1].split() == ["none", "1.0", "MiB", "1.00x", "n/a", "n/a", "500", "ms", "1.00x"]
+    assert lines[2].split() == ["every=2", "512.0", "KiB", "0.50x", "512.0", "KiB", "n/a", "500",
+                                "ms", "1.00x"]
+
+
 @pytest.mark.parametrize("argv", [[], ["demo", "--repeats", "0"], ["plan"]])
 def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -43,6 +43,14 @@ def test_non_module_is_rejected() -> None:
         fxckpt.transform(lambda x: x * 2, every=1)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("call", [fxckpt.transform, fxckpt.pareto])
+def test_a_non_module_is_a_type_error(call: object) -> None:
+    with pytest.raises(TypeError) as e:
+        call("not a module")  # type: ignore[operator]
+    assert isinstance(e.value, fxckpt.ConfigError)
+    assert str(e.value).startswith("model must be a torch.nn.Module (got str)")
+
+
 def test_untraceable_model_without_inputs_names_the_fixes() -> None:
     with pytest.raises(fxckpt.CaptureError) as e:
         capture(DataDependent())

@@ -14,10 +14,14 @@ import fxckpt
 from fxckpt.measure import (
     LiveTensorTracker,
     MeasureError,
+    error_text,
     run_in_subprocess,
+    step_memory,
     step_peak_rss,
     step_peak_tracked,
+    time_by_turns,
     time_step,
+    training_step,
 )
 
 N, W = 256, 128
@@ -189,3 +193,36 @@ def test_time_step_is_the_median() -> None:
     assert 0.001 <= time_step(fn, repeats=3, warmup=1) < 0.02
     with pytest.raises(ValueError, match="repeats must be a positive integer"):
         time_step(fn, repeats=0)
+
+
+def test_time_by_turns_warms_up_then_times_each_step_once_per_round() -> None:
+    calls: list[str] = []
+    samples = time_by_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                            repeats=2)
+    assert calls == ["a", "b"] * 3  # one warm-up round, then two timed rounds taken by turns
+    assert {k: len(v) for k, v in samples.items()} == {"a": 2, "b": 2}
+    assert all(s >= 0 for v in samples.values() for s in v)
+    with pytest.raises(fxckpt.ConfigError, match=r"^repeats must be .* integer \(got 0\)$"):
+        time_by_turns({"a": lambda: None}, repeats=0)
+
+
+def test_training_step_runs_forward_loss_and_backward() -> None:
+    model, x = torch.nn.Linear(3, 1), torch.randn(4, 3)
+    training_step(model, (x,), lambda y: y.sum())()
+    assert model.bias.grad is not None and model.bias.grad.item() == pytest.approx(4.0)
+
+
+def test_step_memory_reports_a_failing_tracker_instead_of_raising() -> None:
+    calls = {"n": 0}
+
+    def step() -> None:  # RSS warm-up and one RSS step pass, the tracked step fails
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+
+    result = step_memory(step, repeats=1)
+    assert set(result) == {"rss_bytes", "rss_samples", "tracked_bytes", "tracked_error"}
+    assert result["tracked_bytes"] is None and result["tracked_error"] == "RuntimeError: boom"
+    assert len(result["rss_samples"]) == 1
+    assert set(step_memory(lambda: None, repeats=1, tracked=False)) == {"rss_bytes", "rss_samples"}
+    assert error_text(ValueError("x" * 700), limit=20) == "ValueError: xxxxx..."

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
+from fxckpt.cli import positive_int
+
 if TYPE_CHECKING:
     from fxckpt.bench.runner import BenchOptions
 
@@ -29,13 +31,6 @@ def _list_of(convert: Callable[[str], T], name: str) -> Callable[[str], tuple[T,
     return parse
 
 
-def _positive_int(text: str) -> int:
-    value = int(text) if text.strip().lstrip("-").isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fxckpt.bench", description=(
         "Measure fxckpt's budget against torch.utils.checkpoint and torch.compile's memory budget "
@@ -44,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=_list_of(str, "--models"), help="comma-separated (default: all)")
     p.add_argument("--methods", type=_list_of(str, "--methods"), help="comma-separated (default: all)")
     p.add_argument("--budgets", type=_list_of(float, "--budgets"), help="fractions (default 0.25,0.5,0.75)")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="steps per median (default: 3)")
-    p.add_argument("--jobs", type=_positive_int, default=2, help="memory subprocesses at once (default: 2)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="steps per median (default: 3)")
+    p.add_argument("--jobs", type=positive_int, default=2,
+                   help="memory subprocesses at once (default: 2)")
     p.add_argument("--scaling-layers", type=_list_of(int, "--scaling-layers"),
                    help="GPT-2 layer counts for the solver-scaling run (default 12,48,192; '' skips)")
     p.add_argument("--no-match-peers", dest="match_peers", action="store_false",

@@ -22,16 +22,11 @@ import torch
 
 from fxckpt.bench.methods import COMPILE_BACKEND, Budget, NotApplicable, prepare, solve_seconds
 from fxckpt.bench.models import ModelSpec, spec_for
+from fxckpt.measure import error_text, step_memory, time_by_turns, training_step
 
 __all__ = ["measure_memory", "measure_time", "solve_scaling", "error_text"]
 
 Result = dict[str, Any]
-
-
-def error_text(e: BaseException, limit: int = 600) -> str:
-    """``Type: message`` of an exception, cut to ``limit`` characters."""
-    text = f"{type(e).__name__}: {e}".strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _setup(model: str, quick: bool) -> tuple[ModelSpec, torch.nn.Module, tuple[Any, ...], Callable[[Any], Any]]:
@@ -40,13 +35,6 @@ def _setup(model: str, quick: bool) -> tuple[ModelSpec, torch.nn.Module, tuple[A
     torch.manual_seed(0)
     built, inputs, loss = spec.build(spec.quick if quick else spec.full)
     return spec, built, inputs, loss
-
-
-def _step(module: Callable[..., Any], inputs: tuple[Any, ...], loss: Callable[[Any], Any]) -> Callable[[], None]:
-    def step() -> None:  # gradients accumulate: allocated in warm-up, not part of the step's peak
-        loss(module(*inputs)).backward()
-
-    return step
 
 
 def _failure(e: BaseException) -> Result:
@@ -62,32 +50,20 @@ def _failure(e: BaseException) -> Result:
 def measure_memory(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
                    repeats: int = 3, compile_backend: str = COMPILE_BACKEND, time_solver: bool = True) -> Result:
     """Peak activation memory of one step: RSS protocol (median) and live-tensor tracker."""
-    from fxckpt.measure import step_peak_rss
-
     spec, built, inputs, loss = _setup(model, quick)
     try:
         module, facts = prepare(method, built, inputs, spec, budget, compile_backend, time_solver)
-        step = _step(module, inputs, loss)
-        rss = step_peak_rss(step, warmup=1, repeats=repeats)
+        memory = step_memory(training_step(module, inputs, loss), repeats,
+                             tracked=method != "compile")
     except Exception as e:  # noqa: BLE001 - any failure of a method is a result to report
         return _failure(e)
-    result = {"status": "ok", "rss_bytes": rss["peak_bytes"], "rss_samples": rss["samples"], **facts}
-    result.update(_tracked(step) if method != "compile" else _UNTRACKABLE)
-    return result
+    rss = {k: memory.pop(k) for k in ("rss_bytes", "rss_samples")}
+    return {"status": "ok", **rss, **facts, **(memory if method != "compile" else _UNTRACKABLE)}
 
 
 _UNTRACKABLE = {"tracked_bytes": None, "tracked_error": (
     "not measured: under a TorchDispatchMode dynamo skips the compiled frame and the step runs "
     "eagerly, so the tracker would count the unmodified model")}
-
-
-def _tracked(step: Callable[[], None]) -> Result:
-    from fxckpt.measure import step_peak_tracked
-
-    try:
-        return {"tracked_bytes": step_peak_tracked(step, warmup=0, repeats=1)["peak_bytes"]}
-    except Exception as e:  # noqa: BLE001 - the tracker is a cross-check; RSS stands without it
-        return {"tracked_bytes": None, "tracked_error": error_text(e)}
 
 
 def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
@@ -106,8 +82,8 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
     baseline = copy.deepcopy(built)
     try:
         module, _ = prepare(method, built, inputs, spec, budget, compile_backend, time_solver=False)
-        steps = {"method": _step(module, inputs, loss), "base": _step(baseline, inputs, loss)}
-        samples = _paired_samples(steps, groups * repeats)
+        samples = time_by_turns({"method": training_step(module, inputs, loss),
+                                 "base": training_step(baseline, inputs, loss)}, groups * repeats)
     except Exception as e:  # noqa: BLE001
         return _failure(e)
     method_s, base_s = statistics.median(samples["method"]), statistics.median(samples["base"])
@@ -119,19 +95,6 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
         result["group_ratios"] = [median(samples["method"][c]) / median(samples["base"][c])
                                   for c in chunks]
     return result
-
-
-def _paired_samples(steps: dict[str, Callable[[], None]], pairs: int) -> dict[str, list[float]]:
-    """Seconds of each step, ``pairs`` times, by turns, after one warm-up each (compiles)."""
-    from fxckpt.measure import time_step
-
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for step in steps.values():
-        step()
-    for _ in range(pairs):
-        for name, step in steps.items():
-            samples[name].append(time_step(step, repeats=1, warmup=0))
-    return samples
 
 
 def solve_scaling(layers: list[int], budgets: list[float], repeats: int = 3) -> Result:

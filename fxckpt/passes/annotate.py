@@ -24,10 +24,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.errors import PlanError
+from fxckpt.passes.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 
-__all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of", "compute_nodes",
-           "is_guard",
-           "planned_nodes"]
+__all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of",
+           "compute_nodes", "is_guard", "planned_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -285,18 +285,3 @@ class _Annotator(torch.fx.Interpreter):
             is_state=is_state,
             ops=tuple(rec.ops),
         )
-
-
-def compute_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
-    """Nodes that compute something (not placeholders, attribute reads or the output)."""
-    return (n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-
-
-def is_guard(n: torch.fx.Node) -> bool:
-    """torch.export's input checks (``self._guards_fn(x)``): run once, never planned."""
-    return n.op == "call_module" and n.target == "_guards_fn"
-
-
-def planned_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The compute nodes strategies and solvers plan over, in topological order."""
-    return [n for n in compute_nodes(graph) if not is_guard(n)]

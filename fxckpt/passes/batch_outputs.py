@@ -20,7 +20,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fxckpt.passes.annotate import META_KEY, faking, info
+from fxckpt.passes.annotate import faking, has_info, info
 from fxckpt.passes.state_guard import hooks_off
 from fxckpt.signature import has_hooks
 from fxckpt.runtime.microbatch import same_value
@@ -34,7 +34,7 @@ def batch_outputs(gm: torch.fx.GraphModule) -> list[str]:
     """Names of the annotated ``gm``'s non-tensor outputs whose value changes with the batch."""
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     leaves = [n for n in pytree.tree_leaves(output.args[0]) if isinstance(n, torch.fx.Node)]
-    suspects = [n for n in leaves if META_KEY in n.meta and not info(n).is_tensor]
+    suspects = [n for n in leaves if has_info(n) and not info(n).is_tensor]
     batch = _batch(gm)
     if not suspects or batch is None:
         return []
@@ -48,7 +48,7 @@ def batch_outputs(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _batch(gm: torch.fx.GraphModule) -> Optional[int]:
-    inputs = [info(n) for n in gm.graph.nodes if n.op == "placeholder" and META_KEY in n.meta]
+    inputs = [info(n) for n in gm.graph.nodes if n.op == "placeholder" and has_info(n)]
     sizes = {i.shapes[0][0] for i in inputs if i.shapes and i.shapes[0]}
     return sizes.pop() if len(sizes) == 1 else None
 
@@ -64,7 +64,7 @@ def _values(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], batch: int) ->
 
 
 def _fake_input(n: torch.fx.Node, batch: int) -> Any:
-    if META_KEY not in n.meta or not info(n).is_tensor:
+    if not has_info(n) or not info(n).is_tensor:
         return n.args[0] if n.args else None  # a traced default (concrete_args), or None
     node = info(n)
     shape = (batch, *node.shapes[0][1:]) if node.shapes[0] else ()

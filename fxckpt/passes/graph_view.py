@@ -1,6 +1,6 @@
 """The one bridge from ``torch.fx`` to plain data: a networkx view and the solver's Problem.
 
-The solvers never see fx. This module reads the annotated graph (``node.meta["fxckpt"]``) once
+The solvers never see fx. This module reads the annotated graph (``node.meta[META_KEY]``) once
 and produces
 
 * ``to_networkx(gm)``: a ``networkx.DiGraph`` of compute nodes and graph inputs, with edges for
@@ -27,7 +27,8 @@ from __future__ import annotations
 import networkx as nx
 import torch.fx
 
-from fxckpt.passes.annotate import NodeInfo, info, planned_nodes
+from fxckpt.passes.annotate import NodeInfo, has_info, info
+from fxckpt.passes.graphs import planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
 __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS"]
@@ -81,7 +82,7 @@ def _floating(dtypes: tuple[str, ...]) -> bool:
 def _root(nodes: dict[str, torch.fx.Node], name: str) -> str:
     """The node owning the storage of ``name``'s output (itself unless it is a view/alias)."""
     node = nodes.get(name)
-    if node is None or "fxckpt" not in node.meta:
+    if node is None or not has_info(node):
         return name
     aliases = info(node).aliases
     return aliases[0] if aliases and info(node).new_bytes == 0 else name

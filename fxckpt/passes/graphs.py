@@ -3,18 +3,26 @@
 * :func:`copy_graph_module`: a new GraphModule over a copy of the graph, sharing every
   submodule, parameter and buffer with the original, so one capture can be annotated and
   lowered into several plans (one per shape under a budget) without capturing again;
-* :func:`outermost`: the module paths a group of nodes came from, without nested repeats.
+* :func:`outermost`: the module paths a group of nodes came from, without nested repeats;
+* :func:`compute_nodes` / :func:`planned_nodes`: the nodes that compute something (every pass
+  that walks "the ops" of a graph uses these, so they agree on what an op is);
+* :func:`copy_nodes`: copy some nodes into a new graph, reading parameters and buffers
+  (``get_attr``) where they are used, so the new graph's module shares the original's state.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, cast
+from typing import Any, Iterable, Iterator, cast
 
 import torch
 import torch.fx
 
-__all__ = ["copy_graph_module", "outermost"]
+__all__ = ["copy_graph_module", "outermost", "compute_nodes", "planned_nodes", "is_guard",
+           "copy_nodes", "COMPUTE_OPS"]
+
+COMPUTE_OPS = ("call_function", "call_method", "call_module")
+"""Node kinds that compute something (not placeholders, attribute reads or the output)."""
 
 _CARRIED = ("_in_spec", "_out_spec", "range_constraints", "validate_inputs")
 """Plain attributes of ``ExportedProgram.module()`` its generated code and guards read."""
@@ -47,3 +55,35 @@ def outermost(paths: Iterable[str]) -> tuple[str, ...]:
         if not any(p == k or p.startswith(k + ".") for k in kept):
             kept.append(p)
     return tuple(kept)
+
+
+def compute_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
+    """Nodes that compute something (not placeholders, attribute reads or the output)."""
+    return (n for n in graph.nodes if n.op in COMPUTE_OPS)
+
+
+def is_guard(n: torch.fx.Node) -> bool:
+    """torch.export's input checks (``self._guards_fn(x)``): run once, never planned."""
+    return n.op == "call_module" and n.target == "_guards_fn"
+
+
+def planned_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The compute nodes strategies and solvers plan over, in topological order."""
+    return [n for n in compute_nodes(graph) if not is_guard(n)]
+
+
+def copy_nodes(graph: torch.fx.Graph, nodes: Iterable[torch.fx.Node],
+               env: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """Copy ``nodes`` (in order) into ``graph``, recording each copy in ``env``.
+
+    Their inputs are looked up in ``env``, except ``get_attr`` nodes (parameters, buffers),
+    which are copied into ``graph`` on first use with their meta.
+    """
+    def lookup(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in env and a.op == "get_attr":
+            env[a] = graph.get_attr(str(a.target))
+            env[a].meta = dict(a.meta)
+        return env[a]
+
+    for n in nodes:
+        env[n] = graph.node_copy(n, lookup)

@@ -36,7 +36,8 @@ import torch
 import torch.fx
 
 from fxckpt.errors import ConfigError, PlanError
-from fxckpt.passes.annotate import info, is_guard
+from fxckpt.passes.annotate import has_info, info
+from fxckpt.passes.graphs import COMPUTE_OPS, compute_nodes, copy_nodes, is_guard, outermost
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint as _checkpoint_fn
 from fxckpt.solver import stages as solver
@@ -95,7 +96,7 @@ class StagePlan:
 
 def stage_order(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     """The nodes a stage assignment covers: every compute node, in topological order."""
-    return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    return list(compute_nodes(gm.graph))
 
 
 def _is_checkpoint_call(n: torch.fx.Node) -> bool:
@@ -112,7 +113,7 @@ def _segment_flops(gm: torch.fx.GraphModule, call: torch.fx.Node) -> int:
     sub = gm.get_submodule(str(target.target)) if isinstance(target, torch.fx.Node) else None
     if not isinstance(sub, torch.fx.GraphModule):
         return info(call).flops
-    return sum(info(n).flops for n in stage_order(sub) if "fxckpt" in n.meta)
+    return sum(info(n).flops for n in stage_order(sub) if has_info(n))
 
 
 def node_costs(gm: torch.fx.GraphModule, plan: Optional[Plan] = None, cost: str = "flops") -> list[float]:
@@ -143,7 +144,7 @@ def legal_cuts(gm: torch.fx.GraphModule, plan: Optional[Plan] = None) -> list[in
     for q, n in enumerate(order):
         if _is_getitem(n) and isinstance(n.args[0], torch.fx.Node) and n.args[0].name in pos:
             illegal.update(range(pos[n.args[0].name] + 1, q + 1))
-        for m in info(n).mutates if "fxckpt" in n.meta else ():
+        for m in info(n).mutates if has_info(n) else ():
             if m in pos and pos[m] < q:
                 illegal.update(range(pos[m] + 1, q + 1))
     for seg in plan.segments if plan else ():
@@ -196,7 +197,7 @@ def _from_balance(order: list[torch.fx.Node], costs: list[float], allowed: list[
 
 def _counts_from_paths(order: list[torch.fx.Node], paths: list[str]) -> list[int]:
     """Node counts per stage for stages that begin at the first node of each module path."""
-    module_paths = [info(n).module_path if "fxckpt" in n.meta else "" for n in order]
+    module_paths = [info(n).module_path if has_info(n) else "" for n in order]
     cuts, start = [], 1
     for p in paths:
         hit = next((q for q in range(start, len(order))
@@ -220,8 +221,7 @@ def _stage_plan(order: list[torch.fx.Node], part: solver.Partition, method: str,
         stage_of={n.name: s for s, g in enumerate(groups) for n in g},
         nodes=tuple(tuple(n.name for n in g) for g in groups),
         costs=part.costs,
-        module_paths=tuple(_outermost(info(n).module_path for n in g if "fxckpt" in n.meta and not is_guard(n))
-                           for g in groups),
+        module_paths=tuple(_module_paths(g) for g in groups),
         method=method,
         cost=cost,
     )
@@ -229,13 +229,10 @@ def _stage_plan(order: list[torch.fx.Node], part: solver.Partition, method: str,
     return plan
 
 
-def _outermost(paths: Any) -> tuple[str, ...]:
-    unique = sorted({p for p in paths if p}, key=lambda p: (p.count("."), p))
-    kept: list[str] = []
-    for p in unique:
-        if not any(p.startswith(k + ".") for k in kept):
-            kept.append(p)
-    return tuple(kept)
+def _module_paths(nodes: list[torch.fx.Node]) -> tuple[str, ...]:
+    """The outermost modules a stage's nodes came from (the root's own ops name none)."""
+    return outermost(p for n in nodes if has_info(n) and not is_guard(n)
+                     for p in [info(n).module_path] if p)
 
 
 def pytree_specs(gm: torch.fx.GraphModule) -> Optional[tuple[Any, Any]]:
@@ -263,7 +260,7 @@ def split_stages(gm: torch.fx.GraphModule, stage_of: Mapping[str, int]) -> list[
 
 
 def _check_stage_of(nodes: list[torch.fx.Node], stage_of: Mapping[str, int]) -> dict[torch.fx.Node, int]:
-    compute = [n for n in nodes if n.op in ("call_function", "call_method", "call_module")]
+    compute = [n for n in nodes if n.op in COMPUTE_OPS]
     missing = [n.name for n in compute if n.name not in stage_of]
     if missing:
         raise ConfigError(f"stage_of must give a stage for every compute node (missing {missing[:5]})")
@@ -318,13 +315,6 @@ def _build_stage(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], stage: di
                  sizes: Mapping[torch.fx.Node, tuple[torch.fx.Node, int]]) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-
-    def lookup(a: torch.fx.Node) -> torch.fx.Node:
-        if a not in env and a.op == "get_attr":
-            env[a] = graph.get_attr(str(a.target))
-            env[a].meta = dict(a.meta)
-        return env[a]
-
     if j == 0:
         for p in (n for n in nodes if n.op == "placeholder"):
             env[p] = graph.node_copy(p)
@@ -335,12 +325,9 @@ def _build_stage(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], stage: di
         for v, (t, d) in sizes.items():
             env[v] = graph.call_function(torch.ops.aten.sym_size.int, (env[t], d))
             env[v].meta = dict(v.meta)
-    for n in nodes:
-        if stage.get(n) == j:
-            env[n] = graph.node_copy(n, lookup)
-    if j == k - 1:
-        graph.node_copy(next(n for n in reversed(nodes) if n.op == "output"), lookup)
-    else:
+    last = [next(n for n in reversed(nodes) if n.op == "output")] if j == k - 1 else []
+    copy_nodes(graph, [n for n in nodes if stage.get(n) == j] + last, env)
+    if j < k - 1:
         graph.output(tuple(env[v] for v in carried[j]))
     graph.lint()
     sgm = torch.fx.GraphModule(gm, graph, class_name=f"Stage{j}")

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch.fx
 
 from fxckpt.config import TransformConfig
 from fxckpt.passes.actions import choose_actions
-from fxckpt.passes.annotate import has_info, info, planned_nodes
+from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.cleanup import force_notes, pinned, without_kept
 from fxckpt.passes.graph_view import problem_of
-from fxckpt.passes.graphs import outermost
+from fxckpt.passes.graphs import outermost, planned_nodes
 from fxckpt.passes.prediction import predict
 from fxckpt.passes.rates import device_of, offload_cost_per_byte
 from fxckpt.passes.runs import Run
@@ -66,8 +66,7 @@ def select(
         actions = [s.action for s in replay.plan.segments]
         segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))
     if not segments:
-        notes.append("nothing is checkpointed: no strategy was given" if config.strategy_name == "none"
-                     else "nothing is checkpointed: the strategy found no segment")
+        notes.append(_why_none(config, chosen.why_none))
     plan = Plan(
         strategy=config.strategy_name, options=config.to_dict(), capture=capture, training=training,
         signature=signature, segments=segments, node_count=len(order),
@@ -80,6 +79,12 @@ def select(
         log.info("  %s: %s (%d nodes, %s)", seg.name, ", ".join(seg.module_paths) or "-", len(seg.nodes),
                  seg.reason)
     return plan
+
+
+def _why_none(config: TransformConfig, why: Optional[str]) -> str:
+    if config.strategy_name == "none":
+        return "nothing is checkpointed: no strategy was given"
+    return why or "nothing is checkpointed: the strategy found no segment"
 
 
 def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:

@@ -47,6 +47,8 @@ class Chosen:
     notes: tuple[str, ...] = ()
     budget: Optional[int] = None
     """The budget in bytes the runs were solved (or replayed) for."""
+    why_none: Optional[str] = None
+    """Why there are no runs, when the pass knows better than "it found none"."""
 
 
 def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
@@ -54,20 +56,29 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
     """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes ``order``."""
     if isinstance(strategy, Every):
         runs, notes = every(order, strategy.units)
-        return Chosen(_cleaned(order, runs, force), notes)
+        return _cleaned(order, runs, force, notes)
     if isinstance(strategy, Depth):
-        return Chosen(_cleaned(order, depth(order, strategy.depth), force))
+        return _cleaned(order, depth(order, strategy.depth), force)
     if isinstance(strategy, Budgeted):
         solved, limit = budgeted(problem, order, strategy.budget)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Chosen(tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit)
     if isinstance(strategy, Replay):
         return Chosen(tuple(replayed(order, strategy.plan)), budget=strategy.plan.budget)
-    return Chosen(_cleaned(order, [], force))
+    return _cleaned(order, [], force)
 
 
-def _cleaned(order: Sequence[torch.fx.Node], runs: list[Run], force: dict[str, str]) -> tuple[Run, ...]:
-    return tuple(r for r in map(safe, apply_force(order, runs, force)) if frees_memory(r))
+def _cleaned(order: Sequence[torch.fx.Node], runs: list[Run], force: dict[str, str],
+             notes: tuple[str, ...] = ()) -> Chosen:
+    """The candidate runs checkpoint can recompute, without those that would free nothing."""
+    candidates = [r for r in map(safe, apply_force(order, runs, force)) if r]
+    kept = tuple(r for r in candidates if frees_memory(r))
+    if kept or not candidates or not runs:  # force pins alone explain themselves (force_notes)
+        return Chosen(kept, notes)
+    return Chosen(kept, notes, why_none=(
+        f"nothing is checkpointed: each of the {len(candidates)} candidate segment(s) keeps what "
+        "it would free (every tensor it makes is used after it, as with one layer of a flat "
+        "nn.Sequential); group several layers per segment with every=N or budget="))
 
 
 def every(order: Sequence[torch.fx.Node], units_per_segment: int) -> tuple[list[Run], tuple[str, ...]]:
@@ -146,11 +157,11 @@ def budgeted(problem: Problem, order: Sequence[torch.fx.Node], budget: Budget) -
 def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
     fraction = f" ({minimum / eager:.3f} of the eager peak)" if eager else ""
     return BudgetInfeasibleError(
+        limit, minimum,
         f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest peak "
         f"activation memory any plan reaches for this model and input is {format_bytes(minimum)} "
         f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
         f"budget >= {minimum}, or a smaller batch",
-        min_budget=minimum, budget=limit,
     )
 
 

@@ -30,6 +30,8 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.utils._pytree as pytree
 
+from fxckpt.checks import check_int
+
 __all__ = ["scatter", "gather", "batch_size", "same_value"]
 
 MicroBatch = tuple[tuple, dict]
@@ -66,8 +68,7 @@ def batch_size(args: tuple, kwargs: dict, names: Optional[Sequence[str]] = None)
 
 def scatter(args: tuple, kwargs: dict, chunks: int, names: Optional[Sequence[str]] = None) -> list[MicroBatch]:
     """Split ``(args, kwargs)`` into at most ``chunks`` micro-batches along dim 0."""
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks must be a positive integer (got {chunks!r})")
+    check_int("chunks", chunks)
     batch = batch_size(args, kwargs, names)
     pieces = 1 if not batch else min(chunks, batch)
     if pieces == 1:

@@ -256,8 +256,8 @@ class Pipeline(nn.Module):
                     log.debug("micro-batch %d/%d on stage %d (%s): checkpointed, recomputed in backward "
                               "(checkpoint_stop=%d)", i, m, j, device, stop)
                     return run_checkpointed(stage, i, defer, args, kwargs)
-                log.info("micro-batch %d/%d on stage %d (%s): not checkpointed, activations kept "
-                         "(checkpoint_stop=%d)", i, m, j, device, stop)
+                log.debug("micro-batch %d/%d on stage %d (%s): not checkpointed, activations kept "
+                          "(checkpoint_stop=%d)", i, m, j, device, stop)
                 return stage(i, defer, args, kwargs)
         except Exception as e:
             _add_note(e, f"fxckpt pipeline: raised by stage {j} on {device} for micro-batch {i} of {m} "

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from fxckpt.checks import check_int
+
 __all__ = ["clock_cycles", "bubble_fraction", "schedule_chart", "checkpoint_stop"]
 
 
 def _check(chunks: int, stages: int) -> None:
-    for name, value in (("chunks", chunks), ("stages", stages)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer (got {value!r})")
+    check_int("chunks", chunks)
+    check_int("stages", stages)
 
 
 def clock_cycles(chunks: int, stages: int) -> Iterator[list[tuple[int, int]]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Optional
 
 __all__ = ["Op", "Problem", "Index", "Segments", "BudgetInfeasible", "check_segments"]
 
@@ -31,13 +32,17 @@ Segments = tuple[tuple[int, int], ...]
 
 
 class BudgetInfeasible(ValueError):
-    """No plan's predicted peak fits the budget; ``min_budget`` is the smallest that fits."""
+    """No plan's predicted peak fits the budget; ``min_budget`` is the smallest that fits.
 
-    def __init__(self, budget: int, min_budget: int) -> None:
-        super().__init__(
+    The one infeasible-budget exception: ``fxckpt.BudgetInfeasibleError`` is this class made an
+    ``FxckptError`` (the solver imports nothing of fxckpt), raised with the user's budget terms.
+    """
+
+    def __init__(self, budget: int, min_budget: int, message: Optional[str] = None) -> None:
+        super().__init__(message or (
             f"no checkpoint plan keeps the predicted peak activation memory under {budget} bytes; "
             f"the smallest budget any plan meets is {min_budget} bytes"
-        )
+        ))
         self.budget = budget
         self.min_budget = min_budget
 

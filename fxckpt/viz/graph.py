@@ -14,6 +14,7 @@ import textwrap
 from collections import Counter
 from typing import Any, Optional
 
+from fxckpt.checks import check_int
 from fxckpt.viz.common import KEPT_COLOR, PathLike, finish, inspect_module, new_figure, segment_colors, stage_colors
 from fxckpt.viz.layout import Box, collapse, layout
 
@@ -35,8 +36,7 @@ def show(module: Any, path: Optional[PathLike] = None, *, max_nodes: int = 120, 
 
     Returns the ``matplotlib.figure.Figure``.
     """
-    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
-        raise ValueError(f"max_nodes must be a positive integer (got {max_nodes!r})")
+    check_int("max_nodes", max_nodes)
     seen = inspect_module(module)
     boxes, graph = collapse(seen.view, seen.ops(), max_nodes)
     positions, engine = layout(graph, layout_engine)

@@ -78,3 +78,32 @@ def test_depth_groups_unet_blocks_and_carries_skips() -> None:
     assert [s.module_paths for s in plan2.segments] == [("down.0",), ("down.1",), ("up.0",), ("up.1",)]
     up0 = plan2.segments[2]
     assert len(up0.inputs) == 2  # the decoder input and the skip from the encoder
+
+
+def test_depth_1_on_single_layers_says_each_candidate_keeps_what_it_would_free() -> None:
+    torch.manual_seed(0)
+    flat = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    plan = _plan(flat, torch.randn(4, 8), depth=1)
+    assert plan.segments == ()
+    assert plan.notes == (
+        "nothing is checkpointed: each of the 4 candidate segment(s) keeps what it would free "
+        "(every tensor it makes is used after it, as with one layer of a flat nn.Sequential); "
+        "group several layers per segment with every=N or budget=",)
+    assert len(_plan(flat, torch.randn(4, 8), every=2).segments) == 1  # the hint works
+
+
+class UnusedDeep(nn.Module):
+    """Its only module deeper than the root is never called: depth=2 finds no candidate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = nn.Sequential(nn.Linear(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).relu() + 1
+
+
+def test_no_candidate_at_all_still_says_the_strategy_found_none() -> None:
+    plan = _plan(UnusedDeep(), torch.randn(4, 8), depth=2)
+    assert plan.segments == ()
+    assert plan.notes == ("nothing is checkpointed: the strategy found no segment",)

@@ -213,14 +213,22 @@ def test_eval_and_no_grad_never_recompute() -> None:
     assert before["stem.1.num_batches_tracked"] + 1 == model.stem[1].num_batches_tracked  # the no_grad step
 
 
-def test_each_pair_is_logged_at_its_level(caplog: pytest.LogCaptureFixture) -> None:
+def test_each_pair_is_logged_at_debug_only(caplog: pytest.LogCaptureFixture) -> None:
     model, x = MLP(p=0.0), torch.randn(4, 32)
-    pm = build_pipeline(_annotated(model, x), chunks=2, devices=["cpu"] * 2, checkpoint="except_last")
+    pm = build_pipeline(_annotated(model, x), chunks=2, devices=["cpu"] * 2,
+                        checkpoint="except_last")
+    with caplog.at_level(logging.INFO, logger="fxckpt.runtime.pipeline"):
+        pm(x)
+    assert [r for r in caplog.records if r.name == "fxckpt.runtime.pipeline"] == []
     with caplog.at_level(logging.DEBUG, logger="fxckpt.runtime.pipeline"):
         pm(x)
-    pairs = [(r.levelno, r.getMessage()[:26]) for r in caplog.records if r.name == "fxckpt.runtime.pipeline"]
-    assert pairs == [(logging.DEBUG, "micro-batch 0/2 on stage 0"), (logging.INFO, "micro-batch 1/2 on stage 0"),
-                     (logging.DEBUG, "micro-batch 0/2 on stage 1"), (logging.INFO, "micro-batch 1/2 on stage 1")]
+    pairs = [(r.levelno, r.getMessage()) for r in caplog.records
+             if r.name == "fxckpt.runtime.pipeline"]
+    checkpointed = "checkpointed, recomputed in backward"
+    kept = "not checkpointed, activations kept"
+    assert pairs == [
+        (logging.DEBUG, f"micro-batch {i}/2 on stage {j} (cpu): {what} (checkpoint_stop=1)")
+        for j in range(2) for i, what in ((0, checkpointed), (1, kept))]
 
 
 def test_a_failing_stage_names_itself_and_leaves_buffers_alone() -> None:
