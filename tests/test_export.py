@@ -135,7 +135,8 @@ def test_staged_module_round_trip_rebuilds_the_pipeline(tmp_path: Path) -> None:
     tm = fxckpt.transform(ResNet(), every=2, chunks=2, devices=["cpu", "cpu"], example_inputs=(x,))
     fxckpt.save(tm, tmp_path / "s")
     loaded = fxckpt.load(tmp_path / "s")
-    assert loaded.plan.pipeline is not None and loaded.plan.pipeline["chunks"] == 2
+    assert loaded.plan.pipeline is not None and loaded.plan.pipeline.chunks == 2
+    assert loaded.plan == fxckpt.inspect(tm).plan  # the typed pipeline view round-trips
     # same micro-batches, schedule, recompute and deferred BatchNorm statistics: bit-identical
     assert_steps_equal(run_step(tm, (x,), {}), run_step(loaded, (x,), {}))
     assert loaded.pipeline.recomputed == fxckpt.inspect(tm).pipeline.recomputed == [(0, 1), (0, 0)]
@@ -573,7 +574,8 @@ def test_loaded_segments_are_segments_with_the_saved_name_and_restores(tmp_path:
     tm = fxckpt.transform(ResNet(), depth=2, example_inputs=(x,))
     fxckpt.save(tm, tmp_path / "r")
     structure = json.loads((tmp_path / "r" / "structure.json").read_text())
-    saved = {e["path"]: e["segment"] for e in structure["variants"][0]["modules"] if "segment" in e}
+    modules = structure["variants"][0]["modules"]
+    saved = {e["path"]: e["segment"] for e in modules if "segment" in e}
     plan = fxckpt.inspect(tm).plan
     assert saved == {s.name: {"name": s.name, "restores": list(s.restores)} for s in plan.segments}
     loaded = fxckpt.load(tmp_path / "r")
@@ -595,4 +597,5 @@ def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> No
     with pytest.raises(ExportError, match="a graph module has no saved attribute 'code'"):
         _segment_fields({"program": "p", "attrs": {"code": "x"}})
     with pytest.raises(ExportError, match="is not a name an export may use"):
-        _segment_fields({"program": "p", "attrs": {}, "segment": {"name": "s", "restores": ["a b"]}})
+        _segment_fields({"program": "p", "attrs": {},
+                         "segment": {"name": "s", "restores": ["a b"]}})

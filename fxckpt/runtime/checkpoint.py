@@ -129,8 +129,8 @@ class _SegmentCall:
     """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes again).
 
     The buffers a segment writes are named by whoever built it (:attr:`Recomputable.restores`;
-    the planner, from the ops it saw write them); version counters cannot tell, since kernels such as
-    ``native_batch_norm`` update running statistics without bumping them.
+    the planner, from the ops it saw write them); version counters cannot tell, since kernels
+    such as ``native_batch_norm`` update running statistics without bumping them.
     """
 
     def __init__(self, segment: torch.nn.Module) -> None:

@@ -41,7 +41,7 @@ class Recomputable(nn.Module):
     """
 
     name: str
-    """Names the module in logs and in a recompute mismatch (``segment_0``, ``pipeline stage 1``)."""
+    """Names the module in logs and recompute mismatches (``segment_0``, ``pipeline stage 1``)."""
     restores: tuple[str, ...]
     """Buffers (relative names) the module writes in place, restored around its recompute."""
 

@@ -1,4 +1,5 @@
-"""Segments: the typed fields the checkpoint and offload runtimes read (name, restores, offloader)."""
+"""Segments: the typed fields the checkpoint and offload runtimes read (name, restores,
+offloader)."""
 
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ def test_a_model_with_segment_field_names_keeps_them_and_trains_bit_exact() -> N
     assert tm.name is model.name and list(tm.state_dict()) == list(model.state_dict())
     x = torch.randn(4, 8)
     for step in range(2):
-        assert_steps_equal(run_step(tm, (x,), {}, seed=step), run_step(reference, (x,), {}, seed=step))
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step),
+                           run_step(reference, (x,), {}, seed=step))
     info = fxckpt.inspect(tm)
     seg = segment_of(info.graph_module, "segment_0")
     assert seg.name == "segment_0" and seg.name_fxckpt is model.name  # renamed in the graph
