@@ -596,6 +596,8 @@ def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> No
     assert _segment_fields({"program": "p", "attrs": {}}) is None
     with pytest.raises(ExportError, match="a graph module has no saved attribute 'code'"):
         _segment_fields({"program": "p", "attrs": {"code": "x"}})
+    with pytest.raises(ExportError, match="a segment needs a name and a list of buffers"):
+        _segment_fields({"program": "p", "attrs": {}, "segment": ["segment_0"]})
     with pytest.raises(ExportError, match="is not a name an export may use"):
         _segment_fields({"program": "p", "attrs": {},
                          "segment": {"name": "s", "restores": ["a b"]}})

@@ -140,7 +140,8 @@ def _segment_fields(e: dict[str, Any]) -> Optional[tuple[str, tuple[str, ...]]]:
         fields = {_LEGACY_SEGMENT_ATTRS[k]: decode(v) for k, v in attrs.items()}
     if fields is None:
         return None
-    name, restores = fields.get("name"), fields.get("restores", ())
+    name = fields.get("name") if isinstance(fields, dict) else None
+    restores = fields.get("restores", ()) if isinstance(fields, dict) else None
     if not isinstance(name, str) or not isinstance(restores, (list, tuple)):
         raise ExportError(f"{where}: a segment needs a name and a list of buffers to restore "
                           f"(got {str(fields)[:80]})")
