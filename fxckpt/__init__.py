@@ -23,7 +23,7 @@ from fxckpt.errors import (
 )
 from fxckpt.inspection import Inspection, inspect
 from fxckpt.module import TransformedModule
-from fxckpt.plan import Plan, Segment
+from fxckpt.plan import PipelineView, Plan, Segment, StageView
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.viz import plot_memory, plot_pareto, plot_schedule, show
 
@@ -46,6 +46,8 @@ __all__ = [
     "TransformedModule",
     "Plan",
     "Segment",
+    "PipelineView",
+    "StageView",
     "FxckptError",
     "ConfigError",
     "CaptureError",

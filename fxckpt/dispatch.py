@@ -31,6 +31,7 @@ from typing import Any, Optional
 import torch
 
 from fxckpt.config import TransformConfig
+from fxckpt.runtime.segment import segment_of
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 __all__ = ["Dispatcher", "Entry", "MAX_CAPTURES"]
@@ -225,4 +226,4 @@ def _attach_offloader(compiled: Any, offloader: Any) -> None:
     """Segments the plan offloads run their forward under this module's offloader."""
     for seg in compiled.plan.segments:
         if seg.action == "offload":
-            compiled.gm.get_submodule(seg.name)._fxckpt_offloader = offloader
+            segment_of(compiled.gm, seg.name).offloader = offloader

@@ -42,21 +42,21 @@ from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.pipeline import check_device
+from fxckpt.runtime.segment import Recomputable, Segment
 
 __all__ = ["build_stage", "schedule", "stage_state", "StageModule", "SCHEDULES"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
 
-class _Recomputed(nn.Module):
+class _Recomputed(Recomputable):
     """What ``recompute=True`` checkpoints: the stage graph, restoring every buffer it writes."""
 
     def __init__(self, module: nn.Module, index: int) -> None:
         super().__init__()
         self.module = module
-        self._fxckpt_name = f"distributed stage {index}"
-        # Read by the checkpoint runtime on the module it is given (this one), relative to it.
-        self._fxckpt_restores = tuple(name for name, _ in self.named_buffers())
+        self.name = f"distributed stage {index}"
+        self.restores = tuple(name for name, _ in self.named_buffers())
 
     def forward(self, *args: Any) -> Any:
         return self.module(*args)
@@ -139,7 +139,7 @@ def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 def _model_name(graph: nn.Module, name: str, renamed: dict[str, str]) -> str:
     head, _, rest = name.partition(".")
     child = graph._modules.get(head)
-    if rest and child is not None and "_fxckpt_name" in child.__dict__:  # a lowered segment
+    if rest and isinstance(child, Segment):
         return _model_name(child, rest, renamed)
     return renamed.get(head, head) + ("." + rest if rest else "")
 

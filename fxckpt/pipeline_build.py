@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from fxckpt.errors import ConfigError
 from fxckpt.passes.batch_outputs import batch_outputs
 from fxckpt.passes.partition import Balance, StagePlan, partition, pytree_specs, split_stages, stage_order
-from fxckpt.plan import Plan
+from fxckpt.plan import PipelineView, Plan, StageView
 from fxckpt.runtime.pipeline import Device, Pipeline, check_checkpoint, check_chunks, check_device
 
 __all__ = ["PipelinedModule", "build_pipeline"]
@@ -61,14 +61,21 @@ class PipelinedModule(nn.Module):
     def schedule_chart(self, micro_batches: Optional[int] = None) -> str:
         return self.pipeline.schedule_chart(micro_batches)
 
+    def view(self) -> PipelineView:
+        """The stages and schedule as the plan keeps them (checkpointing as the mode has it)."""
+        sp, runner = self.stage_plan, self.pipeline
+        stages = tuple(
+            StageView(stage=j, device=str(device), nodes=len(nodes), cost=cost,
+                      modules=tuple(mods))
+            for j, (device, nodes, cost, mods)
+            in enumerate(zip(runner.devices, sp.nodes, sp.costs, sp.module_paths)))
+        return PipelineView(stages=stages, chunks=runner.chunks, checkpoint=runner.checkpoint,
+                            stop=runner.checkpoint_stop(runner.chunks), method=sp.method,
+                            stage_of=dict(sp.stage_of), cost=sp.cost)
+
     def describe(self) -> str:
-        """The stage table (with devices) and the schedule chart."""
-        lines = str(self.stage_plan).splitlines()
-        devices = [str(d) for d in self.pipeline.devices]
-        lines[1] += "  device"
-        for s in range(self.stage_plan.stages):
-            lines[2 + s] += f"  {devices[s]}"
-        return "\n".join(lines + ["", self.schedule_chart()])
+        """The stage table (with devices) and the schedule chart, as ``str(plan)`` shows them."""
+        return str(self.view())
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._specs is None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["Plan", "Segment", "format_bytes"]
+from fxckpt.runtime.schedule import bubble_fraction, checkpoint_stop, schedule_chart
+
+__all__ = ["Plan", "PipelineView", "Segment", "StageView", "format_bytes"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,86 @@ class Segment:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class StageView:
+    """One pipeline stage as the plan shows it."""
+
+    stage: int
+    device: str
+    nodes: int
+    """Compute nodes the stage runs."""
+    cost: float
+    """Predicted cost: forward plus recompute FLOPs (bytes allocated when balanced by memory)."""
+    modules: tuple[str, ...]
+    """The outermost module paths the stage's nodes came from."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineView:
+    """A pipelined plan's stages and schedule: the facts, rendered to text by :meth:`lines`."""
+
+    stages: tuple[StageView, ...]
+    chunks: int
+    """Micro-batches per call."""
+    checkpoint: str
+    """``always``, ``except_last`` or ``never``: which micro-batches each stage recomputes."""
+    stop: int
+    """Micro-batches ``i < stop`` are checkpointed (torchgpipe's ``checkpoint_stop``)."""
+    method: str
+    """How the stages were cut: ``balanced`` or the ``balance=`` given."""
+    stage_of: dict[str, int]
+    """Compute node name -> stage index."""
+    cost: str = "flops"
+    """What the stage costs count: ``flops`` or ``memory`` (bytes allocated)."""
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(s.device for s in self.stages)
+
+    @property
+    def bubble(self) -> float:
+        """The idle share of the fill-drain schedule, ``(K - 1) / (M + K - 1)``."""
+        return bubble_fraction(self.chunks, len(self.stages))
+
+    @property
+    def schedule(self) -> str:
+        """The forward schedule as ASCII, checkpointed pairs marked."""
+        return schedule_chart(self.chunks, len(self.stages), recompute_stop=self.stop)
+
+    def lines(self) -> list[str]:
+        """The pipeline as text: a head line, the stage table and the schedule chart."""
+        rows = [("stage", "device", "nodes", "cost", "modules")]
+        rows += [(str(s.stage), s.device, str(s.nodes), f"{s.cost:,.0f}",
+                  _shorten(", ".join(s.modules), 50)) for s in self.stages]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        head = (f"pipeline: {len(self.stages)} stage(s), chunks={self.chunks}, "
+                f"checkpoint={self.checkpoint}, bubble {self.bubble:.0%} ({self.method})")
+        table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        return [head, *table, self.schedule]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; ``bubble`` and ``schedule`` are written for readers of the file."""
+        return {"chunks": self.chunks, "checkpoint": self.checkpoint, "stop": self.stop,
+                "method": self.method, "cost": self.cost,
+                "stages": [{**dataclasses.asdict(s), "modules": list(s.modules)}
+                           for s in self.stages],
+                "stage_of": dict(self.stage_of), "bubble": self.bubble, "schedule": self.schedule}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], training: bool) -> "PipelineView":
+        """From :meth:`to_dict` (plans saved before ``stop`` was kept: from ``checkpoint``)."""
+        chunks, checkpoint = int(d["chunks"]), str(d["checkpoint"])
+        stop = d.get("stop", checkpoint_stop(chunks, checkpoint) if training else 0)
+        stages = tuple(StageView(stage=s["stage"], device=s["device"], nodes=s["nodes"],
+                                 cost=s["cost"], modules=tuple(s["modules"])) for s in d["stages"])
+        return cls(stages=stages, chunks=chunks, checkpoint=checkpoint, stop=int(stop),
+                   method=str(d["method"]), stage_of=dict(d["stage_of"]),
+                   cost=str(d.get("cost", "flops")))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
     """All of fxckpt's decisions for one model, mode and input signature."""
 
@@ -81,8 +163,8 @@ class Plan:
     """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops)."""
     budget: int | None = None
     """The budget the plan was solved for (bytes), if any."""
-    pipeline: dict[str, Any] | None = None
-    """Stages (device, nodes, cost, modules), ``stage_of`` per node, chunks, bubble and schedule."""
+    pipeline: PipelineView | None = None
+    """The stages and schedule, when the plan is pipelined."""
 
     @property
     def saved_bytes(self) -> int:
@@ -105,6 +187,7 @@ class Plan:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["segments"] = [s.to_dict() for s in self.segments]
         d["notes"] = list(self.notes)
+        d["pipeline"] = None if self.pipeline is None else self.pipeline.to_dict()
         return d
 
     @classmethod
@@ -112,6 +195,8 @@ class Plan:
         d = dict(d)
         d["segments"] = tuple(Segment.from_dict(s) for s in d["segments"])
         d["notes"] = tuple(d.get("notes", ()))
+        if d.get("pipeline") is not None:
+            d["pipeline"] = PipelineView.from_dict(d["pipeline"], bool(d["training"]))
         return cls(**d)
 
     def summary(self) -> str:
@@ -178,23 +263,12 @@ class Plan:
             lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines += [f"note: {n}" for n in self.notes]
-        if self.pipeline:
-            lines += ["", *_stage_lines(self.pipeline)]
+        if self.pipeline is not None:
+            lines += ["", *self.pipeline.lines()]
         return "\n".join(lines)
 
 
 _HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
-
-
-def _stage_lines(p: dict[str, Any]) -> list[str]:
-    rows = [("stage", "device", "nodes", "cost", "modules")]
-    rows += [(str(s["stage"]), s["device"], str(s["nodes"]), f"{s['cost']:,.0f}", _shorten(", ".join(s["modules"]), 50))
-             for s in p["stages"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    head = (f"pipeline: {len(p['stages'])} stage(s), chunks={p['chunks']}, checkpoint={p['checkpoint']}, "
-            f"bubble {p['bubble']:.0%} ({p['method']})")
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return [head, *table, p["schedule"]]
 
 
 def _opt_bytes(n: int | None) -> str:

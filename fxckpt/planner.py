@@ -23,7 +23,6 @@ from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, FxckptError, PlanError
 from fxckpt.pipeline_build import PipelinedModule, build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
-from fxckpt.runtime.schedule import bubble_fraction
 from fxckpt.passes import annotate, capture, lower, select
 from fxckpt.passes.capture import Captured
 from fxckpt.passes.graphs import copy_graph_module
@@ -111,7 +110,7 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
             checkpoint=config.checkpoint, stages=config.stages,
             balance=None if config.balance is None else list(config.balance),
         )
-        plan = dataclasses.replace(plan, pipeline=_pipeline_view(pipeline, config))
+        plan = dataclasses.replace(plan, pipeline=pipeline.view())
     return Compiled(captured, gm, plan, pipeline, signature_key(training, args, kwargs))
 
 
@@ -146,19 +145,3 @@ def _check_even_split(chunks: int, args: tuple, kwargs: dict) -> None:
 def _device_of(model: torch.nn.Module) -> str:
     first = next(iter(model.parameters()), None)
     return "cpu" if first is None else str(first.device)
-
-
-def _pipeline_view(pipelined: Any, config: TransformConfig) -> dict[str, Any]:
-    stage_plan = pipelined.stage_plan
-    devices = [str(d) for d in pipelined.pipeline.devices]
-    chunks = config.chunks or 1
-    return {
-        "chunks": chunks, "checkpoint": config.checkpoint, "method": stage_plan.method,
-        "stages": [
-            {"stage": i, "device": devices[i], "nodes": len(nodes), "cost": cost, "modules": list(mods)}
-            for i, (nodes, cost, mods) in enumerate(zip(stage_plan.nodes, stage_plan.costs, stage_plan.module_paths))
-        ],
-        "stage_of": dict(stage_plan.stage_of),
-        "bubble": bubble_fraction(chunks, len(devices)),
-        "schedule": pipelined.schedule_chart(),
-    }

@@ -77,14 +77,15 @@ def _pictures(tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto:
     from fxckpt.viz import plot_memory, plot_pareto, plot_schedule, show
 
     plan = _inspect(tm).plan
-    measure = plan.training and not plan.pipeline  # a pipelined step has no single-graph timeline
+    # A pipelined step has no single-graph timeline.
+    measure = plan.training and plan.pipeline is None
     jobs: list[tuple[str, Callable[[Path], Any]]] = [
         ("graph.png", lambda p: show(tm, p)),
         ("memory.png", lambda p: plot_memory(tm, p, inputs=inputs if measure else None)),
     ]
-    if pareto and not plan.pipeline:
+    if pareto and plan.pipeline is None:
         jobs.append(("pareto.png", lambda p: plot_pareto(model, inputs, mark={"this plan": tm}, path=p)))
-    if plan.pipeline:
+    if plan.pipeline is not None:
         jobs.append(("schedule.png", lambda p: plot_schedule(tm, p)))
     done = []
     with Progress(total=len(jobs), desc="pictures") as progress:
@@ -100,7 +101,8 @@ def _html(tm: Any, pictures: list[str], skipped: str) -> str:
     images = "".join(f'<figure><img src="{name}" alt="{name}"><figcaption>{name}</figcaption></figure>'
                      for name in pictures)
     note = f"<p><i>Pictures skipped: {html.escape(skipped)}</i></p>" if skipped else ""
-    stages = f"<h2>Pipeline</h2><pre>{html.escape(_stage_text(plan))}</pre>" if plan.pipeline else ""
+    stages = ("" if plan.pipeline is None
+              else f"<h2>Pipeline</h2><pre>{html.escape(str(plan.pipeline))}</pre>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>fxckpt plan report</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse}}
@@ -121,9 +123,4 @@ def _inspect(tm: Any) -> Any:
     from fxckpt.inspection import inspect
 
     return inspect(tm)
-
-
-def _stage_text(plan: Any) -> str:
-    text = str(plan)
-    return text[text.index("pipeline:"):] if "pipeline:" in text else ""
 

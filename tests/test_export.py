@@ -135,7 +135,8 @@ def test_staged_module_round_trip_rebuilds_the_pipeline(tmp_path: Path) -> None:
     tm = fxckpt.transform(ResNet(), every=2, chunks=2, devices=["cpu", "cpu"], example_inputs=(x,))
     fxckpt.save(tm, tmp_path / "s")
     loaded = fxckpt.load(tmp_path / "s")
-    assert loaded.plan.pipeline is not None and loaded.plan.pipeline["chunks"] == 2
+    assert loaded.plan.pipeline is not None and loaded.plan.pipeline.chunks == 2
+    assert loaded.plan == fxckpt.inspect(tm).plan  # the typed pipeline view round-trips
     # same micro-batches, schedule, recompute and deferred BatchNorm statistics: bit-identical
     assert_steps_equal(run_step(tm, (x,), {}), run_step(loaded, (x,), {}))
     assert loaded.pipeline.recomputed == fxckpt.inspect(tm).pipeline.recomputed == [(0, 1), (0, 0)]
@@ -564,3 +565,39 @@ def test_a_keyed_export_refuses_any_change_and_needs_its_key(tmp_path: Path) -> 
         fxckpt.load(tmp_path / "k", key="s3cret")
     with pytest.raises(ExportError, match="key must be a non-empty str or bytes"):
         fxckpt.save(tm, tmp_path / "bad", key=b"")
+
+
+def test_loaded_segments_are_segments_with_the_saved_name_and_restores(tmp_path: Path) -> None:
+    from fxckpt.runtime.segment import segment_of
+
+    x = torch.randn(2, 3, 16, 16)
+    tm = fxckpt.transform(ResNet(), depth=2, example_inputs=(x,))
+    fxckpt.save(tm, tmp_path / "r")
+    structure = json.loads((tmp_path / "r" / "structure.json").read_text())
+    modules = structure["variants"][0]["modules"]
+    saved = {e["path"]: e["segment"] for e in modules if "segment" in e}
+    plan = fxckpt.inspect(tm).plan
+    assert saved == {s.name: {"name": s.name, "restores": list(s.restores)} for s in plan.segments}
+    loaded = fxckpt.load(tmp_path / "r")
+    for s in plan.segments:
+        seg = segment_of(loaded.graph_module, s.name)
+        assert (seg.name, seg.restores, seg.offloader) == (s.name, s.restores, None)
+    assert any("running_mean" in name for s in plan.segments for name in s.restores)
+
+
+def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> None:
+    from fxckpt.export.codec import encode
+    from fxckpt.export.rebuild import _segment_fields
+
+    legacy = {"program": "programs/v0/segment_0.json", "attrs": {
+        "_fxckpt_name": encode("segment_0", "name"),
+        "_fxckpt_restores": encode(("bn.running_mean",), "restores")}}
+    assert _segment_fields(legacy) == ("segment_0", ("bn.running_mean",))
+    assert _segment_fields({"program": "p", "attrs": {}}) is None
+    with pytest.raises(ExportError, match="a graph module has no saved attribute 'code'"):
+        _segment_fields({"program": "p", "attrs": {"code": "x"}})
+    with pytest.raises(ExportError, match="a segment needs a name and a list of buffers"):
+        _segment_fields({"program": "p", "attrs": {}, "segment": ["segment_0"]})
+    with pytest.raises(ExportError, match="is not a name an export may use"):
+        _segment_fields({"program": "p", "attrs": {},
+                         "segment": {"name": "s", "restores": ["a b"]}})

@@ -79,3 +79,57 @@ def test_replaying_a_plan_for_another_model_is_refused() -> None:
         fxckpt.transform(MLP(), every=1, plan=plan)
     with pytest.raises(fxckpt.ConfigError, match=r"plan must be a fxckpt.Plan or its to_dict\(\) \(got str\)"):
         fxckpt.transform(MLP(), plan="plan.json")
+
+
+def _view(checkpoint: str = "except_last", stop: int = 3) -> fxckpt.PipelineView:
+    from fxckpt.plan import PipelineView, StageView
+
+    stages = (StageView(stage=0, device="cpu", nodes=3, cost=1234.4, modules=("layers.0",)),
+              StageView(stage=1, device="cuda:1", nodes=2, cost=99.0,
+                        modules=("layers.1", "head")))
+    return PipelineView(stages=stages, chunks=4, checkpoint=checkpoint, stop=stop,
+                        method="balanced", stage_of={"fc": 0, "relu": 0, "head": 1})
+
+
+def test_pipeline_view_derives_devices_bubble_and_schedule_from_its_fields() -> None:
+    from fxckpt.runtime.schedule import schedule_chart
+
+    view = _view()
+    assert view.devices == ("cpu", "cuda:1") and view.bubble == 1 / 5
+    assert view.schedule == schedule_chart(4, 2, recompute_stop=3)
+    assert view.lines()[:4] == [
+        "pipeline: 2 stage(s), chunks=4, checkpoint=except_last, bubble 20% (balanced)",
+        "stage  device  nodes  cost   modules",
+        "0      cpu     3      1,234  layers.0",
+        "1      cuda:1  2      99     layers.1, head",
+    ]
+    assert view.lines()[4] == view.schedule and str(view) == "\n".join(view.lines())
+
+
+def test_pipeline_view_round_trips_and_reads_plans_saved_without_stop() -> None:
+    from fxckpt.plan import PipelineView
+
+    view = _view()
+    saved = json.loads(json.dumps(view.to_dict()))
+    assert saved["bubble"] == 0.2 and saved["schedule"] == view.schedule and saved["stop"] == 3
+    assert PipelineView.from_dict(saved, training=True) == view
+    del saved["stop"]  # as fxckpt wrote plans before the view was typed
+    assert PipelineView.from_dict(saved, training=True).stop == 3  # except_last of 4
+    assert PipelineView.from_dict(saved, training=False).stop == 0
+    saved["checkpoint"] = "always"
+    assert PipelineView.from_dict(saved, training=True).stop == 4
+
+
+def test_a_pipelined_plan_prints_its_view_after_the_segments() -> None:
+    x = torch.randn(8, 32)
+    tm = fxckpt.transform(MLP(depth=4), every=2, chunks=2, devices=["cpu", "cpu"],
+                          example_inputs=(x,))
+    info = fxckpt.inspect(tm)
+    view = info.plan.pipeline
+    assert view is not None and view.chunks == 2 and view.checkpoint == "except_last"
+    assert (view.stop, view.devices, view.cost) == (1, ("cpu", "cpu"), "flops")
+    assert [s.stage for s in view.stages] == [0, 1] and sum(s.nodes for s in view.stages) == len(
+        view.stage_of)
+    assert str(info.plan).endswith("\n\n" + str(view))
+    assert info.pipeline.describe() == str(view)  # the module's description is the same text
+    assert fxckpt.Plan.from_dict(json.loads(json.dumps(info.plan.to_dict()))) == info.plan

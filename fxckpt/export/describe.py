@@ -33,11 +33,11 @@ from fxckpt.export.codec import dump_spec, encode
 from fxckpt.export.program import check_part, describe_graph
 from fxckpt.export.targets import ExportError, module_class_path
 from fxckpt.export.views import view_to_json
+from fxckpt.runtime.segment import Segment
 
 __all__ = ["Described", "describe"]
 
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
-_GRAPH_ATTRS = ("_fxckpt_name", "_fxckpt_restores")
 
 
 @dataclasses.dataclass
@@ -228,17 +228,19 @@ def _check_name(name: str, where: str) -> None:
 
 
 def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]) -> dict[str, Any]:
-    if "_fxckpt_offloader" in vars(gm):
+    if isinstance(gm, Segment) and gm.offloader is not None:
         raise ExportError(f"{path} offloads its saved tensors; exports hold recompute plans only")
     program = describe_graph(gm, path)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             _check_attribute(gm, str(n.target), f"node {n.name!r} of {path}")
     texts[file] = json.dumps(program, indent=0)
-    attrs = {a: encode(getattr(gm, a), f"{path}.{a}") for a in _GRAPH_ATTRS if a in vars(gm)}
     specs = {a: dump_spec(v, f"{path}.{a}") for a, v in vars(gm).items()
              if isinstance(v, pytree.TreeSpec)}
-    return {"class_name": type(gm).__name__, "attrs": attrs, "specs": specs}
+    described: dict[str, Any] = {"class_name": type(gm).__name__, "attrs": {}, "specs": specs}
+    if isinstance(gm, Segment):
+        described["segment"] = {"name": gm.name, "restores": list(gm.restores)}
+    return described
 
 
 def _check_attribute(gm: torch.nn.Module, target: str, where: str) -> None:

@@ -17,7 +17,7 @@ slots are kept so that ``.to()`` can put the converted tensors back (see ``Loade
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -26,6 +26,7 @@ from fxckpt.export.codec import decode, load_spec
 from fxckpt.export.files import Verified
 from fxckpt.export.program import build_graph, check_part, install
 from fxckpt.export.targets import ExportError, resolve_module_class
+from fxckpt.runtime.segment import Segment
 
 __all__ = ["Slot", "build_tree", "check_name", "put"]
 
@@ -33,7 +34,8 @@ Slot = tuple[torch.nn.Module, str, str, str]
 """``(module, "param" | "buffer" | "attr", name, key)``: where a tensor of the export lives."""
 
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__) | {"forward"}
-_GRAPH_ATTRS = frozenset({"_fxckpt_name", "_fxckpt_restores"})
+_LEGACY_SEGMENT_ATTRS = {"_fxckpt_name": "name", "_fxckpt_restores": "restores"}
+"""Exports saved before segments had typed fields held them as graph attributes of these names."""
 
 
 class _NoOp(torch.nn.Module):
@@ -100,6 +102,10 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
         name = e.get("class_name", "GraphModule")
         if not (isinstance(name, str) and name.isidentifier()):
             raise ExportError(f"{where}: {str(name)[:80]!r} is not a class name")
+        fields = _segment_fields(e)
+        if fields is not None:
+            return Segment(torch.nn.Module(), torch.fx.Graph(), name=fields[0],
+                           restores=fields[1])
         return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
     raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")
 
@@ -107,13 +113,6 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
 def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) -> None:
     """Set a graph module's attributes and specs, then its graph (torch.fx compiles it)."""
     where = e["program"]
-    for name, value in e["attrs"].items():
-        if name not in _GRAPH_ATTRS:
-            raise ExportError(f"{where}: a graph module has no saved attribute {str(name)[:80]!r}")
-        gm.__dict__[name] = decode(value)
-    restores = gm.__dict__.get("_fxckpt_restores", ())
-    for name in restores:
-        check_name(name, f"{where}: a buffer to restore")
     for name, text in e["specs"].items():
         if not check_part(name) or name in _MODULE_KEYS or hasattr(type(gm), name):
             raise ExportError(f"{where}: the spec name {str(name)[:80]!r} is not one an export "
@@ -127,6 +126,26 @@ def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) ->
         raise ExportError(f"{where} in export {store.root} is not a graph program")
     graph, info = build_graph(program, where)
     install(gm, graph, info, where)
+
+
+def _segment_fields(e: dict[str, Any]) -> Optional[tuple[str, tuple[str, ...]]]:
+    """A segment's ``(name, restores)`` if the graph entry is a lowered segment, else None."""
+    where = e.get("program")
+    attrs = e.get("attrs", {})
+    for key in attrs:
+        if key not in _LEGACY_SEGMENT_ATTRS:
+            raise ExportError(f"{where}: a graph module has no saved attribute {str(key)[:80]!r}")
+    fields = e.get("segment")
+    if fields is None and attrs:
+        fields = {_LEGACY_SEGMENT_ATTRS[k]: decode(v) for k, v in attrs.items()}
+    if fields is None:
+        return None
+    name = fields.get("name") if isinstance(fields, dict) else None
+    restores = fields.get("restores", ()) if isinstance(fields, dict) else None
+    if not isinstance(name, str) or not isinstance(restores, (list, tuple)):
+        raise ExportError(f"{where}: a segment needs a name and a list of buffers to restore "
+                          f"(got {str(fields)[:80]})")
+    return name, tuple(check_name(n, f"{where}: a buffer to restore") for n in restores)
 
 
 def _link(mod: torch.nn.Module, e: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[Slot]:

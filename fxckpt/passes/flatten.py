@@ -86,7 +86,7 @@ def graph_view(gm: torch.fx.GraphModule, plan: Plan) -> nx.DiGraph:
 
     view = to_networkx(flatten(gm, plan))
     segment = {node: seg.name for seg in plan.segments for node in seg.nodes}
-    stage_of: dict[str, int] = dict((plan.pipeline or {}).get("stage_of", {}))
+    stage_of = {} if plan.pipeline is None else dict(plan.pipeline.stage_of)
     names = set(segment.values())
     seg_stage = {}
     for n in gm.graph.nodes:  # a segment's stage is the stage of the call that runs it

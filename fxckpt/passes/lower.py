@@ -23,6 +23,7 @@ from fxckpt.errors import PlanError
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
+from fxckpt.runtime.segment import Segment as SegmentModule
 
 __all__ = ["lower"]
 
@@ -68,10 +69,9 @@ def _lower_segment(
     member_set = set(members)
     inputs = [nodes[name] for name in seg.inputs]
     outputs = [nodes[name] for name in seg.outputs]
-    sub = _extract(gm, members, inputs, outputs)
+    body = _extract(gm, members, inputs, outputs)
+    sub = SegmentModule(body, body.graph, name=seg.name, restores=seg.restores)
     sub.training = training  # not .train(): that would also flip the model's own submodules
-    sub.__dict__["_fxckpt_name"] = seg.name  # plain attributes the runtime reads
-    sub.__dict__["_fxckpt_restores"] = seg.restores
     gm.add_submodule(seg.name, sub)
 
     graph = gm.graph

@@ -23,13 +23,17 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from fxckpt.runtime.segment import SEGMENT_FIELDS, Segment
+
 __all__ = ["FxckptTracer", "function_call", "function_of", "to_graph_module", "ORIGINAL_PATH"]
 
 ORIGINAL_PATH = "fxckpt_path"
 """``node.meta`` key of a module or attribute path renamed because a GraphModule owns the name."""
 
-_RESERVED = frozenset(set(dir(torch.fx.GraphModule)) - set(dir(torch.nn.Module))) | {
+# A lowered segment is a GraphModule too, with fields of its own (see fxckpt.runtime.segment).
+_RESERVED = frozenset(set(dir(Segment)) - set(dir(torch.nn.Module))) | {
     "meta", "shape_env", "graph", "code", "_code", "_graph", "_in_spec", "_out_spec", "_guards_fn",
+    *SEGMENT_FIELDS,
 }
 
 _FUNCTION_CALLS: dict[type, Callable[..., Any]] = {}

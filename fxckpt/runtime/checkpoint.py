@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
+from fxckpt.runtime.segment import Recomputable
+
 
 __all__ = ["checkpoint", "is_recomputing"]
 
@@ -83,7 +85,7 @@ def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
     would otherwise hand it, pytorch/pytorch#197039). Segment names and the recompute check are
     eager-only: the compiled recompute is part of the graph.
     """
-    buffers = [segment.get_buffer(n) for n in getattr(segment, "_fxckpt_restores", ())]
+    buffers = _restored(segment)
     before = [b.detach().clone() for b in buffers]
 
     def run(*args: Any) -> Any:
@@ -126,15 +128,15 @@ class _FirstRun(_Named):
 class _SegmentCall:
     """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes again).
 
-    The buffers a segment writes are named by the planner (``segment._fxckpt_restores``, from
-    the ops it saw write them); version counters cannot tell, since kernels such as
-    ``native_batch_norm`` update running statistics without bumping them.
+    The buffers a segment writes are named by whoever built it (:attr:`Recomputable.restores`;
+    the planner, from the ops it saw write them); version counters cannot tell, since kernels
+    such as ``native_batch_norm`` update running statistics without bumping them.
     """
 
     def __init__(self, segment: torch.nn.Module) -> None:
         self.segment = segment
-        self.name = getattr(segment, "_fxckpt_name", type(segment).__name__)
-        self.buffers = [segment.get_buffer(n) for n in getattr(segment, "_fxckpt_restores", ())]
+        self.name = segment.name if isinstance(segment, Recomputable) else type(segment).__name__
+        self.buffers = _restored(segment)
         self.before: list[torch.Tensor] = []
         self.after: list[torch.Tensor] = []
 
@@ -153,6 +155,11 @@ class _SegmentCall:
         _local.depth -= 1
         _put(self.buffers, self.after)
         self.after = []
+
+
+def _restored(segment: torch.nn.Module) -> list[torch.Tensor]:
+    """The buffers to restore around a recompute: a plain module names none."""
+    return segment.restored_buffers() if isinstance(segment, Recomputable) else []
 
 
 def _put(buffers: list[torch.Tensor], values: list[torch.Tensor]) -> None:

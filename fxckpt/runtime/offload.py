@@ -49,6 +49,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxckpt.errors import ConfigError
+from fxckpt.runtime.segment import Segment
 
 __all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region"]
 
@@ -356,13 +357,13 @@ def _graph_task() -> int:
     return int(current()) if current is not None else -1
 
 
-def offload_region(segment: torch.nn.Module, *inputs: Any) -> Any:
+def offload_region(segment: Segment, *inputs: Any) -> Any:
     """Run ``segment`` keeping what autograd saves inside it in host memory (``offload="auto"``).
 
-    The segment's offloader is attached by the module that owns it; in ``eval()`` or under
-    ``torch.no_grad()`` nothing is saved, so the segment is simply called.
+    The segment's offloader is attached by the module that owns it (:attr:`Segment.offloader`);
+    in ``eval()`` or under ``torch.no_grad()`` nothing is saved, so the segment is simply called.
     """
-    offloader: Optional[Offloader] = getattr(segment, "_fxckpt_offloader", None)
+    offloader = segment.offloader
     if offloader is None or not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
     with offloader.hooks(segment, new_step=False):

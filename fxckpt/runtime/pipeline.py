@@ -41,6 +41,7 @@ from fxckpt.runtime.batchnorm import DeferredBatchNorm
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.checkpoint import is_recomputing
 from fxckpt.runtime.microbatch import gather, scatter
+from fxckpt.runtime.segment import Recomputable
 from fxckpt.runtime.schedule import checkpoint_stop as _checkpoint_stop, clock_cycles, schedule_chart
 
 __all__ = ["Pipeline", "CHECKPOINT_MODES", "check_chunks", "check_checkpoint", "check_device"]
@@ -86,27 +87,27 @@ def check_device(device: object) -> torch.device:
     return dev
 
 
-class _Stage(nn.Module):
-    """One stage as the pipeline calls it: ``(micro_batch, defer_bn, args, kwargs)`` in, output out."""
+class _Stage(Recomputable):
+    """One stage as the pipeline calls it: ``(micro_batch, defer_bn, args, kwargs)`` in, output
+    out. Checkpointed as a whole, restoring every buffer (BatchNorm's ``num_batches_tracked``)."""
 
     module: nn.Module
 
-    def __init__(self, module: nn.Module, index: int, recomputed: list, norms: DeferredBatchNorm) -> None:
+    def __init__(self, module: nn.Module, index: int, recomputed: list[tuple[int, int]],
+                 norms: DeferredBatchNorm) -> None:
         super().__init__()
         self.module = module
         self.index = index
         self.collects = norms.covers(module)
-        self.__dict__["_recomputed"] = recomputed
-        self.__dict__["_norms"] = norms
-        self._fxckpt_name = f"pipeline stage {index}"
-        # The checkpoint runtime puts these back after a recompute (BatchNorm's num_batches_tracked).
-        self._fxckpt_restores = tuple(name for name, _ in self.named_buffers())
+        self.recomputed = recomputed  # the pipeline's list (a plain attribute: not a module)
+        self.norms = norms
+        self.name = f"pipeline stage {index}"
+        self.restores = tuple(name for name, _ in self.named_buffers())
 
     def forward(self, micro_batch: int, defer: bool, args: tuple, kwargs: dict) -> Any:
         if is_recomputing():
-            self.__dict__["_recomputed"].append((micro_batch, self.index))
-        norms = self.__dict__["_norms"]
-        with norms.collecting() if defer and self.collects else contextlib.nullcontext():
+            self.recomputed.append((micro_batch, self.index))
+        with self.norms.collecting() if defer and self.collects else contextlib.nullcontext():
             return self.module(*args, **kwargs)
 
 

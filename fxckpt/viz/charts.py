@@ -88,25 +88,27 @@ def _clock(phase: str, i: int, j: int, chunks: int, stages: int) -> int:
 def plot_schedule(module_or_plan: Any, path: Optional[PathLike] = None) -> Any:
     """Draw a staged plan's pipeline schedule (forward, recompute, backward) as a Gantt chart."""
     plan = module_or_plan if isinstance(module_or_plan, Plan) else inspect_module(module_or_plan).plan
-    if not plan.pipeline:
-        raise ValueError("this plan has no pipeline stages; transform with chunks= and devices= to get a schedule")
-    chunks, stages = int(plan.pipeline["chunks"]), len(plan.pipeline["stages"])
+    view = plan.pipeline
+    if view is None:
+        raise ValueError("this plan has no pipeline stages; transform with chunks= and devices= "
+                         "to get a schedule")
+    chunks, stages = view.chunks, len(view.stages)
     fig = new_figure(min(16.0, 4 + 0.5 * 2 * (chunks + stages)), 1.2 + 0.5 * stages)
     ax = fig.add_subplot()
     import matplotlib
 
     cmap = matplotlib.colormaps["tab10"]
-    for phase, i, j, recomputed in schedule_bars(chunks, stages, plan.pipeline.get("checkpoint", "never")):
+    for phase, i, j, recomputed in schedule_bars(chunks, stages, view.checkpoint):
         x = _clock(phase, i, j, chunks, stages)
         ax.barh(j, 0.92, left=x, height=0.7, color=cmap(i % 10), alpha=1.0 if phase == "forward" else 0.55,
                 hatch="///" if recomputed else None, edgecolor="#333333", linewidth=0.5, gid=f"{phase}:{i}:{j}")
         ax.text(x + 0.46, j, f"{'F' if phase == 'forward' else 'B'}{i}", ha="center", va="center", fontsize=7)
     clocks = chunks + stages - 1
     ax.axvline(clocks - 0.04, color="#555555", linewidth=0.8)
-    ax.set_yticks(range(stages), [f"stage {s['stage']} ({s['device']})" for s in plan.pipeline["stages"]])
+    ax.set_yticks(range(stages), [f"stage {s.stage} ({s.device})" for s in view.stages])
     ax.invert_yaxis()
     ax.set_xlabel("clock (forward | backward); hatched: recomputed before its backward")
     ax.set_xlim(-0.2, 2 * clocks + 0.2)
     ax.set_title(f"GPipe schedule: {chunks} micro-batch(es) x {stages} stage(s), checkpoint="
-                 f"{plan.pipeline.get('checkpoint')}, bubble {plan.pipeline.get('bubble', 0):.0%}", fontsize=9)
+                 f"{view.checkpoint}, bubble {view.bubble:.0%}", fontsize=9)
     return finish(fig, path)

@@ -50,7 +50,8 @@ def show(module: Any, path: Optional[PathLike] = None, *, max_nodes: int = 120, 
         for b in boxes:
             x, y = positions[b.name]
             ax.annotate(b.label, (x, y), xytext=(6, 0), textcoords="offset points", fontsize=6, va="center")
-    _legend(ax, stages, (seen.plan.pipeline or {}).get("stages", []))
+    pipeline = seen.plan.pipeline
+    _legend(ax, stages, {} if pipeline is None else {s.stage: s.device for s in pipeline.stages})
     collapsed = " (collapsed to modules)" if any(b.kind == "group" for b in boxes) else ""
     wrap = int(fig.get_figwidth() * 13)
     fig.suptitle(textwrap.fill(seen.plan.summary(), wrap) + f"\n{len(boxes)} boxes{collapsed}, {engine} layout",
@@ -86,7 +87,7 @@ def _nodes(ax: Any, boxes: list[Box], positions: dict, segments: list[str], stag
         markers.set_gid(label)
 
 
-def _legend(ax: Any, stages: list[int], stage_rows: list[dict]) -> None:
+def _legend(ax: Any, stages: list[int], devices: dict[int, str]) -> None:
     from matplotlib.lines import Line2D
 
     handles, names = ax.get_legend_handles_labels()
@@ -95,7 +96,6 @@ def _legend(ax: Any, stages: list[int], stage_rows: list[dict]) -> None:
         handles, names = handles[:MAX_LEGEND], names[:MAX_LEGEND]
         handles.append(Line2D([], [], linestyle="none"))
         names.append(f"... {extra} more segment(s)")
-    devices = {row["stage"]: row["device"] for row in stage_rows}
     for stage, color in zip(stages, stage_colors(len(stages))):
         handles.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="white",
                               markeredgecolor=color, markeredgewidth=2))

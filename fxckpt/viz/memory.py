@@ -73,7 +73,7 @@ def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optiona
 
 
 def _labels(ax: Any, plan: Any, peak: int, eager_peak: int, unit: str) -> None:
-    staged = " (one micro-batch)" if plan.pipeline else ""
+    staged = " (one micro-batch)" if plan.pipeline is not None else ""
     ax.set_title(f"Activation memory over one training step{staged}: {plan.strategy}, {len(plan.segments)} "
                  f"segment(s); predicted peak {_fmt(peak)} vs {_fmt(eager_peak)} eager", fontsize=9)
     ax.set_xlabel("step events: forward ops, then backward ops (recompute shaded)")
