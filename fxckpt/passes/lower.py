@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from fxckpt.errors import PlanError
+from fxckpt.passes.graphs import copy_nodes
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
@@ -89,7 +90,10 @@ def _lower_segment(
     for n in reversed(members):
         graph.erase_node(n)
     if len(outputs) == 1:
-        call._rename(seg.outputs[0])  # the code reads `relu = fxckpt_checkpoint(segment_0, x)`
+        # the code reads `relu = fxckpt_checkpoint(segment_0, x)`. The erased node keeps its name
+        # reserved in the graph's namespace (so `_rename` would give `relu_1`); it is gone from
+        # the graph, so the call may take the name itself, and no later node can be given it.
+        call.name = seg.outputs[0]
     for name, new in zip(seg.outputs, results):
         nodes[name] = new  # later segments name their inputs as the plan saw them
     log.debug("lowered %s: %d nodes, inputs %s, outputs %s", seg.name, len(members), seg.inputs, seg.outputs)
@@ -107,12 +111,7 @@ def _extract(
     for n in inputs:
         env[n] = graph.placeholder(n.name)
         env[n].meta = dict(n.meta)
-    for n in members:
-        for a in n.all_input_nodes:
-            if a.op == "get_attr" and a not in env:
-                env[a] = graph.get_attr(str(a.target))
-                env[a].meta = dict(a.meta)
-        env[n] = graph.node_copy(n, lambda a: env[a])
+    copy_nodes(graph, members, env)
     result = tuple(env[o] for o in outputs)
     graph.output(result[0] if len(result) == 1 else result)
     graph.lint()

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from fxckpt.passes import capture
 from fxckpt.passes.graphs import copy_graph_module
-from fxckpt.plan import Plan, Segment
+from fxckpt.plan import PipelineView, Plan, Segment
 
 __all__ = ["Tiny", "segment", "plan", "traced"]
 
@@ -43,7 +43,7 @@ def segment(name: str, nodes: tuple[str, ...], inputs: tuple[str, ...],
                    reason="test", action=action)
 
 
-def plan(*segments: Segment, training: bool = True, pipeline: dict | None = None) -> Plan:
+def plan(*segments: Segment, training: bool = True, pipeline: PipelineView | None = None) -> Plan:
     return Plan(strategy="force", options={}, capture="symbolic_trace", training=training,
                 signature="", segments=segments, node_count=0, total_flops=0,
                 pipeline=pipeline)

@@ -17,6 +17,7 @@ from fxckpt.errors import PlanError
 from fxckpt.passes import META_KEY, annotate, lower
 from fxckpt.passes.flatten import flatten, graph_view, segment_call_name
 from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.plan import PipelineView
 
 FC1 = segment("segment_0", ("fc1", "relu"), ("x",), ("relu",))
 FC2 = segment("segment_1", ("fc2", "tanh", "mul"), ("relu",), ("mul",))
@@ -107,7 +108,9 @@ def test_graph_view_labels_segments_and_stages() -> None:
     _, gm = original_and_lowered((FC1, FC2))
     call_1 = next(n.name for n in gm.graph.nodes if segment_call_name(n, {"segment_1"}))
     stage_of = {call_1: 1, "add": 1, "drop": 2, "head": 2}
-    view = graph_view(gm, plan(FC1, FC2, pipeline={"stage_of": stage_of}))
+    pipeline = PipelineView(stages=(), chunks=1, checkpoint="never", stop=0, method="balanced",
+                            stage_of=stage_of)
+    view = graph_view(gm, plan(FC1, FC2, pipeline=pipeline))
     labels = {n: (d["segment"], d["stage"]) for n, d in view.nodes(data=True)}
     assert labels == {
         "x": (None, None),
