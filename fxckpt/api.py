@@ -81,12 +81,20 @@ def transform(
             "(fxckpt.inspect(tm).model) with the new options instead"
         )
     config = TransformConfig.from_options(
-        every=every, depth=depth, budget=budget, plan=_as_plan(plan),
+        every=every,
+        depth=depth,
+        budget=budget,
+        plan=_as_plan(plan),
         force=force or {},  # validate() checks it
-        chunks=chunks, devices=None if devices is None else _as_tuple(devices, "devices"), checkpoint=checkpoint,
-        stages=stages, balance=None if balance is None else _as_tuple(balance, "balance"),
-        offload=offload, offload_device=None if offload_device is None else str(offload_device),
-        offload_threshold=offload_threshold, offload_bandwidth=offload_bandwidth,
+        chunks=chunks,
+        devices=None if devices is None else _as_tuple(devices, "devices"),
+        checkpoint=checkpoint,
+        stages=stages,
+        balance=None if balance is None else _as_tuple(balance, "balance"),
+        offload=offload,
+        offload_device=None if offload_device is None else str(offload_device),
+        offload_threshold=offload_threshold,
+        offload_bandwidth=offload_bandwidth,
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:
@@ -106,7 +114,9 @@ def _as_plan(plan: Any) -> Optional[Plan]:
         try:
             return Plan.from_dict(dict(plan))
         except (TypeError, KeyError) as e:
-            raise ConfigError(f"plan is not a saved fxckpt plan ({e}); pass fxckpt.inspect(tm).plan or its to_dict()") from e
+            raise ConfigError(
+                f"plan is not a saved fxckpt plan ({e}); pass fxckpt.inspect(tm).plan or its to_dict()"
+            ) from e
     raise ConfigError(f"plan must be a fxckpt.Plan or its to_dict() (got {type(plan).__name__})")
 
 

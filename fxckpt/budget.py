@@ -29,7 +29,9 @@ UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
 }
 
-_PATTERN = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_PATTERN = re.compile(
+    r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE
+)
 
 
 class BudgetInfeasibleError(FxckptError, BudgetInfeasible):
@@ -56,7 +58,11 @@ class Budget:
         return int(self.fraction * eager_peak)  # type: ignore[operator]
 
     def __str__(self) -> str:
-        return f"{self.fraction:g} of the eager peak" if self.fraction is not None else f"{self.bytes} bytes"
+        return (
+            f"{self.fraction:g} of the eager peak"
+            if self.fraction is not None
+            else f"{self.bytes} bytes"
+        )
 
 
 def parse_budget(value: Union[int, float, str]) -> Budget:
@@ -69,7 +75,9 @@ def parse_budget(value: Union[int, float, str]) -> Budget:
         return Budget(bytes=value)
     if isinstance(value, float):
         if math.isnan(value) or not 0.0 < value <= 1.0:
-            raise ConfigError(_help(value, "a float budget is a fraction of the eager peak, in (0, 1]"))
+            raise ConfigError(
+                _help(value, "a float budget is a fraction of the eager peak, in (0, 1]")
+            )
         return Budget(fraction=value)
     if isinstance(value, str):
         return Budget(bytes=_parse_size(value))

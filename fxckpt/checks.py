@@ -23,8 +23,15 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: object, *, low: int = 1, high: Optional[int] = None, unit: str = "",
-              error: type[Exception] = ConfigError) -> int:
+def check_int(
+    name: str,
+    value: object,
+    *,
+    low: int = 1,
+    high: Optional[int] = None,
+    unit: str = "",
+    error: type[Exception] = ConfigError,
+) -> int:
     """``value`` as an int in ``[low, high]``; ``error`` (a ConfigError) naming ``name`` otherwise."""
     if not is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
         suffix = f" {unit}" if unit else ""

@@ -116,32 +116,67 @@ def run_demo_command(args: argparse.Namespace) -> int:
 def add_plan_command(commands: Any) -> None:
     """Add the ``plan`` subcommand to the ``fxckpt`` parser's subcommands."""
     p = commands.add_parser(
-        "plan", help="plan a model and print (or report) what is saved and recomputed",
+        "plan",
+        help="plan a model and print (or report) what is saved and recomputed",
         description="Build a model from TARGET, plan activation checkpointing for random inputs of the\n"
-                    "given shapes and print the plan table; optionally write a report or an export.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "given shapes and print the plan table; optionally write a report or an export.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", metavar="TARGET", help="module:callable returning an nn.Module (e.g. mypkg.models:make_model)")
-    p.add_argument("--input-shape", action="append", metavar="SHAPE", required=True,
-                   help="shape of one positional input, e.g. 8,3,224,224 (repeat for several inputs)")
-    p.add_argument("--dtype", action="append", metavar="DTYPE",
-                   help="dtype of the inputs: one for all, or one per --input-shape (default: float32)")
+    p.add_argument(
+        "target",
+        metavar="TARGET",
+        help="module:callable returning an nn.Module (e.g. mypkg.models:make_model)",
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="SHAPE",
+        required=True,
+        help="shape of one positional input, e.g. 8,3,224,224 (repeat for several inputs)",
+    )
+    p.add_argument(
+        "--dtype",
+        action="append",
+        metavar="DTYPE",
+        help="dtype of the inputs: one for all, or one per --input-shape (default: float32)",
+    )
     strategy = p.add_argument_group("strategy (give at most one of --every, --depth, --budget)")
     exclusive = strategy.add_mutually_exclusive_group()
-    exclusive.add_argument("--every", type=int, metavar="N", help="a segment every N units of work (matmuls, convs)")
-    exclusive.add_argument("--depth", type=int, metavar="D", help="each module at nesting depth D is a segment")
-    exclusive.add_argument("--budget", metavar="B", help="bound on peak activation memory: 0.4, 2000000000 or 1.5GiB")
+    exclusive.add_argument(
+        "--every", type=int, metavar="N", help="a segment every N units of work (matmuls, convs)"
+    )
+    exclusive.add_argument(
+        "--depth", type=int, metavar="D", help="each module at nesting depth D is a segment"
+    )
+    exclusive.add_argument(
+        "--budget", metavar="B", help="bound on peak activation memory: 0.4, 2000000000 or 1.5GiB"
+    )
     strategy.add_argument("--force", action="append", metavar="PATH=MODE", default=[],
                           help="pin a module: layers.0=save or layers.3=recompute (repeatable)")
     pipe = p.add_argument_group("pipeline")
     pipe.add_argument("--chunks", type=int, metavar="M", help="micro-batches per step")
-    pipe.add_argument("--devices", metavar="LIST", help="one device per stage, e.g. cpu,cpu or cuda:0,cuda:1")
+    pipe.add_argument(
+        "--devices", metavar="LIST", help="one device per stage, e.g. cpu,cpu or cuda:0,cuda:1"
+    )
     out = p.add_argument_group("output")
-    out.add_argument("--eval", action="store_true", help="plan the model in eval() mode (default: train)")
-    out.add_argument("--report", metavar="DIR", help="write plan.txt, plan.json, code.py, pictures and index.html")
-    out.add_argument("--no-pareto", action="store_true", help="leave the Pareto picture out of the report")
-    out.add_argument("--save", metavar="DIR", help="also export the transformed module (fxckpt.save)")
-    out.add_argument("--seed", type=int, default=0, help="seed for the model and the inputs (default: 0)")
+    out.add_argument(
+        "--eval", action="store_true", help="plan the model in eval() mode (default: train)"
+    )
+    out.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write plan.txt, plan.json, code.py, pictures and index.html",
+    )
+    out.add_argument(
+        "--no-pareto", action="store_true", help="leave the Pareto picture out of the report"
+    )
+    out.add_argument(
+        "--save", metavar="DIR", help="also export the transformed module (fxckpt.save)"
+    )
+    out.add_argument(
+        "--seed", type=int, default=0, help="seed for the model and the inputs (default: 0)"
+    )
     p.set_defaults(run=run_plan)
 
 
@@ -167,7 +202,9 @@ def _plan(args: argparse.Namespace) -> int:
     options = _strategy(args)
     shapes = [parse_shape(s) for s in args.input_shape]
     dtypes = _dtypes(args.dtype, len(shapes))
-    with Progress(total=3 + (args.report is not None) + (args.save is not None), desc="fxckpt plan") as progress:
+    with Progress(
+        total=3 + (args.report is not None) + (args.save is not None), desc="fxckpt plan"
+    ) as progress:
         torch.manual_seed(args.seed)
         model = load_target(args.target).train(not args.eval)
         progress.step("model built")
@@ -224,27 +261,37 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """``"8,3,224,224"`` (or ``8x3x224x224``) -> ``(8, 3, 224, 224)``."""
     parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
     if not parts or not all(re.fullmatch(r"\d+", p) and int(p) > 0 for p in parts):
-        raise CliError(f"--input-shape must be positive integers separated by commas, e.g. 8,3,224,224 (got {text!r})")
+        raise CliError(
+            f"--input-shape must be positive integers separated by commas, e.g. 8,3,224,224 (got {text!r})"
+        )
     return tuple(int(p) for p in parts)
 
 
 def _dtypes(names: Optional[Sequence[str]], count: int) -> list[torch.dtype]:
     names = list(names or ["float32"])
     if len(names) not in (1, count):
-        raise CliError(f"give one --dtype for all inputs or one per --input-shape ({count}); got {len(names)}")
+        raise CliError(
+            f"give one --dtype for all inputs or one per --input-shape ({count}); got {len(names)}"
+        )
     dtypes = []
     for name in names:
         dtype = getattr(torch, name.strip().removeprefix("torch."), None)
         if not isinstance(dtype, torch.dtype):
-            raise CliError(f"--dtype {name!r} is not a torch dtype; use e.g. float32, bfloat16, int64, bool")
+            raise CliError(
+                f"--dtype {name!r} is not a torch dtype; use e.g. float32, bfloat16, int64, bool"
+            )
         dtypes.append(dtype)
     return dtypes * count if len(dtypes) == 1 else dtypes
 
 
-def make_inputs(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype]) -> tuple[torch.Tensor, ...]:
+def make_inputs(
+    shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype]
+) -> tuple[torch.Tensor, ...]:
     """Random floats (standard normal) or zeros (integers, bools) of these shapes."""
-    return tuple(torch.randn(s, dtype=d) if d.is_floating_point or d.is_complex else torch.zeros(s, dtype=d)
-                 for s, d in zip(shapes, dtypes))
+    return tuple(
+        torch.randn(s, dtype=d) if d.is_floating_point or d.is_complex else torch.zeros(s, dtype=d)
+        for s, d in zip(shapes, dtypes)
+    )
 
 
 def load_target(text: str) -> torch.nn.Module:
@@ -277,7 +324,9 @@ def _import(name: str) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
-            raise CliError(f"no module named {name!r} (run from the directory that contains it, or set PYTHONPATH)") from e
+            raise CliError(
+                f"no module named {name!r} (run from the directory that contains it, or set PYTHONPATH)"
+            ) from e
         raise CliError(f"importing {name!r} failed: {e}") from e
     except Exception as e:
         raise CliError(f"importing {name!r} failed: {type(e).__name__}: {e}") from e

@@ -63,8 +63,15 @@ class TransformConfig:
     """Copy bandwidth in bytes/s for ``offload="auto"``; measured when not given."""
 
     @classmethod
-    def from_options(cls, *, every: Any = None, depth: Any = None, budget: Any = None, plan: Any = None,
-                     **options: Any) -> "TransformConfig":
+    def from_options(
+        cls,
+        *,
+        every: Any = None,
+        depth: Any = None,
+        budget: Any = None,
+        plan: Any = None,
+        **options: Any,
+    ) -> "TransformConfig":
         """The config :func:`fxckpt.transform` builds from its keywords (not yet validated
         against a model): ``budget`` as users write it, ``plan`` a Plan."""
         from fxckpt.budget import parse_budget
@@ -99,11 +106,20 @@ class TransformConfig:
             "budget": None if self.budget is None else dataclasses.asdict(self.budget),
         }
         if self.offload:
-            out.update(offload=self.offload, offload_device=self.offload_device,
-                       offload_threshold=self.offload_threshold, offload_bandwidth=self.offload_bandwidth)
+            out.update(
+                offload=self.offload,
+                offload_device=self.offload_device,
+                offload_threshold=self.offload_threshold,
+                offload_bandwidth=self.offload_bandwidth,
+            )
         if self.pipelined:
-            out.update(chunks=self.chunks, devices=list(self.devices or ()), checkpoint=self.checkpoint,
-                       stages=self.stages, balance=None if self.balance is None else list(self.balance))
+            out.update(
+                chunks=self.chunks,
+                devices=list(self.devices or ()),
+                checkpoint=self.checkpoint,
+                stages=self.stages,
+                balance=None if self.balance is None else list(self.balance),
+            )
         return out
 
     def __post_init__(self) -> None:
@@ -159,21 +175,29 @@ def _check_pipeline(config: TransformConfig) -> None:
     check_checkpoint(config.checkpoint)
     if config.devices is not None:
         if isinstance(config.devices, (str, torch.device)) or not config.devices:
-            raise ConfigError(f"devices must be a non-empty list, one device per stage (got {config.devices!r})")
+            raise ConfigError(
+                f"devices must be a non-empty list, one device per stage (got {config.devices!r})"
+            )
         for d in config.devices:
             check_device(d)
     if config.stages is not None:
         check_int("stages", config.stages)
-    if config.balance is not None and (isinstance(config.balance, (str, int)) or not config.balance):
-        raise ConfigError(f"balance must be a list of node counts or module paths (got {config.balance!r})")
+    if config.balance is not None and (
+        isinstance(config.balance, (str, int)) or not config.balance
+    ):
+        raise ConfigError(
+            f"balance must be a list of node counts or module paths (got {config.balance!r})"
+        )
 
 
 def _check_offload(config: TransformConfig) -> None:
     if config.offload not in (False, True, "auto"):
         raise ConfigError(f"offload must be True, False or 'auto' (got {config.offload!r})")
     if config.offload == "auto" and config.budget is None:
-        raise ConfigError("offload='auto' lets the budget solver choose between recompute and offload; "
-                          "give budget= too (got budget=None), or use offload=True")
+        raise ConfigError(
+            "offload='auto' lets the budget solver choose between recompute and offload; "
+            "give budget= too (got budget=None), or use offload=True"
+        )
     check_int("offload_threshold", config.offload_threshold, low=0, unit="of bytes")
     if config.offload_bandwidth is not None:
         check_number("offload_bandwidth", config.offload_bandwidth, strict=True, unit="of bytes/s")

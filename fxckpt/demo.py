@@ -61,7 +61,11 @@ class GPTConfig:
 FULL = GPTConfig()
 QUICK = GPTConfig(layers=4, width=128, heads=4, vocab=256, batch=4, seq=64)
 
-STRATEGIES: dict[str, dict[str, Any]] = {"none": {}, "every=2": {"every": 2}, "depth=2": {"depth": 2}}
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "none": {},
+    "every=2": {"every": 2},
+    "depth=2": {"depth": 2},
+}
 """Demo row name -> keyword arguments of :func:`fxckpt.transform` (``none``: the model itself)."""
 
 
@@ -78,10 +82,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t = x.size(0), x.size(1)
-        qkv = self.qkv(x).view(b, t, 3, self.heads, self.width // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = (
+            self.qkv(x).view(b, t, 3, self.heads, self.width // self.heads).permute(2, 0, 3, 1, 4)
+        )
         q, k, v = qkv[0], qkv[1], qkv[2]
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.width // self.heads))
-        pos = torch.arange(t, device=x.device)  # built per call: symbolic_trace cannot slice a buffer by t
+        pos = torch.arange(
+            t, device=x.device
+        )  # built per call: symbolic_trace cannot slice a buffer by t
         att = att.masked_fill(pos[None, :] > pos[:, None], float("-inf")).softmax(dim=-1)
         y = self.attn_drop(att) @ v
         y = y.transpose(1, 2).reshape(b, t, self.width)
@@ -124,7 +132,9 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def _setup(config: dict[str, Any], threads: Optional[int]) -> tuple[GPT, torch.Tensor, torch.Tensor]:
+def _setup(
+    config: dict[str, Any], threads: Optional[int]
+) -> tuple[GPT, torch.Tensor, torch.Tensor]:
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = GPTConfig(**config)
@@ -197,8 +207,11 @@ def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, 
             "fxckpt.demo:measure_memory", {"strategy": name, **common}), STRATEGIES))
     for row in rows:
         print(f"  {row['strategy']:<8} {row['summary']}", file=out)
-    times = run_in_subprocess("fxckpt.demo:measure_times",
-                              {"strategies": list(STRATEGIES), "threads": threads, **common}, mmap_threshold=None)
+    times = run_in_subprocess(
+        "fxckpt.demo:measure_times",
+        {"strategies": list(STRATEGIES), "threads": threads, **common},
+        mmap_threshold=None,
+    )
     for row in rows:
         row["seconds"] = times[row["strategy"]]
     print(file=out)

@@ -42,8 +42,7 @@ MAX_CAPTURES = 16
 """Captures kept per transformed module; beyond it the oldest is dropped (with a warning)."""
 
 Fingerprint = tuple[int, ...]
-_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Any]]]]" = \
-    weakref.WeakKeyDictionary()
+_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Any]]]]" = weakref.WeakKeyDictionary()
 """Captures per model object, shared by every transform of it (see the module docstring)."""
 
 
@@ -133,7 +132,9 @@ class Dispatcher:
             entry = self._entry(tm, key, shapes, args, kwargs)
             return self._plan(tm, entry, shapes, args, kwargs)
 
-    def _entry(self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict) -> Entry:
+    def _entry(
+        self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict
+    ) -> Entry:
         from fxckpt.planner import capture_for
 
         entries = self.entries.setdefault(key, [])
@@ -142,8 +143,11 @@ class Dispatcher:
                 return entry
         if sum(len(e) for e in self.entries.values()) >= MAX_CAPTURES:
             oldest = next(k for k, v in self.entries.items() if v)
-            log.warning("fxckpt: %d captures made; dropping the oldest (do modes, dtypes or non-tensor "
-                        "arguments change every step?)", MAX_CAPTURES)
+            log.warning(
+                "fxckpt: %d captures made; dropping the oldest (do modes, dtypes or non-tensor "
+                "arguments change every step?)",
+                MAX_CAPTURES,
+            )
             self.entries[oldest].pop(0)
         start = time.perf_counter()
         fingerprint = _fingerprint(tm)
@@ -161,11 +165,15 @@ class Dispatcher:
         """A capture another transform of this model made for such calls, if still valid."""
         for seen, captured in _SHARED.get(self.model, {}).get(key, []):
             if seen == fingerprint and captured.accepts(shapes):
-                log.debug("reusing a capture made by another transform of %s", type(self.model).__name__)
+                log.debug(
+                    "reusing a capture made by another transform of %s", type(self.model).__name__
+                )
                 return captured
         return None
 
-    def _plan(self, tm: torch.nn.Module, entry: Entry, shapes: Shapes, args: tuple, kwargs: dict) -> Any:
+    def _plan(
+        self, tm: torch.nn.Module, entry: Entry, shapes: Shapes, args: tuple, kwargs: dict
+    ) -> Any:
         from fxckpt.planner import build
 
         key = shapes if self._shape_dependent(entry) else None
@@ -177,7 +185,9 @@ class Dispatcher:
                 log.debug("reusing the plan made for %s for %s", min(larger, key=_volume), key)
         if compiled is None:
             start = time.perf_counter()
-            compiled = build(entry.captured, self.config, args, kwargs, training=tm.training, model=tm)
+            compiled = build(
+                entry.captured, self.config, args, kwargs, training=tm.training, model=tm
+            )
             self.counts.plans += 1
             self.counts.plan_seconds += time.perf_counter() - start
             _attach_offloader(compiled, self.offloader)
@@ -191,8 +201,11 @@ class Dispatcher:
 
 def _fingerprint(tm: torch.nn.Module) -> Fingerprint:
     """Identities of every submodule, parameter and buffer: a capture holds references to them."""
-    return (tuple(id(m) for name, m in tm.named_modules() if name) + tuple(id(p) for p in tm.parameters())
-            + tuple(id(b) for b in tm.buffers()))
+    return (
+        tuple(id(m) for name, m in tm.named_modules() if name)
+        + tuple(id(p) for p in tm.parameters())
+        + tuple(id(b) for b in tm.buffers())
+    )
 
 
 def _volume(shapes: Shapes) -> int:

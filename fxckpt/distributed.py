@@ -219,7 +219,11 @@ def _stage_modules(stages: Any, example_inputs: Optional[Sequence[Any]],
                           f"planned already (got {type(stages).__name__})")
     if hasattr(stages, "stage_modules"):
         return list(stages.stage_modules), None
-    if isinstance(stages, (list, tuple)) and stages and all(isinstance(s, nn.Module) for s in stages):
+    if (
+        isinstance(stages, (list, tuple))
+        and stages
+        and all(isinstance(s, nn.Module) for s in stages)
+    ):
         return list(stages), None
     raise ConfigError(
         "stages must be a module fxckpt.transform returned (with stages=, devices= or chunks=), "

@@ -127,7 +127,11 @@ class LiveTensorTracker(TorchDispatchMode):
             self._peak_total = self.current_bytes
 
     def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: Optional[dict[str, Any]] = None,
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -166,7 +170,10 @@ def _storage_of(t: torch.Tensor) -> Optional[torch.UntypedStorage]:
         return None
     try:
         storage = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # wrapper subclasses without a storage of their own
+    except (
+        RuntimeError,
+        NotImplementedError,
+    ):  # wrapper subclasses without a storage of their own
         return None
     return None if storage.device.type == "meta" else storage
 
@@ -191,7 +198,9 @@ def read_status() -> dict[str, int]:
         with open("/proc/self/status") as f:
             lines = f.read().splitlines()
     except OSError as e:
-        raise MeasureError(f"cannot read /proc/self/status ({e}); the RSS protocol needs Linux") from e
+        raise MeasureError(
+            f"cannot read /proc/self/status ({e}); the RSS protocol needs Linux"
+        ) from e
     status = {}
     for line in lines:
         key, _, value = line.partition(":")
@@ -209,8 +218,10 @@ def reset_peak_rss() -> int:
         raise MeasureError(f"cannot reset the RSS peak via /proc/self/clear_refs ({e})") from e
     status = read_status()
     if status["VmHWM"] > status["VmRSS"] + 2**20:
-        raise MeasureError(f"writing '5' to /proc/self/clear_refs did not reset VmHWM "
-                           f"({status['VmHWM']} bytes, VmRSS {status['VmRSS']}); this kernel is too old")
+        raise MeasureError(
+            f"writing '5' to /proc/self/clear_refs did not reset VmHWM "
+            f"({status['VmHWM']} bytes, VmRSS {status['VmRSS']}); this kernel is too old"
+        )
     return status["VmRSS"]
 
 
@@ -232,7 +243,11 @@ def step_peak_rss(fn: Callable[[], Any], warmup: int = 1, repeats: int = 3) -> d
         before = reset_peak_rss()
         fn()
         samples.append(read_status()["VmHWM"] - before)
-    return {"peak_bytes": int(statistics.median(samples)), "samples": samples, "rss_before": before}
+    return {
+        "peak_bytes": int(statistics.median(samples)),
+        "samples": samples,
+        "rss_before": before,
+    }
 
 
 def time_step(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
@@ -301,7 +316,11 @@ def error_text(e: BaseException, limit: int = 600) -> str:
 
 
 def run_in_subprocess(
-    target: str, kwargs: dict[str, Any], *, mmap_threshold: Optional[int] = MMAP_THRESHOLD, timeout: float = 600.0
+    target: str,
+    kwargs: dict[str, Any],
+    *,
+    mmap_threshold: Optional[int] = MMAP_THRESHOLD,
+    timeout: float = 600.0,
 ) -> dict[str, Any]:
     """Call ``target`` (``"package.module:function"``) with ``kwargs`` in a fresh process.
 
@@ -316,7 +335,9 @@ def run_in_subprocess(
     cmd = [sys.executable, "-c", "from fxckpt.measure import _child_main; _child_main()",
            target, json.dumps(kwargs)]
     log.debug("running %s(%s) in a subprocess", target, kwargs)
-    proc = subprocess.run(cmd, env=_child_env(mmap_threshold), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, env=_child_env(mmap_threshold), capture_output=True, text=True, timeout=timeout
+    )
     return _parse_result(target, proc)
 
 
@@ -340,7 +361,9 @@ def _child_env(mmap_threshold: Optional[int]) -> dict[str, str]:
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if mmap_threshold is not None:
         env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]
+    )
     return env
 
 

@@ -48,7 +48,9 @@ class TransformedModule(torch.nn.Module):
 
     def train(self, mode: bool = True) -> "TransformedModule":
         super().train(mode)
-        dispatcher_of(self).model.training = mode  # the model's root flag follows, as its children do
+        dispatcher_of(
+            self
+        ).model.training = mode  # the model's root flag follows, as its children do
         return self
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "TransformedModule":
@@ -68,12 +70,19 @@ class TransformedModule(torch.nn.Module):
 def make_transformed(model: torch.nn.Module, config: TransformConfig) -> TransformedModule:
     """A new transformed module sharing ``model``'s state (``model`` itself is not changed)."""
     cls = _class_for(type(model))
-    tm: TransformedModule = object.__new__(cls)  # FSDPModule.__new__ would build a fresh model instance
+    tm: TransformedModule = object.__new__(
+        cls
+    )  # FSDPModule.__new__ would build a fresh model instance
     tm.__dict__.update(model.__dict__)
     tm.__dict__.pop(STATE, None)
-    if tm.__dict__.get("_compiled_call_impl") is not None:  # model.compile(): would skip our forward
-        log.warning("fxckpt: %s was compiled with module.compile(); the transformed module runs "
-                    "uncompiled (compile it after transforming: tm.compile())", type(model).__name__)
+    if (
+        tm.__dict__.get("_compiled_call_impl") is not None
+    ):  # model.compile(): would skip our forward
+        log.warning(
+            "fxckpt: %s was compiled with module.compile(); the transformed module runs "
+            "uncompiled (compile it after transforming: tm.compile())",
+            type(model).__name__,
+        )
         tm.__dict__["_compiled_call_impl"] = None
     tm.__dict__[STATE] = Dispatcher(model, config)
     return tm

@@ -22,7 +22,14 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import ConfigError
 from fxckpt.passes.batch_outputs import batch_outputs
-from fxckpt.passes.partition import Balance, StagePlan, partition, pytree_specs, split_stages, stage_order
+from fxckpt.passes.partition import (
+    Balance,
+    StagePlan,
+    partition,
+    pytree_specs,
+    split_stages,
+    stage_order,
+)
 from fxckpt.plan import PipelineView, Plan, StageView
 from fxckpt.runtime.pipeline import Device, Pipeline, check_checkpoint, check_chunks, check_device
 
@@ -34,7 +41,9 @@ log = logging.getLogger(__name__)
 class PipelinedModule(nn.Module):
     """A graph run as a GPipe pipeline; called like the GraphModule it was built from."""
 
-    def __init__(self, pipeline: Pipeline, stage_plan: StagePlan, gm: torch.fx.GraphModule) -> None:
+    def __init__(
+        self, pipeline: Pipeline, stage_plan: StagePlan, gm: torch.fx.GraphModule
+    ) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.stage_plan = stage_plan
@@ -82,7 +91,9 @@ class PipelinedModule(nn.Module):
             return self.pipeline(*args, **kwargs)
         in_spec, out_spec = self._specs
         out = self.pipeline(*fx_pytree.tree_flatten_spec(self._as_spec(args, kwargs), in_spec))
-        return pytree.tree_unflatten(list(out) if isinstance(out, (tuple, list)) else [out], out_spec)
+        return pytree.tree_unflatten(
+            list(out) if isinstance(out, (tuple, list)) else [out], out_spec
+        )
 
     def _as_spec(self, args: tuple, kwargs: dict) -> Any:
         """The call's inputs shaped like the exported graph's ``in_spec`` (as its own forward does)."""
@@ -129,11 +140,15 @@ def build_pipeline(
         devs = devs * k
     n = len(stage_order(gm))
     if balance is None and k > n:
-        raise ConfigError(f"stages must be at most the graph's {n} compute node(s) (got {k} stages)")
+        raise ConfigError(
+            f"stages must be at most the graph's {n} compute node(s) (got {k} stages)"
+        )
     stage_plan = partition(gm, k, balance=balance, plan=plan, cost=cost)
     if len(devs) != stage_plan.stages:
-        raise ConfigError(f"give one device per stage: balance makes {stage_plan.stages} stage(s) but "
-                          f"devices={[str(d) for d in devs]}")
+        raise ConfigError(
+            f"give one device per stage: balance makes {stage_plan.stages} stage(s) but "
+            f"devices={[str(d) for d in devs]}"
+        )
     modules = split_stages(gm, stage_plan.stage_of)
     names = [p.name for p in gm.graph.nodes if p.op == "placeholder"]
     pipe = Pipeline(modules, devs, chunks, checkpoint, input_names=names)
@@ -156,19 +171,29 @@ def _refuse_batch_outputs(gm: torch.fx.GraphModule, chunks: int) -> None:
 
 
 def _check_devices(devices: object) -> list[torch.device]:
-    if isinstance(devices, (str, torch.device)) or not isinstance(devices, (list, tuple)) or not devices:
-        raise ConfigError(f"devices must be a non-empty list of devices, one per stage (got {devices!r}); "
-                          "e.g. devices=['cuda:0', 'cuda:1']")
+    if (
+        isinstance(devices, (str, torch.device))
+        or not isinstance(devices, (list, tuple))
+        or not devices
+    ):
+        raise ConfigError(
+            f"devices must be a non-empty list of devices, one per stage (got {devices!r}); "
+            "e.g. devices=['cuda:0', 'cuda:1']"
+        )
     return [check_device(d) for d in devices]
 
 
-def _stage_count(stages: object, devices: list[torch.device], balance: Union[Balance, None]) -> int:
+def _stage_count(
+    stages: object, devices: list[torch.device], balance: Union[Balance, None]
+) -> int:
     if stages is not None:
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
             raise ConfigError(f"stages must be a positive integer (got {stages!r})")
         if len(devices) not in (1, stages):
-            raise ConfigError(f"stages={stages} needs {stages} devices or a single one (got {len(devices)}: "
-                              f"{[str(d) for d in devices]})")
+            raise ConfigError(
+                f"stages={stages} needs {stages} devices or a single one (got {len(devices)}: "
+                f"{[str(d) for d in devices]})"
+            )
         return stages
     if balance is not None and len(devices) == 1 and isinstance(balance, (list, tuple)):
         strings = all(isinstance(b, str) for b in balance)

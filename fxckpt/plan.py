@@ -223,10 +223,12 @@ class Plan:
                  for k, s in mine.items() if k not in theirs]
         lines += [f"+ {s.name}: {', '.join(s.module_paths)} ({len(s.nodes)} nodes)"
                   for k, s in theirs.items() if k not in mine]
-        for label, a, b in (("segments", len(self.segments), len(other.segments)),
-                            ("kept bytes", format_bytes(self.saved_bytes), format_bytes(other.saved_bytes)),
-                            ("recompute FLOPs", f"{self.recompute_flops:,}", f"{other.recompute_flops:,}"),
-                            ("predicted peak", _opt_bytes(self.predicted_peak), _opt_bytes(other.predicted_peak))):
+        for label, a, b in (
+            ("segments", len(self.segments), len(other.segments)),
+            ("kept bytes", format_bytes(self.saved_bytes), format_bytes(other.saved_bytes)),
+            ("recompute FLOPs", f"{self.recompute_flops:,}", f"{other.recompute_flops:,}"),
+            ("predicted peak", _opt_bytes(self.predicted_peak), _opt_bytes(other.predicted_peak)),
+        ):
             if a != b:
                 lines.append(f"  {label}: {a} -> {b}")
         return "\n".join(lines) if lines else "the plans are the same"
@@ -235,7 +237,10 @@ class Plan:
         import html
 
         head = "".join(f"<th>{h}</th>" for h in _HEADER)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self._rows())
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._rows()
+        )
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
         return (f"<div><p><b>fxckpt plan</b>: {html.escape(self.summary())}</p>"
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

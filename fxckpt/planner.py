@@ -54,7 +54,9 @@ class Compiled:
         return self.captured.call(self.pipeline or self.gm, args, kwargs)
 
 
-def capture_for(model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict) -> Captured:
+def capture_for(
+    model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict
+) -> Captured:
     """Capture ``model`` for calls like ``model(*args, **kwargs)`` (one micro-batch, for stages)."""
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     return capture(model, plan_args, plan_kwargs)
@@ -106,8 +108,12 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
     pipeline = None
     if config.pipelined:
         pipeline = build_pipeline(
-            gm, plan, chunks=config.chunks or 1, devices=list(config.devices or [_device_of(model)]),
-            checkpoint=config.checkpoint, stages=config.stages,
+            gm,
+            plan,
+            chunks=config.chunks or 1,
+            devices=list(config.devices or [_device_of(model)]),
+            checkpoint=config.checkpoint,
+            stages=config.stages,
             balance=None if config.balance is None else list(config.balance),
         )
         plan = dataclasses.replace(plan, pipeline=pipeline.view())

@@ -66,7 +66,9 @@ def write_report(tm: Any, model: torch.nn.Module, inputs: Sequence[Any], out_dir
     return index
 
 
-def _pictures(tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto: bool) -> tuple[list[str], str]:
+def _pictures(
+    tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto: bool
+) -> tuple[list[str], str]:
     try:
         from fxckpt.viz.common import require_matplotlib
 
@@ -84,7 +86,9 @@ def _pictures(tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto:
         ("memory.png", lambda p: plot_memory(tm, p, inputs=inputs if measure else None)),
     ]
     if pareto and plan.pipeline is None:
-        jobs.append(("pareto.png", lambda p: plot_pareto(model, inputs, mark={"this plan": tm}, path=p)))
+        jobs.append(
+            ("pareto.png", lambda p: plot_pareto(model, inputs, mark={"this plan": tm}, path=p))
+        )
     if plan.pipeline is not None:
         jobs.append(("schedule.png", lambda p: plot_schedule(tm, p)))
     done = []
@@ -98,8 +102,10 @@ def _pictures(tm: Any, model: torch.nn.Module, inputs: tuple, out: Path, pareto:
 
 def _html(tm: Any, pictures: list[str], skipped: str) -> str:
     plan = _inspect(tm).plan
-    images = "".join(f'<figure><img src="{name}" alt="{name}"><figcaption>{name}</figcaption></figure>'
-                     for name in pictures)
+    images = "".join(
+        f'<figure><img src="{name}" alt="{name}"><figcaption>{name}</figcaption></figure>'
+        for name in pictures
+    )
     note = f"<p><i>Pictures skipped: {html.escape(skipped)}</i></p>" if skipped else ""
     stages = ("" if plan.pipeline is None
               else f"<h2>Pipeline</h2><pre>{html.escape(str(plan.pipeline))}</pre>")

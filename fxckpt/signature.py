@@ -71,7 +71,9 @@ class CallKey:
 def module_states(root: torch.nn.Module) -> tuple[tuple[bool, bool, bool], ...]:
     """``(training, has hooks, compiled)`` of every module under ``root`` (see :class:`CallKey`);
     the root's own compilation (``tm.compile()``) is its caller's business, not the graph's."""
-    return tuple((m.training, has_hooks(m), i > 0 and is_compiled(m)) for i, m in enumerate(root.modules()))
+    return tuple(
+        (m.training, has_hooks(m), i > 0 and is_compiled(m)) for i, m in enumerate(root.modules())
+    )
 
 
 TRANSPARENT_HOOKS = ("transformers.utils.output_capturing",)
@@ -83,7 +85,9 @@ def has_hooks(module: torch.nn.Module) -> bool:
     """True when the module has forward, pre-forward or backward hooks of the user's."""
     tables = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
               module._backward_pre_hooks)
-    return any(getattr(h, "__module__", None) not in TRANSPARENT_HOOKS for t in tables for h in t.values())
+    return any(
+        getattr(h, "__module__", None) not in TRANSPARENT_HOOKS for t in tables for h in t.values()
+    )
 
 
 def is_compiled(module: torch.nn.Module) -> bool:
@@ -93,7 +97,10 @@ def is_compiled(module: torch.nn.Module) -> bool:
     """
     from torch._dynamo.eval_frame import OptimizedModule
 
-    return isinstance(module, OptimizedModule) or module.__dict__.get("_compiled_call_impl") is not None
+    return (
+        isinstance(module, OptimizedModule)
+        or module.__dict__.get("_compiled_call_impl") is not None
+    )
 
 
 def call_key(modules: tuple[tuple[bool, bool, bool], ...], args: tuple,
@@ -115,17 +122,25 @@ def signature_key(training: bool, args: tuple, kwargs: dict) -> Hashable:
     """The root mode, call structure, tensor shapes/dtypes/devices and values: what a saved
     export's variants are matched by (see :mod:`fxckpt.export.loaded`)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    return (training, str(spec), tuple(
-        ("tensor", tuple(x.shape), x.dtype, x.device.type, x.device.index) if isinstance(x, torch.Tensor)
-        else ("value", type(x).__qualname__, value_key(x)) for x in leaves
-    ))
+    return (
+        training,
+        str(spec),
+        tuple(
+            ("tensor", tuple(x.shape), x.dtype, x.device.type, x.device.index)
+            if isinstance(x, torch.Tensor)
+            else ("value", type(x).__qualname__, value_key(x))
+            for x in leaves
+        ),
+    )
 
 
 def value_key(value: Any, where: Callable[[], str] = lambda: "an argument") -> Hashable:
     """A key equal for equal values; :class:`~fxckpt.errors.InputError` for values that cannot be."""
     if isinstance(value, _VALUE_TYPES):
         return (type(value), value)
-    if isinstance(value, torch.Size) or (type(value) is tuple and all(isinstance(v, _VALUE_TYPES) for v in value)):
+    if isinstance(value, torch.Size) or (
+        type(value) is tuple and all(isinstance(v, _VALUE_TYPES) for v in value)
+    ):
         return (type(value), tuple(value))
     if isinstance(value, frozenset) and all(isinstance(v, _VALUE_TYPES) for v in value):
         return (frozenset, value)
@@ -176,7 +191,9 @@ def _short_repr(value: Any) -> str:
 
 def shapes_of(args: tuple, kwargs: dict) -> Shapes:
     """The shapes of the call's tensors, in pytree leaf order."""
-    return tuple(tuple(t.shape) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+    return tuple(
+        tuple(t.shape) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+    )
 
 
 def dominates(big: Shapes, small: Shapes) -> bool:
@@ -256,4 +273,6 @@ def is_static_value(x: Any) -> bool:
 
 def first_tensor(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """The first tensor of a call, if any."""
-    return next((t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+    return next(
+        (t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None
+    )

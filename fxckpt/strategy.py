@@ -79,8 +79,11 @@ Strategy = Union[Every, Depth, Budgeted, Replay]
 def strategy_from(*, every: Any = None, depth: Any = None, budget: Optional[Budget] = None,
                   plan: Optional[Plan] = None) -> Optional[Strategy]:
     """The one strategy ``transform``'s keywords name (``None`` for none); two or more are refused."""
-    given = {k: v for k, v in (("every", every), ("depth", depth), ("budget", budget), ("plan", plan))
-             if v is not None}
+    given = {
+        k: v
+        for k, v in (("every", every), ("depth", depth), ("budget", budget), ("plan", plan))
+        if v is not None
+    }
     if len(given) > 1:
         shown = " and ".join(f"{k}={_show(v)}" for k, v in given.items())
         raise ConfigError(f"give at most one strategy, got {shown}; choose one of them")

@@ -55,7 +55,9 @@ def default_loss(out: Any) -> torch.Tensor:
     """Sum of squares of every floating-point tensor in the output (any structure)."""
     if hasattr(out, "keys") and not isinstance(out, dict):
         out = dict(out)  # ModelOutput and other mappings
-    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    leaves = [
+        t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     if not leaves:
         raise ValueError("the output has no floating-point tensor to take a loss of; pass loss=")
     return sum(t.float().pow(2).sum() for t in leaves)  # type: ignore[return-value]
@@ -88,7 +90,9 @@ def _state_kept(module: torch.nn.Module) -> Iterator[None]:
     params = list(module.parameters())
     grads = [p.grad for p in params]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
-    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
+    with torch.random.fork_rng(
+        devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    ):
         try:
             for p in params:
                 p.grad = None

@@ -66,18 +66,26 @@ def main() -> int:
     only = {n for n in args.only.split(",") if n}
     cases = [c for c in ZOO + HAZARDS if not only or c.name in only]
     strategies = " | ".join(name for name, _ in STRATEGIES)
-    lines = [HEADER, f"| model | family | parameters | capture | shapes | {strategies} | exact | notes |",
-             "|" + "---|" * (7 + len(STRATEGIES))]
+    lines = [
+        HEADER,
+        f"| model | family | parameters | capture | shapes | {strategies} | exact | notes |",
+        "|" + "---|" * (7 + len(STRATEGIES)),
+    ]
     start, exact = time.perf_counter(), 0
     for case in cases:
         result = run_case(case)
         exact += result.error is None and all(o.exact and o.recomputed for o in result.outcomes)
         lines.append(_row(result, case.note))
         print(f"{case.name}: {result.error or 'ok'} ({result.seconds:.1f} s)", flush=True)
-    lines += ["", f"{exact} of {len(cases)} models exact under every strategy; the others are refused "
-              "with the error shown (none trains to different bits).", "",
-              f"Checked with torch {torch.__version__}, transformers {_transformers()}, Python "
-              f"{platform.python_version()}, in {time.perf_counter() - start:.0f} s.", ""]
+    lines += [
+        "",
+        f"{exact} of {len(cases)} models exact under every strategy; the others are refused "
+        "with the error shown (none trains to different bits).",
+        "",
+        f"Checked with torch {torch.__version__}, transformers {_transformers()}, Python "
+        f"{platform.python_version()}, in {time.perf_counter() - start:.0f} s.",
+        "",
+    ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
     return 0

@@ -77,7 +77,9 @@ def _run(name: str, model: torch.nn.Module, reference: torch.nn.Module, options:
     try:
         tm = fxckpt.transform(model, **options, example_inputs=args, example_kwargs=kwargs)
     except fxckpt.BudgetInfeasibleError as e:  # a tiny model: ask for the smallest feasible budget
-        tm = fxckpt.transform(model, budget=e.min_budget, example_inputs=args, example_kwargs=kwargs)
+        tm = fxckpt.transform(
+            model, budget=e.min_budget, example_inputs=args, example_kwargs=kwargs
+        )
         note = f"0.6 infeasible; min_budget {e.min_budget} B used"
     info = fxckpt.inspect(tm)
     result.capture = info.plan.capture
@@ -100,7 +102,9 @@ def _count_calls(info: fxckpt.Inspection) -> dict[str, int]:
     for seg in info.plan.segments:
         calls[seg.name] = 0
         sub = info.graph_module.get_submodule(seg.name)
-        sub.register_forward_pre_hook(lambda m, a, name=seg.name: calls.__setitem__(name, calls[name] + 1))
+        sub.register_forward_pre_hook(
+            lambda m, a, name=seg.name: calls.__setitem__(name, calls[name] + 1)
+        )
     return calls
 
 

@@ -49,7 +49,12 @@ class ResNet(BenchResNet):
 
 
 def _double_conv(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU())
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(cout, cout, 3, padding=1),
+        nn.ReLU(),
+    )
 
 
 class Down(nn.Module):
@@ -78,7 +83,9 @@ class UNet(nn.Module):
         super().__init__()
         self.inc = _double_conv(1, ch)
         self.down = nn.ModuleList(Down(ch * 2**i, ch * 2 ** (i + 1)) for i in range(levels))
-        self.up = nn.ModuleList(Up(ch * 2 ** (i + 1), ch * 2**i, ch * 2**i) for i in reversed(range(levels)))
+        self.up = nn.ModuleList(
+            Up(ch * 2 ** (i + 1), ch * 2**i, ch * 2**i) for i in reversed(range(levels))
+        )
         self.out = nn.Conv2d(ch, 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,8 +165,15 @@ def gpt2(layers: int = 2) -> nn.Module:
 def bert(layers: int = 2) -> nn.Module:
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
-                     vocab_size=64, max_position_embeddings=32, use_cache=False)
+    cfg = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     return BertModel(cfg)
 
 

@@ -159,8 +159,12 @@ class PartlyFrozen(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3))
-        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3)
+        )
+        self.body = nn.Sequential(
+            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3)
+        )
         self.head = nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -238,7 +242,8 @@ class Encoder(nn.Module):
     def __init__(self, width: int = 16, depth: int = 4) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.1, batch_first=True) for _ in range(depth)
+            nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.1, batch_first=True)
+            for _ in range(depth)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -255,7 +260,9 @@ class Normed(nn.Module):
         super().__init__()
         if hooked:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # deprecated, and still in real code
+                warnings.simplefilter(
+                    "ignore", FutureWarning
+                )  # deprecated, and still in real code
                 self.fc = torch.nn.utils.weight_norm(nn.Linear(width, width))  # type: ignore[attr-defined]
         else:
             self.fc = torch.nn.utils.parametrizations.weight_norm(nn.Linear(width, width))
@@ -270,7 +277,11 @@ class ClippedQKV(nn.Module):
 
     def __init__(self, width: int = 16) -> None:
         super().__init__()
-        self.q, self.k, self.v = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
+        self.q, self.k, self.v = (
+            nn.Linear(width, width),
+            nn.Linear(width, width),
+            nn.Linear(width, width),
+        )
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -327,21 +338,43 @@ def _x(*shape: int, grad: bool = True) -> Callable[[], tuple[tuple, dict]]:
 PATTERNS = [
     Pattern("custom_function", QuantizedNet, _x(4, 16)),
     Pattern("custom_function_export", lambda: ExportOnly(QuantizedNet()), _x(4, 16), depth=3),
-    Pattern("custom_function_at_root", RootFunction, _x(4, 16), depth=1,
-            error=(CaptureError, r"calls the custom autograd Function\(s\) RoundSTE directly")),
+    Pattern(
+        "custom_function_at_root",
+        RootFunction,
+        _x(4, 16),
+        depth=1,
+        error=(CaptureError, r"calls the custom autograd Function\(s\) RoundSTE directly"),
+    ),
     Pattern("buffer_update", DecayNet, _x(4, 16), depth=1),
     Pattern("buffer_update_export", lambda: ExportOnly(DecayNet()), _x(4, 16)),
-    Pattern("numpy_random", NumpyMask, _x(4, 16), depth=1,
-            error=(CaptureError, r"numpy's global random generator \(np\.random\.rand\(\) in forward")),
-    Pattern("python_random", PythonRandom, _x(4, 16), depth=1,
-            error=(CaptureError, r"Python's `random` module \(random\.choice\(\) in forward")),
-    Pattern("python_counter", CountingNet, _x(4, 16), error=(CaptureError, r"changes `counter\.calls` \(from 0 to 1\)")),
+    Pattern(
+        "numpy_random",
+        NumpyMask,
+        _x(4, 16),
+        depth=1,
+        error=(CaptureError, r"numpy's global random generator \(np\.random\.rand\(\) in forward"),
+    ),
+    Pattern(
+        "python_random",
+        PythonRandom,
+        _x(4, 16),
+        depth=1,
+        error=(CaptureError, r"Python's `random` module \(random\.choice\(\) in forward"),
+    ),
+    Pattern(
+        "python_counter",
+        CountingNet,
+        _x(4, 16),
+        error=(CaptureError, r"changes `counter\.calls` \(from 0 to 1\)"),
+    ),
     Pattern("frozen_submodule", partly_frozen, _x(2, 3, 8, 8), depth=1),
     Pattern("hooks", hooked_stack, _x(4, 16)),
     Pattern("hooks_export", hooked_export_only, _x(4, 16), depth=3),
     Pattern("transformer_encoder_layers", Encoder, _x(2, 6, 16)),
     Pattern("weight_norm", Normed, _x(4, 16), depth=1, budget=0.9),
-    Pattern("weight_norm_parametrized", lambda: Normed(hooked=False), _x(4, 16), depth=1, budget=0.9),
+    Pattern(
+        "weight_norm_parametrized", lambda: Normed(hooked=False), _x(4, 16), depth=1, budget=0.9
+    ),
     Pattern("tied_weights_dict_out", Tied, lambda: ((torch.randint(0, 32, (2, 6)),), {})),
     Pattern("no_input_grad", Stack, _x(4, 16, grad=False)),
     Pattern("inplace_after_projection", ClippedStack, _x(2, 6, 16)),

@@ -20,7 +20,11 @@ class Step:
 
 def loss_of(out: Any) -> torch.Tensor:
     """Sum of squares of every floating tensor in the output (any structure)."""
-    leaves = [t for t in pytree.tree_leaves(_plain(out)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    leaves = [
+        t
+        for t in pytree.tree_leaves(_plain(out))
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     return sum(t.float().pow(2).sum() for t in leaves)
 
 
@@ -61,7 +65,9 @@ def assert_steps_equal(a: Step, b: Step) -> None:
         assert torch.equal(x, y), "outputs differ"
     assert len(a.input_grads) == len(b.input_grads)
     for x, y in zip(a.input_grads, b.input_grads):
-        assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), "input grads differ"
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (
+            "input grads differ"
+        )
     assert a.param_grads.keys() == b.param_grads.keys()
     for k in a.param_grads:
         x, y = a.param_grads[k], b.param_grads[k]

@@ -18,7 +18,9 @@ def test_randn_in_forward_is_fresh_each_call() -> None:
     x = torch.zeros(2, 8)
     assert not torch.equal(tm(x), tm(x))
     reference = copy.deepcopy(fxckpt.inspect(tm).model)
-    assert_steps_equal(run_step(tm, (x.requires_grad_(),), {}, seed=3), run_step(reference, (x,), {}, seed=3))
+    assert_steps_equal(
+        run_step(tm, (x.requires_grad_(),), {}, seed=3), run_step(reference, (x,), {}, seed=3)
+    )
 
 
 def test_training_flag_traced_then_eval_behaves_as_eval() -> None:
@@ -134,7 +136,9 @@ def test_shares_parameters_buffers_and_state_dict_keys() -> None:
     assert not torch.equal(before, tm.fc.weight) and tm.fc.weight is model.fc.weight
 
 
-def test_new_call_structure_replans_and_a_new_shape_does_not(caplog: pytest.LogCaptureFixture) -> None:
+def test_new_call_structure_replans_and_a_new_shape_does_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     tm = fxckpt.transform(KwargsDict(), every=1)
     x = torch.randn(4, 16)
     with caplog.at_level(logging.INFO, logger="fxckpt"):
@@ -151,7 +155,9 @@ def test_new_call_structure_replans_and_a_new_shape_does_not(caplog: pytest.LogC
 def test_example_inputs_plan_at_transform_time() -> None:
     x = torch.randn(4, 32)
     tm = fxckpt.transform(MLP(), depth=2, example_inputs=(x,))
-    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [(f"layers.{i}",) for i in range(6)]
+    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [
+        (f"layers.{i}",) for i in range(6)
+    ]
     assert "fxckpt_checkpoint(segment_0, x)" in fxckpt.inspect(tm).code
     assert fxckpt.Plan.from_dict(fxckpt.inspect(tm).plan.to_dict()) == fxckpt.inspect(tm).plan
     assert "segment_5" in str(fxckpt.inspect(tm).plan)

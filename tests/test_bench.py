@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from fxckpt.bench import BenchOptions, check_targets, configurations, prepare, render_markdown, run_bench
+from fxckpt.bench import (
+    BenchOptions,
+    check_targets,
+    configurations,
+    prepare,
+    render_markdown,
+    run_bench,
+)
 from fxckpt.bench.__main__ import main
 from fxckpt.bench.child import solve_scaling
 from fxckpt.bench.methods import CheckpointedChain
@@ -26,21 +33,56 @@ from fxckpt.bench.runner import (NOISE_GROUPS, Config, _in_report_order, _kwargs
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 ROW_KEYS = {"model", "method", "budget", "label", "status"}
-MEASURED_KEYS = {"rss_bytes", "rss_samples", "tracked_bytes", "step_s", "base_step_s", "time_ratio", "peak_ratio"}
+MEASURED_KEYS = {
+    "rss_bytes",
+    "rss_samples",
+    "tracked_bytes",
+    "step_s",
+    "base_step_s",
+    "time_ratio",
+    "peak_ratio",
+}
 
 
 @pytest.mark.slow  # ten fresh Python processes: 30-50 s on a shared 2-core machine
 def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "fxckpt.bench", "--quick", "--models", "mlp", "--scaling-layers", "",
-         "--repeats", "2", "--jobs", "3", "--no-match-peers", "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "fxckpt.bench",
+            "--quick",
+            "--models",
+            "mlp",
+            "--scaling-layers",
+            "",
+            "--repeats",
+            "2",
+            "--jobs",
+            "3",
+            "--no-match-peers",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     labels = [r["label"] for r in data["rows"]]
-    assert labels == ["unmodified", "fxckpt b=0.5", "checkpoint_per_block", "checkpoint_sequential", "compile b=0.5"]
+    assert labels == [
+        "unmodified",
+        "fxckpt b=0.5",
+        "checkpoint_per_block",
+        "checkpoint_sequential",
+        "compile b=0.5",
+    ]
     for row in data["rows"]:
         assert ROW_KEYS <= set(row) and row["status"] == "ok", row
         assert MEASURED_KEYS <= set(row), row
@@ -58,7 +100,9 @@ def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> No
     assert {t["verdict"] for t in data["targets"]} <= {"PASS", "FAIL", "SKIP"}
 
     md = (tmp_path / "benchmarks.md").read_text()
-    assert "## Machine" in md and data["machine"]["cpu"] in md and f"torch {torch.__version__}" in md
+    assert (
+        "## Machine" in md and data["machine"]["cpu"] in md and f"torch {torch.__version__}" in md
+    )
     for label in labels:
         assert f"| {label} |" in md
     assert "## Targets" in md and "## Solver alone" not in md
@@ -98,7 +142,9 @@ def test_an_infeasible_budget_is_run_again_at_its_stated_minimum_and_measured() 
     assert f"with budget={infeasible['min_budget']}: measured" in check.detail
 
 
-def _row(model: str, method: str, budget: float | None, rss: float, time_ratio: float, **extra: Any) -> dict:
+def _row(
+    model: str, method: str, budget: float | None, rss: float, time_ratio: float, **extra: Any
+) -> dict:
     label = method if budget is None else f"{method} b={budget:g}"
     return {"model": model, "method": method, "budget": budget, "label": label, "status": "ok",
             "rss_bytes": int(rss * MiB), "time_ratio": time_ratio, **extra}
@@ -112,26 +158,58 @@ def test_solve_scaling_times_the_solver_per_layer_count() -> None:
     pytest.importorskip("transformers")
     result = solve_scaling([1, 2], [0.5], repeats=1)
     rows = result["rows"]
-    assert [(r["layers"], r["status"], r["budget"]) for r in rows] == [(1, "ok", 0.5), (2, "ok", 0.5)]
-    assert rows[0]["ops"] < rows[1]["ops"] and all(r["solve_s"] > 0 and isinstance(r["feasible"], bool) for r in rows)
+    assert [(r["layers"], r["status"], r["budget"]) for r in rows] == [
+        (1, "ok", 0.5),
+        (2, "ok", 0.5),
+    ]
+    assert rows[0]["ops"] < rows[1]["ops"] and all(
+        r["solve_s"] > 0 and isinstance(r["feasible"], bool) for r in rows
+    )
 
 
 def test_targets_check_budget_prediction_and_dominance_with_their_numbers() -> None:
     rows = [
         _row("m", "unmodified", None, 100, 1.0),
-        _row("m", "fxckpt", 0.25, 27, 1.20, predicted_peak=int(25 * MiB), budget_bytes=int(25 * MiB),
-             eager_predicted=int(100 * MiB)),
-        _row("m", "fxckpt", 0.5, 49, 1.10, predicted_peak=int(40 * MiB), budget_bytes=int(50 * MiB),
-             eager_predicted=int(100 * MiB)),
+        _row(
+            "m",
+            "fxckpt",
+            0.25,
+            27,
+            1.20,
+            predicted_peak=int(25 * MiB),
+            budget_bytes=int(25 * MiB),
+            eager_predicted=int(100 * MiB),
+        ),
+        _row(
+            "m",
+            "fxckpt",
+            0.5,
+            49,
+            1.10,
+            predicted_peak=int(40 * MiB),
+            budget_bytes=int(50 * MiB),
+            eager_predicted=int(100 * MiB),
+        ),
         _row("m", "checkpoint_per_block", None, 30, 1.30),
         _row("m", "compile", 0.25, 50, 1.05),
         _row("m", "checkpoint_sequential", None, 20, 1.25),
     ]
     checks = check_targets(rows, [])
-    assert [c.verdict for c in _by_target(checks, "budget held")] == ["FAIL", "PASS"]  # 27 > 1.05 * 25
-    assert [c.verdict for c in _by_target(checks, "prediction")] == ["PASS", "FAIL", "PASS"]  # 40 vs 49: -18%
+    assert [c.verdict for c in _by_target(checks, "budget held")] == [
+        "FAIL",
+        "PASS",
+    ]  # 27 > 1.05 * 25
+    assert [c.verdict for c in _by_target(checks, "prediction")] == [
+        "PASS",
+        "FAIL",
+        "PASS",
+    ]  # 40 vs 49: -18%
     dom = _by_target(checks, "Pareto dominance")
-    assert [c.subject for c in dom] == ["m checkpoint_per_block", "m compile b=0.25", "m checkpoint_sequential"]
+    assert [c.subject for c in dom] == [
+        "m checkpoint_per_block",
+        "m compile b=0.25",
+        "m checkpoint_sequential",
+    ]
     assert [c.verdict for c in dom] == ["PASS", "FAIL", "FAIL"]
     # the unmodified row's one ratio 1.00 is the noise: 0%
     # 1.20 / 1.30, at 27 MiB <= 30 MiB
@@ -158,11 +236,24 @@ def _at_minimum(of: dict, status: str = "ok", rss: float = 0.0) -> dict:
 
 def test_an_infeasible_budget_passes_only_if_its_stated_minimum_is_held_when_measured() -> None:
     held, broken, again, unmeasured = (_infeasible(b, 30) for b in (0.1, 0.15, 0.2, 0.25))
-    rows = [_row("m", "unmodified", None, 100, 1.0), held, broken, again, unmeasured,
-            _at_minimum(held, rss=31.4), _at_minimum(broken, rss=31.6),
-            _at_minimum(again, "infeasible"),
-            {"model": "m", "method": "fxckpt", "budget": 0.5, "label": "fxckpt b=0.5", "status": "error",
-             "error": "KeyError: 'kind'"}]
+    rows = [
+        _row("m", "unmodified", None, 100, 1.0),
+        held,
+        broken,
+        again,
+        unmeasured,
+        _at_minimum(held, rss=31.4),
+        _at_minimum(broken, rss=31.6),
+        _at_minimum(again, "infeasible"),
+        {
+            "model": "m",
+            "method": "fxckpt",
+            "budget": 0.5,
+            "label": "fxckpt b=0.5",
+            "status": "error",
+            "error": "KeyError: 'kind'",
+        },
+    ]
     checks = _by_target(check_targets(rows, []), "budget held")  # none for the @minimum rows
     assert [(c.subject, c.verdict) for c in checks] == [
         ("m fxckpt b=0.1 (infeasible)", "PASS"), ("m fxckpt b=0.15 (infeasible)", "FAIL"),
@@ -218,14 +309,21 @@ def test_solver_targets_use_time_limit_and_log_log_slope() -> None:
     checks = check_targets([_row("gpt2", "unmodified", None, 10, 1.0)], scaling)
     (solve,) = _by_target(checks, "solve time < 1 s")
     (slope,) = _by_target(checks, "linear scaling")
-    assert solve.verdict == "PASS" and slope.verdict == "PASS" and "consecutive sizes 1.07, 0.97 " in slope.detail
+    assert (
+        solve.verdict == "PASS"
+        and slope.verdict == "PASS"
+        and "consecutive sizes 1.07, 0.97 " in slope.detail
+    )
     scaling[1]["solve_s"] = 4.0  # 12 -> 48 layers: log(8)/log(4) = 1.5, though 12 -> 192 is 1.02
     assert _by_target(check_targets([], scaling), "linear scaling")[0].verdict == "FAIL"
 
 
 def test_each_peer_that_saved_memory_gets_an_fxckpt_row_with_its_peak_as_budget() -> None:
-    opts = BenchOptions(models=("mlp",), methods=("checkpoint_per_block", "checkpoint_sequential", "compile"),
-                        budgets=(0.25, 0.5))
+    opts = BenchOptions(
+        models=("mlp",),
+        methods=("checkpoint_per_block", "checkpoint_sequential", "compile"),
+        budgets=(0.25, 0.5),
+    )
     configs = configurations(opts)
     peaks = {"unmodified": 100, "checkpoint_per_block": 50, "checkpoint_sequential": 50.4,
              "compile b=0.25": 120, "compile b=0.5": 60}
@@ -236,16 +334,33 @@ def test_each_peer_that_saved_memory_gets_an_fxckpt_row_with_its_peak_as_budget(
         ("fxckpt", 50 * MiB, "checkpoint_per_block", "fxckpt @checkpoint_per_block"),
         ("fxckpt", 60 * MiB, "compile b=0.5", "fxckpt @compile b=0.5"),
     ]
-    rows = [{"model": "mlp", "method": "unmodified", "budget": None, "label": "unmodified", "status": "ok",
-             "rss_bytes": 100 * MiB},
-            {"model": "mlp", "method": "fxckpt", "budget": 50 * MiB, "match": "checkpoint_per_block",
-             "label": "fxckpt @checkpoint_per_block", "status": "ok", "rss_bytes": int(53 * MiB)}]
+    rows = [
+        {
+            "model": "mlp",
+            "method": "unmodified",
+            "budget": None,
+            "label": "unmodified",
+            "status": "ok",
+            "rss_bytes": 100 * MiB,
+        },
+        {
+            "model": "mlp",
+            "method": "fxckpt",
+            "budget": 50 * MiB,
+            "match": "checkpoint_per_block",
+            "label": "fxckpt @checkpoint_per_block",
+            "status": "ok",
+            "rss_bytes": int(53 * MiB),
+        },
+    ]
     (held,) = _by_target(check_targets(rows, []), "budget held")
     assert held.verdict == "FAIL" and "1.060x the budget" in held.detail
 
 
 def test_configurations_run_budgeted_methods_per_budget_and_unmodified_first() -> None:
-    opts = BenchOptions(models=("mlp", "gpt2"), methods=("compile", "checkpoint_per_block"), budgets=(0.25, 0.75))
+    opts = BenchOptions(
+        models=("mlp", "gpt2"), methods=("compile", "checkpoint_per_block"), budgets=(0.25, 0.75)
+    )
     got = [(c.model, c.method, c.budget) for c in configurations(opts)]
     assert got[:4] == [("mlp", "unmodified", None), ("mlp", "checkpoint_per_block", None),
                        ("mlp", "compile", 0.25), ("mlp", "compile", 0.75)]

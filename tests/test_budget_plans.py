@@ -19,7 +19,11 @@ from models import MLP, ResNet, gpt2
 from support import assert_steps_equal, loss_of, run_step
 
 CASES = [
-    ("mlp", lambda: MLP(depth=16, width=128, p=0.1), lambda: (torch.randn(32, 128, requires_grad=True),)),
+    (
+        "mlp",
+        lambda: MLP(depth=16, width=128, p=0.1),
+        lambda: (torch.randn(32, 128, requires_grad=True),),
+    ),
     ("resnet", lambda: ResNet(ch=16), lambda: (torch.randn(4, 3, 16, 16, requires_grad=True),)),
     ("gpt2", lambda: gpt2(layers=3), lambda: (torch.randint(0, 64, (4, 16)),)),
 ]
@@ -62,7 +66,9 @@ def test_smaller_budget_never_gives_higher_peak() -> None:
     model, x = MLP(depth=12, width=64), torch.randn(16, 64)
     peaks = []
     for fraction in (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3):
-        plan = fxckpt.inspect(fxckpt.transform(copy.deepcopy(model), budget=fraction, example_inputs=(x,))).plan
+        plan = fxckpt.inspect(
+            fxckpt.transform(copy.deepcopy(model), budget=fraction, example_inputs=(x,))
+        ).plan
         peaks.append(plan.predicted_peak)
     assert peaks == sorted(peaks, reverse=True)
     curve = fxckpt.pareto(model, example_inputs=(x,))
@@ -130,5 +136,7 @@ def test_one_infeasible_budget_exception() -> None:
 
 @pytest.mark.parametrize("other", [{"every": 2}, {"depth": 2}])
 def test_budget_with_another_strategy_is_rejected(other: dict) -> None:
-    with pytest.raises(fxckpt.ConfigError, match=r"give at most one strategy, got .*budget=0.5 of the eager peak"):
+    with pytest.raises(
+        fxckpt.ConfigError, match=r"give at most one strategy, got .*budget=0.5 of the eager peak"
+    ):
         fxckpt.transform(MLP(), budget=0.5, **other)

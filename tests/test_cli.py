@@ -24,41 +24,89 @@ def in_tests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(TESTS)
 
 
-def test_plan_prints_the_table_and_writes_a_report(in_tests, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_plan_prints_the_table_and_writes_a_report(
+    in_tests, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "report"
-    assert main(["plan", "models:MLP", "--input-shape", "8,32", "--every", "2", "--report", str(out),
-                 "--save", str(tmp_path / "export")]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "models:MLP",
+                "--input-shape",
+                "8,32",
+                "--every",
+                "2",
+                "--report",
+                str(out),
+                "--save",
+                str(tmp_path / "export"),
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
-    assert "segment_0" in stdout and "every=2" in stdout and f"report written to {out / 'index.html'}" in stdout
-    assert {p.name for p in out.iterdir()} >= {"plan.txt", "plan.json", "code.py", "graph.png", "memory.png",
-                                               "pareto.png", "index.html"}
+    assert (
+        "segment_0" in stdout
+        and "every=2" in stdout
+        and f"report written to {out / 'index.html'}" in stdout
+    )
+    assert {p.name for p in out.iterdir()} >= {
+        "plan.txt",
+        "plan.json",
+        "code.py",
+        "graph.png",
+        "memory.png",
+        "pareto.png",
+        "index.html",
+    }
     plan = fxckpt.Plan.from_dict(json.loads((out / "plan.json").read_text()))
     assert len(plan.segments) == 3 and plan.signature == "(float32[8, 32])"
     page = (out / "index.html").read_text()
-    assert "<table>" in page and 'src="memory.png"' in page and "fxckpt_checkpoint(segment_0, x)" in page
+    assert (
+        "<table>" in page
+        and 'src="memory.png"' in page
+        and "fxckpt_checkpoint(segment_0, x)" in page
+    )
     assert fxckpt.load(tmp_path / "export").plan == plan
 
 
-def test_plan_with_stages_draws_the_schedule(in_tests, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_plan_with_stages_draws_the_schedule(
+    in_tests, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert main(["plan", "models:MLP", "--input-shape", "8x32", "--budget", "0.6", "--chunks", "2",
                  "--devices", "cpu,cpu", "--report", str(tmp_path)]) == 0
     assert "pipeline: 2 stage(s)" in capsys.readouterr().out
-    assert (tmp_path / "schedule.png").stat().st_size > 1000 and not (tmp_path / "pareto.png").exists()
+    assert (tmp_path / "schedule.png").stat().st_size > 1000 and not (
+        tmp_path / "pareto.png"
+    ).exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["nosuch_pkg:make", "--input-shape", "8,32"], "no module named 'nosuch_pkg'"),
-    (["models:make_nothing", "--input-shape", "8,32"], "has no attribute 'make_nothing'"),
-    (["models:CASES", "--input-shape", "8,32"], "not a callable"),
-    (["models", "--input-shape", "8,32"], "must look like package.module:callable"),
-    (["models:MLP", "--input-shape", "8,x"], "--input-shape must be positive integers"),
-    (["models:MLP", "--input-shape", "8,32", "--budget", "2 lightyears"], "budget='2 lightyears' is not valid"),
-    (["models:MLP", "--input-shape", "8,32", "--budget", "1.5"], "in (0, 1]"),
-    (["models:MLP", "--input-shape", "8,32", "--dtype", "float33"], "not a torch dtype"),
-    (["models:MLP", "--input-shape", "8,32", "--every", "0"], "every must be a positive integer"),
-    (["models:MLP", "--input-shape", "8,32", "--every", "2", "--depth", "1"], "not allowed with argument --every"),
-    (["models:MLP"], "required: --input-shape"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["nosuch_pkg:make", "--input-shape", "8,32"], "no module named 'nosuch_pkg'"),
+        (["models:make_nothing", "--input-shape", "8,32"], "has no attribute 'make_nothing'"),
+        (["models:CASES", "--input-shape", "8,32"], "not a callable"),
+        (["models", "--input-shape", "8,32"], "must look like package.module:callable"),
+        (["models:MLP", "--input-shape", "8,x"], "--input-shape must be positive integers"),
+        (
+            ["models:MLP", "--input-shape", "8,32", "--budget", "2 lightyears"],
+            "budget='2 lightyears' is not valid",
+        ),
+        (["models:MLP", "--input-shape", "8,32", "--budget", "1.5"], "in (0, 1]"),
+        (["models:MLP", "--input-shape", "8,32", "--dtype", "float33"], "not a torch dtype"),
+        (
+            ["models:MLP", "--input-shape", "8,32", "--every", "0"],
+            "every must be a positive integer",
+        ),
+        (
+            ["models:MLP", "--input-shape", "8,32", "--every", "2", "--depth", "1"],
+            "not allowed with argument --every",
+        ),
+        (["models:MLP"], "required: --input-shape"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(in_tests, argv: list[str], message: str,
                                                 capsys: pytest.CaptureFixture) -> None:
     try:
@@ -72,14 +120,28 @@ def test_bad_arguments_are_one_line_and_exit_2(in_tests, argv: list[str], messag
 
 def test_python_dash_m_fxckpt_reports_errors_without_a_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}"}
-    proc = subprocess.run([sys.executable, "-m", "fxckpt", "plan", "models:MLP", "--input-shape", "0,32"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fxckpt", "plan", "models:MLP", "--input-shape", "0,32"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "fxckpt plan: error: --input-shape must be positive integers separated by commas, e.g. 8,3,224,224 "
-        "(got '0,32')"]
-    help_text = subprocess.run([sys.executable, "-m", "fxckpt", "plan", "--help"], env=env, capture_output=True,
-                               text=True, timeout=300).stdout
-    assert "module:callable" in help_text and "--budget B" in help_text and "examples:" in help_text
+        "(got '0,32')"
+    ]
+    help_text = subprocess.run(
+        [sys.executable, "-m", "fxckpt", "plan", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    assert (
+        "module:callable" in help_text and "--budget B" in help_text and "examples:" in help_text
+    )
 
 
 def test_every_subcommand_lives_in_cli() -> None:

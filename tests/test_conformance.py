@@ -19,10 +19,10 @@ from zoo import HAZARDS, ZOO, ZooCase
 
 EXPECTED_ERRORS = {
     "wav2vec2_specaugment": r"CaptureError: fxckpt cannot capture Wav2Vec2Model exactly: .*np\.random\.rand\(\) "
-                            r"in _compute_mask_indices",
+    r"in _compute_mask_indices",
     "wav2vec2_ctc_labels": r"CaptureError: fxckpt could not capture Wav2Vec2ForCTC as a torch.fx graph",
     "sew_d": r"CaptureError: fxckpt must call these modules of SEWDModel as they are, but torch.export could "
-             r"not swap them back",
+    r"not swap them back",
 }
 """Refusals, with the reason in docs/models.md: numpy randomness in forward, a data-dependent Python
 branch on labels, and custom Functions in modules torch.export cannot swap back."""
@@ -48,5 +48,14 @@ def test_same_bits_with_every_strategy_or_the_documented_refusal(case: ZooCase) 
 def test_the_zoo_covers_what_the_issue_asks() -> None:
     families = {c.family for c in ZOO}
     assert len(ZOO) >= 30
-    assert {"vision-cnn", "vision-transformer", "decoder-lm", "moe-lm", "encoder", "encoder-decoder",
-            "speech", "vision-language", "lora"} <= families
+    assert {
+        "vision-cnn",
+        "vision-transformer",
+        "decoder-lm",
+        "moe-lm",
+        "encoder",
+        "encoder-decoder",
+        "speech",
+        "vision-language",
+        "lora",
+    } <= families

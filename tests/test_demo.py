@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow  # five fresh Python processes: about 12 s on an idle 2-core machine
 def test_demo_quick_runs_and_checkpointing_lowers_measured_memory() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "fxckpt", "demo", "--quick", "--threads", "1", "--jobs", "3"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -30,14 +32,22 @@ def test_demo_quick_runs_and_checkpointing_lowers_measured_memory() -> None:
     rows = {}
     for line in proc.stdout.splitlines():
         # strategy, RSS peak and ratio, tracked peak and ratio, step time and ratio
-        m = re.match(r"(\S+)\s+\S+ \S+\s+([\d.]+)x\s+\S+ \S+\s+([\d.]+)x\s+\d+ ms\s+([\d.]+)x$", line)
+        m = re.match(
+            r"(\S+)\s+\S+ \S+\s+([\d.]+)x\s+\S+ \S+\s+([\d.]+)x\s+\d+ ms\s+([\d.]+)x$", line
+        )
         if m:
-            rows[m.group(1)] = {"rss": float(m.group(2)), "tracked": float(m.group(3)), "time": float(m.group(4))}
+            rows[m.group(1)] = {
+                "rss": float(m.group(2)),
+                "tracked": float(m.group(3)),
+                "time": float(m.group(4)),
+            }
     assert set(rows) == set(STRATEGIES), proc.stdout
     assert rows["none"] == {"rss": 1.0, "tracked": 1.0, "time": 1.0}
     for name in ("every=2", "depth=2"):
         assert rows[name]["rss"] < 1.0, proc.stdout
-        assert abs(rows[name]["rss"] - rows[name]["tracked"]) <= 0.05, proc.stdout  # two measures agree
+        assert abs(rows[name]["rss"] - rows[name]["tracked"]) <= 0.05, (
+            proc.stdout
+        )  # two measures agree
     for name in STRATEGIES:  # a plan summary line per strategy above the table
         assert re.search(rf"^  {re.escape(name)} +\S", proc.stdout, re.MULTILINE), proc.stdout
 
@@ -48,25 +58,50 @@ def test_depth_2_makes_one_segment_per_block_and_keeps_gradients() -> None:
     idx = torch.randint(QUICK.vocab, (2, QUICK.seq))
     tm = fxckpt.transform(model, depth=2, example_inputs=(idx,))
     assert fxckpt.inspect(tm).plan.capture == "symbolic_trace"
-    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [(f"blocks.{i}",) for i in range(QUICK.layers)]
+    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [
+        (f"blocks.{i}",) for i in range(QUICK.layers)
+    ]
 
     grads: list[list[torch.Tensor]] = []
     for m in (model, tm):
         torch.manual_seed(1)  # same dropout masks
         model.zero_grad()
         F.cross_entropy(m(idx).flatten(0, 1), idx.flatten()).backward()
-        grads.append([torch.zeros(0) if p.grad is None else p.grad.clone() for p in model.parameters()])
+        grads.append(
+            [torch.zeros(0) if p.grad is None else p.grad.clone() for p in model.parameters()]
+        )
     assert all(a.numel() > 0 and torch.equal(a, b) for a, b in zip(*grads))
 
 
 def test_format_table_aligns_and_divides_by_the_first_row() -> None:
     rows = [
-        {"strategy": "none", "rss_bytes": 2**20 * 100, "tracked_bytes": 2**20 * 100, "seconds": 0.5},
-        {"strategy": "every=2", "rss_bytes": 2**20 * 40, "tracked_bytes": 2**20 * 41, "seconds": 0.75},
+        {
+            "strategy": "none",
+            "rss_bytes": 2**20 * 100,
+            "tracked_bytes": 2**20 * 100,
+            "seconds": 0.5,
+        },
+        {
+            "strategy": "every=2",
+            "rss_bytes": 2**20 * 40,
+            "tracked_bytes": 2**20 * 41,
+            "seconds": 0.75,
+        },
     ]
     lines = format_table(rows).splitlines()
     assert len(lines) == 3 and len({len(line) for line in lines}) == 1
-    assert lines[2].split() == ["every=2", "40.0", "MiB", "0.40x", "41.0", "MiB", "0.41x", "750", "ms", "1.50x"]
+    assert lines[2].split() == [
+        "every=2",
+        "40.0",
+        "MiB",
+        "0.40x",
+        "41.0",
+        "MiB",
+        "0.41x",
+        "750",
+        "ms",
+        "1.50x",
+    ]
 
 
 def test_format_table_shows_a_missing_tracker_count_as_n_a() -> None:
@@ -86,4 +121,9 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err  # one line: what was wrong, and where --help is
-    assert err.startswith("fxckpt") and "error:" in err and "--help" in err and len(err.strip().splitlines()) == 1
+    assert (
+        err.startswith("fxckpt")
+        and "error:" in err
+        and "--help" in err
+        and len(err.strip().splitlines()) == 1
+    )

@@ -238,7 +238,9 @@ def test_values_that_are_not_tensors_cannot_cross_ranks() -> None:
     captured = capture(SizeUser(), (x,), {})
     annotate(captured.gm, [x])
     stages = split_stages(captured.gm, partition(captured.gm, balance=["fc2"]).stage_of)
-    with pytest.raises(ConfigError, match=r"stage 1 sends or receives non-tensor values \['size'\]"):
+    with pytest.raises(
+        ConfigError, match=r"stage 1 sends or receives non-tensor values \['size'\]"
+    ):
         fd.build_stage(stages, 1, "cpu")
 
 
@@ -270,7 +272,9 @@ def test_bad_arguments_are_rejected() -> None:
         fd.build_stage(stages, 0, "cuda:7")
     with pytest.raises(ConfigError, match=r"example_inputs= plans a transformed module.*got list"):
         fd.build_stage(stages, 0, "cpu", example_inputs=(x,))
-    with pytest.raises(ConfigError, match=r"schedule kind must be one of \('gpipe', '1f1b'\) \(got 'zb'\)"):
+    with pytest.raises(
+        ConfigError, match=r"schedule kind must be one of \('gpipe', '1f1b'\) \(got 'zb'\)"
+    ):
         fd.schedule(object(), "zb", 4)
     with pytest.raises(ConfigError, match=r"n_microbatches must be a positive integer \(got 0\)"):
         fd.schedule(object(), "gpipe", 0)

@@ -20,9 +20,18 @@ from support import loss_of
         ({"every": 2.5}, "every must be a positive integer (got 2.5)"),
         ({"every": True}, "every must be a positive integer (got True)"),
         ({"depth": 0}, "depth must be a positive integer (got 0)"),
-        ({"depth": 4}, "depth=4 is deeper than the model: its deepest module 'layers.0.fc' has depth 3"),
-        ({"force": {"layers.9": "save"}}, "force names module 'layers.9', which the model does not have"),
-        ({"force": {"layers.0": "sometimes"}}, "force['layers.0'] must be one of ('recompute', 'save') (got 'sometimes')"),
+        (
+            {"depth": 4},
+            "depth=4 is deeper than the model: its deepest module 'layers.0.fc' has depth 3",
+        ),
+        (
+            {"force": {"layers.9": "save"}},
+            "force names module 'layers.9', which the model does not have",
+        ),
+        (
+            {"force": {"layers.0": "sometimes"}},
+            "force['layers.0'] must be one of ('recompute', 'save') (got 'sometimes')",
+        ),
         ({"force": ["layers.0"]}, "force must be a dict of module path"),
     ],
 )
@@ -39,7 +48,9 @@ def test_force_suggests_close_paths() -> None:
 
 
 def test_non_module_is_rejected() -> None:
-    with pytest.raises(fxckpt.ConfigError, match=r"model must be a torch.nn.Module \(got function\)"):
+    with pytest.raises(
+        fxckpt.ConfigError, match=r"model must be a torch.nn.Module \(got function\)"
+    ):
         fxckpt.transform(lambda x: x * 2, every=1)  # type: ignore[arg-type]
 
 
@@ -69,7 +80,9 @@ def test_untraceable_model_reports_both_capture_failures() -> None:
 
 
 def test_example_inputs_must_be_a_tuple() -> None:
-    with pytest.raises(fxckpt.ConfigError, match=r"example_inputs must be a tuple .* \(got Tensor\)"):
+    with pytest.raises(
+        fxckpt.ConfigError, match=r"example_inputs must be a tuple .* \(got Tensor\)"
+    ):
         fxckpt.transform(MLP(), every=1, example_inputs=torch.randn(2, 32))  # type: ignore[arg-type]
 
 

@@ -70,7 +70,12 @@ for name in {names!r}:
 
 def _expected(tm: torch.nn.Module, args: tuple) -> dict:
     step = run_step(tm, args, {}, seed=0)
-    return {"args": list(args), "out": step.out, "grads": step.param_grads, "buffers": step.buffers}
+    return {
+        "args": list(args),
+        "out": step.out,
+        "grads": step.param_grads,
+        "buffers": step.buffers,
+    }
 
 
 def test_round_trip_in_a_fresh_process_without_the_model_code(tmp_path: Path) -> None:
@@ -87,14 +92,27 @@ def test_round_trip_in_a_fresh_process_without_the_model_code(tmp_path: Path) ->
              "gpt2": (gpt2(), dict(depth=3), (torch.randint(0, 64, (2, 12)),))}
     for name, (model, options, args) in cases.items():
         tm = fxckpt.transform(model, **options, example_inputs=args)
-        fxckpt.save(tm, tmp_path / name)  # before the step: the export holds the weights the step starts from
+        fxckpt.save(
+            tm, tmp_path / name
+        )  # before the step: the export holds the weights the step starts from
         torch.save(_expected(tm, args), tmp_path / f"{name}.expected.pt")
-    script = CHILD.format(tests=str(REPO / "tests"), module=module, names=list(cases), root=str(tmp_path),
-                          threads=torch.get_num_threads())
+    script = CHILD.format(
+        tests=str(REPO / "tests"),
+        module=module,
+        names=list(cases),
+        root=str(tmp_path),
+        threads=torch.get_num_threads(),
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     (tmp_path / "run").mkdir()
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "run", env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path / "run",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "user ok" in proc.stdout and "dict" in proc.stdout
     assert "gpt2 ok" in proc.stdout and "CausalLMOutput" in proc.stdout
@@ -156,7 +174,9 @@ def test_a_flipped_byte_is_refused_with_a_hash_mismatch(tmp_path: Path, victim: 
 
 
 def test_edited_manifest_and_missing_files_are_refused(tmp_path: Path) -> None:
-    fxckpt.save(fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),)), tmp_path / "m")
+    fxckpt.save(
+        fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),)), tmp_path / "m"
+    )
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     manifest["files"]["programs/v0/root.json"] = "0" * 64
     (tmp_path / "m" / "manifest.json").write_text(json.dumps(manifest))
@@ -166,7 +186,9 @@ def test_edited_manifest_and_missing_files_are_refused(tmp_path: Path) -> None:
         fxckpt.load(tmp_path / "nothing")
 
 
-def test_a_failed_save_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_save_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fxckpt.export.files as files
 
     tm = fxckpt.transform(MLP(), every=2, example_inputs=(torch.randn(8, 32),))
@@ -200,8 +222,13 @@ fxckpt.save(tm, {target!r})
 def test_a_save_killed_midway_leaves_no_loadable_directory(tmp_path: Path) -> None:
     target = tmp_path / "m"
     script = CRASH.format(tests=str(REPO / "tests"), target=str(target))
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 17, proc.stderr[-2000:]
     assert not target.exists()
     leftovers = list(tmp_path.iterdir())

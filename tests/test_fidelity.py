@@ -39,7 +39,11 @@ def _state(model: nn.Module) -> tuple:
 
 @pytest.mark.parametrize(
     "pattern,strategy",
-    [pytest.param(p, s, id=f"{p.name}-{'-'.join(s) or 'none'}") for p in PATTERNS for s in STRATEGIES],
+    [
+        pytest.param(p, s, id=f"{p.name}-{'-'.join(s) or 'none'}")
+        for p in PATTERNS
+        for s in STRATEGIES
+    ],
 )
 def test_same_bits_or_documented_error(pattern: Pattern, strategy: dict) -> None:
     model, reference = _made(pattern), _made(pattern)
@@ -50,10 +54,14 @@ def test_same_bits_or_documented_error(pattern: Pattern, strategy: dict) -> None
         with pytest.raises(pattern.error[0], match=pattern.error[1]):
             tm(*args, **kwargs)
         after = _state(model)
-        assert before[0] == after[0] and all(torch.equal(before[1][k], after[1][k]) for k in before[1])
+        assert before[0] == after[0] and all(
+            torch.equal(before[1][k], after[1][k]) for k in before[1]
+        )
         return
     for step in range(2):
-        assert_steps_equal(run_step(tm, args, kwargs, seed=step), run_step(reference, args, kwargs, seed=step))
+        assert_steps_equal(
+            run_step(tm, args, kwargs, seed=step), run_step(reference, args, kwargs, seed=step)
+        )
     assert [m.training for m in model.modules()] == [m.training for m in reference.modules()]
     if hasattr(model, "hook_log"):
         assert model.hook_log.calls == reference.hook_log.calls
@@ -74,7 +82,9 @@ def test_forced_leaf_module_becomes_a_segment_and_recomputes() -> None:
     x = torch.randn(2, 6, 16)
     tm = fxckpt.transform(_made(pattern), force={"layers.2": "recompute"}, example_inputs=(x,))
     plan = fxckpt.inspect(tm).plan
-    assert [s.module_paths for s in plan.segments] == [("layers.2",)] and plan.segments[0].freed_bytes == 0
+    assert [s.module_paths for s in plan.segments] == [("layers.2",)] and plan.segments[
+        0
+    ].freed_bytes == 0
     depth = fxckpt.transform(_made(pattern), depth=2, example_inputs=(x,))
     assert len(fxckpt.inspect(depth).plan.segments) == 4
 
@@ -165,7 +175,9 @@ def test_global_module_hooks_are_refused() -> None:
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
         tm = fxckpt.transform(Stack(), every=1)
-        with pytest.raises(fxckpt.CaptureError, match="global module forward hooks are registered"):
+        with pytest.raises(
+            fxckpt.CaptureError, match="global module forward hooks are registered"
+        ):
             tm(torch.randn(4, 16))
     finally:
         handle.remove()
@@ -200,12 +212,18 @@ def test_hooks_on_a_hugging_face_block_fire_once_per_forward() -> None:
     model = gpt2(layers=2)
     reference = copy.deepcopy(model)
     calls = {"tm": 0, "ref": 0}
-    model.transformer.h[1].register_forward_hook(lambda m, a, o: calls.__setitem__("tm", calls["tm"] + 1))
-    reference.transformer.h[1].register_forward_hook(lambda m, a, o: calls.__setitem__("ref", calls["ref"] + 1))
+    model.transformer.h[1].register_forward_hook(
+        lambda m, a, o: calls.__setitem__("tm", calls["tm"] + 1)
+    )
+    reference.transformer.h[1].register_forward_hook(
+        lambda m, a, o: calls.__setitem__("ref", calls["ref"] + 1)
+    )
     tm = fxckpt.transform(model, depth=3)
     ids = torch.randint(0, 64, (2, 12))
     for step in range(2):
-        assert_steps_equal(run_step(tm, (ids,), {}, seed=step), run_step(reference, (ids,), {}, seed=step))
+        assert_steps_equal(
+            run_step(tm, (ids,), {}, seed=step), run_step(reference, (ids,), {}, seed=step)
+        )
     assert calls == {"tm": 2, "ref": 2}
     plan = fxckpt.inspect(tm).plan
     assert plan.capture == "export" and any("transformer.h.1 has hooks" in n for n in plan.notes)

@@ -13,8 +13,18 @@ import fxckpt
 from patterns import Stack
 from support import assert_steps_equal, run_step
 
-FXCKPT_NAMES = ("model", "config", "plan", "code", "pipeline", "graph_module", "plan_for", "offload_stats",
-                "inspect", "dispatcher")
+FXCKPT_NAMES = (
+    "model",
+    "config",
+    "plan",
+    "code",
+    "pipeline",
+    "graph_module",
+    "plan_for",
+    "offload_stats",
+    "inspect",
+    "dispatcher",
+)
 
 
 class Settings:
@@ -53,12 +63,18 @@ def test_a_model_with_fxckpt_names_transforms_and_trains_bit_exact() -> None:
     reference = copy.deepcopy(model)
     tm = fxckpt.transform(model, depth=2)
     assert tm.config is model.config and tm.model is model.model and tm.plan is model.plan
-    assert tm.plan_for == "a string attribute" and tm.offload_stats == 3 and tm.describe() == "width 16"
+    assert (
+        tm.plan_for == "a string attribute"
+        and tm.offload_stats == 3
+        and tm.describe() == "width 16"
+    )
     assert list(tm.state_dict()) == list(model.state_dict())
     assert isinstance(tm, Colliding) and isinstance(tm, fxckpt.TransformedModule)
     x = torch.randn(4, 4)
     for step in range(2):
-        assert_steps_equal(run_step(tm, (x,), {}, seed=step), run_step(reference, (x,), {}, seed=step))
+        assert_steps_equal(
+            run_step(tm, (x,), {}, seed=step), run_step(reference, (x,), {}, seed=step)
+        )
     assert fxckpt.inspect(tm).plan.segments and fxckpt.inspect(tm).model is model
 
 
@@ -67,9 +83,17 @@ def test_hugging_face_causal_lm_keeps_its_model_child_config_and_generate() -> N
 
     # Eager attention: with "sdpa", Hugging Face builds an explicit causal mask when traced and uses
     # is_causal=True in eager, so gradients agree to rounding only (see docs/models.md).
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, use_cache=False, max_position_embeddings=64,
-                      attn_implementation="eager")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     model = LlamaForCausalLM(cfg).train()
     reference = copy.deepcopy(model)
     tm = fxckpt.transform(model, depth=3)
@@ -81,7 +105,10 @@ def test_hugging_face_causal_lm_keeps_its_model_child_config_and_generate() -> N
     for step in range(2):
         got = run_step(tm, (ids,), {"labels": ids}, seed=step)
         assert_steps_equal(got, run_step(reference, (ids,), {"labels": ids}, seed=step))
-    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [("model.layers.0",), ("model.layers.1",)]
+    assert [s.module_paths for s in fxckpt.inspect(tm).plan.segments] == [
+        ("model.layers.0",),
+        ("model.layers.1",),
+    ]
     tm.eval()
     reference.eval()
     prompt = torch.randint(0, 64, (1, 4))
@@ -105,7 +132,9 @@ def test_deepcopy_and_pickle_give_an_independent_transformed_module() -> None:
 
 def test_transforming_twice_and_inspecting_a_plain_model_are_refused() -> None:
     tm = fxckpt.transform(Stack(), every=1)
-    with pytest.raises(fxckpt.ConfigError, match="already transformed; transform the original model"):
+    with pytest.raises(
+        fxckpt.ConfigError, match="already transformed; transform the original model"
+    ):
         fxckpt.transform(tm, every=2)
     with pytest.raises(fxckpt.ConfigError, match="takes a module fxckpt.transform returned"):
         fxckpt.inspect(Stack())
@@ -122,4 +151,6 @@ def test_train_and_eval_follow_on_the_model_and_to_drops_captured_graphs() -> No
     tm.to(torch.float64)
     assert model.head.weight.dtype == torch.float64
     out = tm(torch.randn(4, 16, dtype=torch.float64))
-    assert out.dtype == torch.float64 and fxckpt.inspect(tm).captures == 2  # captured again after .to()
+    assert (
+        out.dtype == torch.float64 and fxckpt.inspect(tm).captures == 2
+    )  # captured again after .to()

@@ -155,7 +155,9 @@ def mlp_step_peaks(layers: int, batch: int, width: int) -> dict[str, Any]:
 
 
 def test_rss_and_tracker_agree_on_an_mlp_step() -> None:
-    result = run_in_subprocess(f"{__name__}:mlp_step_peaks", {"layers": 6, "batch": 1024, "width": 256})
+    result = run_in_subprocess(
+        f"{__name__}:mlp_step_peaks", {"layers": 6, "batch": 1024, "width": 256}
+    )
     assert result["env"] == "65536"
     assert result["tracked"] > 13 * 2**20  # 13 activations of 1 MiB at least (with pow's input)
     assert abs(result["rss"] - result["tracked"]) < 0.05 * result["tracked"], result

@@ -20,7 +20,9 @@ def test_one_chunk_one_device_is_bit_identical() -> None:
     assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
 
 
-@pytest.mark.parametrize("mode,expected", [("always", 4 * 2), ("except_last", 3 * 2), ("never", 0)])
+@pytest.mark.parametrize(
+    "mode,expected", [("always", 4 * 2), ("except_last", 3 * 2), ("never", 0)]
+)
 def test_micro_batches_over_two_stages_match_eager(mode: str, expected: int) -> None:
     model = UNet()
     reference = copy.deepcopy(model)
@@ -68,7 +70,10 @@ def test_eval_pipeline_recomputes_nothing() -> None:
         ({"chunks": 0}, "chunks must be a positive integer (got 0)"),
         ({"chunks": -2}, "chunks must be a positive integer (got -2)"),
         ({"chunks": 2.5}, "chunks must be a positive integer (got 2.5)"),
-        ({"chunks": 2, "checkpoint": "sometimes"}, "checkpoint must be one of 'always', 'except_last', 'never' (got 'sometimes')"),
+        (
+            {"chunks": 2, "checkpoint": "sometimes"},
+            "checkpoint must be one of 'always', 'except_last', 'never' (got 'sometimes')",
+        ),
         ({"devices": ["cuda:7"]}, "cuda:7"),
         ({"devices": "cpu"}, "devices must be a list (got 'cpu')"),
         ({"chunks": 2, "stages": 0}, "stages must be a positive integer (got 0)"),
@@ -85,7 +90,9 @@ def test_bad_pipeline_options_found_when_planning() -> None:
     with pytest.raises(fxckpt.ConfigError, match="stages must be at most the graph's"):
         fxckpt.transform(MLP(depth=1), chunks=2, devices=["cpu"] * 40, example_inputs=(x,))
     with pytest.raises(fxckpt.ConfigError, match="balance"):
-        fxckpt.transform(MLP(), chunks=2, devices=["cpu", "cpu"], balance=[1, 2], example_inputs=(x,))
+        fxckpt.transform(
+            MLP(), chunks=2, devices=["cpu", "cpu"], balance=[1, 2], example_inputs=(x,)
+        )
 
     class TwoInputs(torch.nn.Module):
         def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

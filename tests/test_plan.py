@@ -11,7 +11,9 @@ from models import MLP
 
 
 def _plan(**options) -> fxckpt.Plan:
-    return fxckpt.inspect(fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))).plan
+    return fxckpt.inspect(
+        fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))
+    ).plan
 
 
 def test_text_table_has_a_row_per_segment_in_human_units() -> None:
@@ -20,7 +22,12 @@ def test_text_table_has_a_row_per_segment_in_human_units() -> None:
     lines = text.splitlines()
     assert lines[0] == plan.summary()
     assert lines[1].split()[:4] == ["segment", "modules", "nodes", "keeps"]
-    assert [l.split()[0] for l in lines[2:]] == ["segment_0", "segment_1", "segment_2", "segment_3"]
+    assert [l.split()[0] for l in lines[2:]] == [
+        "segment_0",
+        "segment_1",
+        "segment_2",
+        "segment_3",
+    ]
     assert "512 B" in lines[2] and "layers.0" in lines[2]
 
 
@@ -53,7 +60,9 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     x = torch.randn(8, 32, requires_grad=True)
     model = MLP(depth=6)
     reference = copy.deepcopy(model)
-    solved = fxckpt.inspect(fxckpt.transform(copy.deepcopy(model), budget=0.5, example_inputs=(x,))).plan
+    solved = fxckpt.inspect(
+        fxckpt.transform(copy.deepcopy(model), budget=0.5, example_inputs=(x,))
+    ).plan
     saved = json.loads(json.dumps(solved.to_dict()))
 
     def no_solving(*args, **kwargs):
@@ -61,8 +70,13 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
 
     monkeypatch.setattr(strategies, "solve", no_solving)
     tm = fxckpt.transform(model, plan=saved, example_inputs=(x,))
-    assert [s.nodes for s in fxckpt.inspect(tm).plan.segments] == [s.nodes for s in solved.segments]
-    assert fxckpt.inspect(tm).plan.strategy == "replay" and fxckpt.inspect(tm).plan.predicted_peak == solved.predicted_peak
+    assert [s.nodes for s in fxckpt.inspect(tm).plan.segments] == [
+        s.nodes for s in solved.segments
+    ]
+    assert (
+        fxckpt.inspect(tm).plan.strategy == "replay"
+        and fxckpt.inspect(tm).plan.predicted_peak == solved.predicted_peak
+    )
     assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
 
 
@@ -73,11 +87,17 @@ def test_replaying_a_plan_for_another_model_is_refused() -> None:
 
     plan = _plan(every=1)
     tm = fxckpt.transform(ResNet(), plan=plan)
-    with pytest.raises(fxckpt.PlanError, match="names node 'layers_0_fc', which this model's graph does not have"):
+    with pytest.raises(
+        fxckpt.PlanError, match="names node 'layers_0_fc', which this model's graph does not have"
+    ):
         tm(torch.randn(2, 3, 8, 8))
-    with pytest.raises(fxckpt.ConfigError, match="give at most one strategy, got every=1 and plan=<Plan>"):
+    with pytest.raises(
+        fxckpt.ConfigError, match="give at most one strategy, got every=1 and plan=<Plan>"
+    ):
         fxckpt.transform(MLP(), every=1, plan=plan)
-    with pytest.raises(fxckpt.ConfigError, match=r"plan must be a fxckpt.Plan or its to_dict\(\) \(got str\)"):
+    with pytest.raises(
+        fxckpt.ConfigError, match=r"plan must be a fxckpt.Plan or its to_dict\(\) \(got str\)"
+    ):
         fxckpt.transform(MLP(), plan="plan.json")
 
 

@@ -17,7 +17,9 @@ def _count_segment_calls(tm: fxckpt.TransformedModule) -> dict[str, int]:
     for seg in fxckpt.inspect(tm).plan.segments:
         calls[seg.name] = 0
         sub = fxckpt.inspect(tm).graph_module.get_submodule(seg.name)
-        sub.register_forward_pre_hook(lambda m, a, name=seg.name: calls.__setitem__(name, calls[name] + 1))
+        sub.register_forward_pre_hook(
+            lambda m, a, name=seg.name: calls.__setitem__(name, calls[name] + 1)
+        )
     return calls
 
 
@@ -66,7 +68,11 @@ def test_eval_and_no_grad_run_the_model_itself() -> None:
 def test_hf_gpt2_recomputes_each_block() -> None:
     ids = torch.randint(0, 64, (2, 12))
     tm = fxckpt.transform(gpt2(layers=3), depth=3, example_inputs=(ids,))
-    blocks = [s for s in fxckpt.inspect(tm).plan.segments if s.module_paths[0].startswith("transformer.h.")]
+    blocks = [
+        s
+        for s in fxckpt.inspect(tm).plan.segments
+        if s.module_paths[0].startswith("transformer.h.")
+    ]
     assert [s.module_paths for s in blocks] == [(f"transformer.h.{i}",) for i in range(3)]
     calls = _count_segment_calls(tm)
     run_step(tm, (ids,), {})

@@ -17,8 +17,12 @@ def _strategies(case: Case) -> list[dict]:
 
 
 PARAMS = [
-    pytest.param(case, kw, id=f"{case.name}-{'-'.join(f'{k}{v}' for k, v in kw.items()) or 'none'}",
-                 marks=[pytest.mark.slow] if case.name in ("gpt2", "bert") else [])
+    pytest.param(
+        case,
+        kw,
+        id=f"{case.name}-{'-'.join(f'{k}{v}' for k, v in kw.items()) or 'none'}",
+        marks=[pytest.mark.slow] if case.name in ("gpt2", "bert") else [],
+    )
     for case in CASES
     for kw in _strategies(case)
 ]
@@ -35,9 +39,14 @@ def test_training_step_is_bit_identical(case: Case, strategy: dict) -> None:
         want = run_step(reference, args, kwargs, seed=step)
         assert_steps_equal(got, want)
     if strategy:
-        assert fxckpt.inspect(tm).plan.segments, f"{strategy} chose no segment:\n{fxckpt.inspect(tm).plan}"
+        assert fxckpt.inspect(tm).plan.segments, (
+            f"{strategy} chose no segment:\n{fxckpt.inspect(tm).plan}"
+        )
     else:
-        assert not fxckpt.inspect(tm).plan.segments and "no strategy" in fxckpt.inspect(tm).plan.notes[0]
+        assert (
+            not fxckpt.inspect(tm).plan.segments
+            and "no strategy" in fxckpt.inspect(tm).plan.notes[0]
+        )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

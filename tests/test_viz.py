@@ -32,7 +32,9 @@ def staged() -> fxckpt.TransformedModule:
 
 
 def _segment_artists(fig) -> list[str]:
-    return sorted(c.get_label() for c in fig.axes[0].collections if c.get_label().startswith("segment_"))
+    return sorted(
+        c.get_label() for c in fig.axes[0].collections if c.get_label().startswith("segment_")
+    )
 
 
 def _legend(fig) -> list[str]:
@@ -41,11 +43,16 @@ def _legend(fig) -> list[str]:
 
 def test_show_colours_every_segment(plain, tmp_path: Path) -> None:
     fig = fxckpt.show(plain, tmp_path / "g.png")
-    assert _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(plain).plan.segments) and len(fxckpt.inspect(plain).plan.segments) == 3
+    assert (
+        _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(plain).plan.segments)
+        and len(fxckpt.inspect(plain).plan.segments) == 3
+    )
     kept = next(c for c in fig.axes[0].collections if c.get_label().startswith("kept"))
     assert len(kept.get_offsets()) == 2  # the input x and the head: kept, not recomputed
     members = {c.get_label(): len(c.get_offsets()) for c in fig.axes[0].collections}
-    assert [members[s.name] for s in fxckpt.inspect(plain).plan.segments] == [len(s.nodes) for s in fxckpt.inspect(plain).plan.segments]
+    assert [members[s.name] for s in fxckpt.inspect(plain).plan.segments] == [
+        len(s.nodes) for s in fxckpt.inspect(plain).plan.segments
+    ]
     assert (tmp_path / "g.png").stat().st_size > 1000
 
 
@@ -53,29 +60,46 @@ def test_show_outlines_stages(staged) -> None:
     fig = fxckpt.show(staged)
     assert _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(staged).plan.segments)
     assert [t for t in _legend(fig) if t.startswith("stage")] == ["stage 0 (cpu)", "stage 1 (cpu)"]
-    borders = {tuple(c) for coll in fig.axes[0].collections if coll.get_label().startswith("segment")
-               for c in coll.get_edgecolors()}
+    borders = {
+        tuple(c)
+        for coll in fig.axes[0].collections
+        if coll.get_label().startswith("segment")
+        for c in coll.get_edgecolors()
+    }
     assert len(borders) == 2  # recomputed ops sit in two stages, one border colour each
 
 
 def test_big_graphs_collapse_to_modules_and_keep_every_segment() -> None:
     tm = fxckpt.transform(MLP(depth=24), every=3, example_inputs=(X,))
     fig = fxckpt.show(tm, max_nodes=12)
-    boxes = sum(len(c.get_offsets()) for c in fig.axes[0].collections if c.get_label() and c.get_label()[0] != "_")
+    boxes = sum(
+        len(c.get_offsets())
+        for c in fig.axes[0].collections
+        if c.get_label() and c.get_label()[0] != "_"
+    )
     assert boxes <= 12 + 1  # + the graph input
     assert "collapsed to modules" in fig._suptitle.get_text()
-    assert _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(tm).plan.segments) and len(fxckpt.inspect(tm).plan.segments) == 8
+    assert (
+        _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(tm).plan.segments)
+        and len(fxckpt.inspect(tm).plan.segments) == 8
+    )
 
 
-def test_show_uses_graphviz_dot_when_installed(plain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_show_uses_graphviz_dot_when_installed(
+    plain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = tmp_path / "dot"  # speaks just enough of `dot -Tplain`
-    fake.write_text(f"#!{sys.executable}\nimport re, sys\nids = re.findall(r'^(n\\d+);$', sys.stdin.read(), re.M)\n"
-                    "print('graph 1 10 10')\nfor i, n in enumerate(ids):\n    print('node', n, i % 3, -i, 1, 1)\n")
+    fake.write_text(
+        f"#!{sys.executable}\nimport re, sys\nids = re.findall(r'^(n\\d+);$', sys.stdin.read(), re.M)\n"
+        "print('graph 1 10 10')\nfor i, n in enumerate(ids):\n    print('node', n, i % 3, -i, 1, 1)\n"
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     fig = fxckpt.show(plain)
     assert "dot layout" in fig._suptitle.get_text()
-    assert parse_plain("graph 1 2 2\nnode n0 1.5 2.0 1 1 x\nedge n0 n1", {"n0": "x"}) == {"x": (1.5, 2.0)}
+    assert parse_plain("graph 1 2 2\nnode n0 1.5 2.0 1 1 x\nedge n0 n1", {"n0": "x"}) == {
+        "x": (1.5, 2.0)
+    }
 
 
 def test_plot_memory_predicts_and_measures(plain) -> None:
@@ -88,16 +112,24 @@ def test_plot_memory_predicts_and_measures(plain) -> None:
     measured = next(line for line in ax.get_lines() if line.get_label().startswith("measured"))
     predicted = next(line for line in ax.get_lines() if line.get_label() == "predicted, this plan")
     ratio = max(measured.get_ydata()) / max(predicted.get_ydata())
-    assert 0.8 <= ratio <= 1.3, ratio  # the tracker agrees with the simulator within a few ops' worth
+    assert 0.8 <= ratio <= 1.3, (
+        ratio
+    )  # the tracker agrees with the simulator within a few ops' worth
     spans = [p for p in ax.patches if p.get_gid() == "recompute"]
-    assert len(spans) == len(fxckpt.inspect(plain).plan.segments)  # each segment is recomputed once, in its own span
-    assert [p.grad for p in plain.parameters()] == grads_before and torch.equal(torch.get_rng_state(), rng)
+    assert len(spans) == len(
+        fxckpt.inspect(plain).plan.segments
+    )  # each segment is recomputed once, in its own span
+    assert [p.grad for p in plain.parameters()] == grads_before and torch.equal(
+        torch.get_rng_state(), rng
+    )
 
 
 def test_plot_memory_of_a_staged_plan_is_per_micro_batch(staged) -> None:
     fig = fxckpt.plot_memory(staged)
     assert "one micro-batch" in fig.axes[0].get_title()
-    assert len([p for p in fig.axes[0].patches if p.get_gid() == "recompute"]) == len(fxckpt.inspect(staged).plan.segments)
+    assert len([p for p in fig.axes[0].patches if p.get_gid() == "recompute"]) == len(
+        fxckpt.inspect(staged).plan.segments
+    )
 
 
 def test_plot_pareto_draws_the_curve_and_marked_plans(plain) -> None:
@@ -107,15 +139,23 @@ def test_plot_pareto_draws_the_curve_and_marked_plans(plain) -> None:
     peaks, recompute = list(curve.get_xdata()), list(curve.get_ydata())
     assert 2 <= len(peaks) <= 5
     order = sorted(range(len(peaks)), key=peaks.__getitem__)
-    assert all(recompute[a] >= recompute[b] for a, b in zip(order, order[1:]))  # more memory, less recompute
+    assert all(
+        recompute[a] >= recompute[b] for a, b in zip(order, order[1:])
+    )  # more memory, less recompute
     assert "every=2" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
 @pytest.mark.parametrize("mode, hatched", [("except_last", 2), ("always", 4), ("never", 0)])
-def test_plot_schedule_has_a_bar_per_pass_of_each_micro_batch_and_stage(mode: str, hatched: int) -> None:
-    tm = fxckpt.transform(MLP(), every=2, chunks=2, devices=["cpu", "cpu"], checkpoint=mode, example_inputs=(X,))
+def test_plot_schedule_has_a_bar_per_pass_of_each_micro_batch_and_stage(
+    mode: str, hatched: int
+) -> None:
+    tm = fxckpt.transform(
+        MLP(), every=2, chunks=2, devices=["cpu", "cpu"], checkpoint=mode, example_inputs=(X,)
+    )
     fig = plot_schedule(tm)
-    bars = [p for p in fig.axes[0].patches if (p.get_gid() or "").startswith(("forward", "backward"))]
+    bars = [
+        p for p in fig.axes[0].patches if (p.get_gid() or "").startswith(("forward", "backward"))
+    ]
     assert len(bars) == 2 * 2 * 2  # forward and backward x 2 micro-batches x 2 stages
     assert sum(1 for b in bars if b.get_hatch()) == hatched
 
@@ -129,7 +169,10 @@ def test_pictures_of_a_loaded_module(plain, tmp_path: Path) -> None:
     fxckpt.save(plain, tmp_path / "m")
     loaded = fxckpt.load(tmp_path / "m")
     assert _segment_artists(fxckpt.show(loaded)) == _segment_artists(fxckpt.show(plain))
-    assert len([p for p in fxckpt.plot_memory(loaded).axes[0].patches if p.get_gid() == "recompute"]) == 3
+    assert (
+        len([p for p in fxckpt.plot_memory(loaded).axes[0].patches if p.get_gid() == "recompute"])
+        == 3
+    )
 
 
 def test_missing_matplotlib_says_how_to_install_it(plain, monkeypatch: pytest.MonkeyPatch) -> None:

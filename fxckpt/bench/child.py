@@ -29,7 +29,9 @@ __all__ = ["measure_memory", "measure_time", "solve_scaling", "error_text"]
 Result = dict[str, Any]
 
 
-def _setup(model: str, quick: bool) -> tuple[ModelSpec, torch.nn.Module, tuple[Any, ...], Callable[[Any], Any]]:
+def _setup(
+    model: str, quick: bool
+) -> tuple[ModelSpec, torch.nn.Module, tuple[Any, ...], Callable[[Any], Any]]:
     torch.set_num_threads(1)
     spec = spec_for(model)
     torch.manual_seed(0)
@@ -47,8 +49,15 @@ def _failure(e: BaseException) -> Result:
     return {"status": "error", "error": error_text(e)}
 
 
-def measure_memory(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
-                   repeats: int = 3, compile_backend: str = COMPILE_BACKEND, time_solver: bool = True) -> Result:
+def measure_memory(
+    model: str,
+    method: str,
+    budget: Optional[Budget] = None,
+    quick: bool = False,
+    repeats: int = 3,
+    compile_backend: str = COMPILE_BACKEND,
+    time_solver: bool = True,
+) -> Result:
     """Peak activation memory of one step: RSS protocol (median) and live-tensor tracker."""
     spec, built, inputs, loss = _setup(model, quick)
     try:
@@ -81,7 +90,9 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
     spec, built, inputs, loss = _setup(model, quick)
     baseline = copy.deepcopy(built)
     try:
-        module, _ = prepare(method, built, inputs, spec, budget, compile_backend, time_solver=False)
+        module, _ = prepare(
+            method, built, inputs, spec, budget, compile_backend, time_solver=False
+        )
         samples = time_by_turns({"method": training_step(module, inputs, loss),
                                  "base": training_step(baseline, inputs, loss)}, groups * repeats)
     except Exception as e:  # noqa: BLE001
@@ -89,8 +100,14 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
     method_s, base_s = statistics.median(samples["method"]), statistics.median(samples["base"])
     chunks = [slice(g * repeats, (g + 1) * repeats) for g in range(groups)]
     median = statistics.median
-    result = {"status": "ok", "step_s": method_s, "base_step_s": base_s, "time_ratio": method_s / base_s,
-              "step_samples": samples["method"], "base_samples": samples["base"]}
+    result = {
+        "status": "ok",
+        "step_s": method_s,
+        "base_step_s": base_s,
+        "time_ratio": method_s / base_s,
+        "step_samples": samples["method"],
+        "base_samples": samples["base"],
+    }
     if groups > 1:
         result["group_ratios"] = [median(samples["method"][c]) / median(samples["base"][c])
                                   for c in chunks]
@@ -107,7 +124,10 @@ def solve_scaling(layers: list[int], budgets: list[float], repeats: int = 3) -> 
         torch.manual_seed(0)
         built, inputs, _ = spec_for("gpt2").build(dict(sizes, layers=n))
         try:
-            rows += [{"layers": n, "status": "ok", **r} for r in solve_seconds(built, inputs, budgets, repeats)]
+            rows += [
+                {"layers": n, "status": "ok", **r}
+                for r in solve_seconds(built, inputs, budgets, repeats)
+            ]
         except Exception as e:  # noqa: BLE001
             rows.append({"layers": n, "status": "error", "error": error_text(e)})
     return {"status": "ok", "rows": rows, "sizes": sizes}

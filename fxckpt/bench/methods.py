@@ -52,8 +52,15 @@ Budget = Union[float, int]
 """A fraction of the eager peak (``float``) or bytes (``int``, fxckpt only)."""
 
 
-def prepare(method: str, model: nn.Module, inputs: tuple[Any, ...], spec: ModelSpec, budget: Optional[Budget],
-            compile_backend: str = COMPILE_BACKEND, time_solver: bool = True) -> tuple[Callable[..., Any], Facts]:
+def prepare(
+    method: str,
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    spec: ModelSpec,
+    budget: Optional[Budget],
+    compile_backend: str = COMPILE_BACKEND,
+    time_solver: bool = True,
+) -> tuple[Callable[..., Any], Facts]:
     """The module to call with ``inputs`` under ``method``, and facts to report about it.
 
     ``time_solver``: for ``fxckpt``, also time the solver alone (captures the model once more).
@@ -77,21 +84,31 @@ def _need(budget: Optional[Budget], method: str) -> Budget:
     return budget
 
 
-def _fxckpt(model: nn.Module, inputs: tuple[Any, ...], budget: Budget, time_solver: bool) -> tuple[nn.Module, Facts]:
+def _fxckpt(
+    model: nn.Module, inputs: tuple[Any, ...], budget: Budget, time_solver: bool
+) -> tuple[nn.Module, Facts]:
     import fxckpt
 
     start = time.perf_counter()
     tm = fxckpt.transform(model, budget=budget, example_inputs=inputs)
     plan_s = time.perf_counter() - start
     plan = fxckpt.inspect(tm).plan
-    solve = solve_seconds(model, inputs, [budget], repeats=1)[0] if time_solver else {"solve_s": None}
+    solve = (
+        solve_seconds(model, inputs, [budget], repeats=1)[0] if time_solver else {"solve_s": None}
+    )
     facts = {
-        "predicted_peak": plan.predicted_peak, "eager_predicted": plan.eager_peak,
-        "budget_bytes": plan.budget, "plan_s": plan_s, "solve_s": solve["solve_s"],
-        "segments": len(plan.segments), "capture": plan.capture,
-        "recompute_flops_fraction": plan.recompute_flops / plan.total_flops if plan.total_flops else 0.0,
+        "predicted_peak": plan.predicted_peak,
+        "eager_predicted": plan.eager_peak,
+        "budget_bytes": plan.budget,
+        "plan_s": plan_s,
+        "solve_s": solve["solve_s"],
+        "segments": len(plan.segments),
+        "capture": plan.capture,
+        "recompute_flops_fraction": plan.recompute_flops / plan.total_flops
+        if plan.total_flops
+        else 0.0,
         "detail": f"{len(plan.segments)} segments, recomputes "
-                  f"{plan.recompute_flops / max(plan.total_flops, 1):.0%} of forward FLOPs",
+        f"{plan.recompute_flops / max(plan.total_flops, 1):.0%} of forward FLOPs",
     }
     return tm, facts
 
@@ -136,8 +153,10 @@ def _sequential(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, Facts]:
     segments = max(1, round(math.sqrt(len(blocks))))
     chain = CheckpointedChain(blocks, segments)
     setattr(parent, attr, nn.ModuleList([chain]) if spec.iterated else chain)
-    return model, {"detail": f"{len(blocks)} blocks in {segments} segments (last one not checkpointed)",
-                   "segments": segments}
+    return model, {
+        "detail": f"{len(blocks)} blocks in {segments} segments (last one not checkpointed)",
+        "segments": segments,
+    }
 
 
 def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..., Any], Facts]:
@@ -145,7 +164,9 @@ def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..
 
     functorch_config.activation_memory_budget = budget
     compiled = torch.compile(model, backend=backend)
-    return compiled, {"detail": f"torch.compile(backend={backend!r}), activation_memory_budget={budget}"}
+    return compiled, {
+        "detail": f"torch.compile(backend={backend!r}), activation_memory_budget={budget}"
+    }
 
 
 def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budget],
@@ -170,7 +191,11 @@ def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
 
     problem = make()
     extra = reserve(problem)
-    total = budget if isinstance(budget, int) else int(budget * (simulate(problem, ()).peak_bytes + extra))
+    total = (
+        budget
+        if isinstance(budget, int)
+        else int(budget * (simulate(problem, ()).peak_bytes + extra))
+    )
     limit = total - extra
     times, feasible = [], True
     for _ in range(repeats):

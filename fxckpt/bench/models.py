@@ -24,7 +24,9 @@ class BenchMLP(nn.Module):
 
     def __init__(self, depth: int, width: int, classes: int = 10) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth))
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)
+        )
         self.head = nn.Linear(width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +55,9 @@ class BenchResNet(nn.Module):
 
     def __init__(self, blocks: int, ch: int, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch), nn.ReLU()
+        )
         self.blocks = nn.Sequential(*(ResBlock(ch) for _ in range(blocks)))
         self.fc = nn.Linear(ch, classes)
 
@@ -105,18 +109,36 @@ def _resnet(s: dict[str, int]) -> Built:
 def _gpt2(s: dict[str, int]) -> Built:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(n_layer=s["layers"], n_embd=s["width"], n_head=s["heads"], n_positions=s["seq"],
-                     vocab_size=s["vocab"], bos_token_id=0, eos_token_id=0, use_cache=False)
+    cfg = GPT2Config(
+        n_layer=s["layers"],
+        n_embd=s["width"],
+        n_head=s["heads"],
+        n_positions=s["seq"],
+        vocab_size=s["vocab"],
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     ids = torch.randint(s["vocab"], (s["batch"], s["seq"]))
-    return GPT2LMHeadModel(cfg).train(), (ids,), lambda out: F.cross_entropy(out.logits.flatten(0, 1), ids.flatten())
+    return (
+        GPT2LMHeadModel(cfg).train(),
+        (ids,),
+        lambda out: F.cross_entropy(out.logits.flatten(0, 1), ids.flatten()),
+    )
 
 
 def _bert(s: dict[str, int]) -> Built:
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(hidden_size=s["width"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                     intermediate_size=4 * s["width"], vocab_size=s["vocab"], max_position_embeddings=s["seq"],
-                     use_cache=False)
+    cfg = BertConfig(
+        hidden_size=s["width"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        intermediate_size=4 * s["width"],
+        vocab_size=s["vocab"],
+        max_position_embeddings=s["seq"],
+        use_cache=False,
+    )
     ids = torch.randint(s["vocab"], (s["batch"], s["seq"]))
     return BertModel(cfg).train(), (ids,), lambda out: out.last_hidden_state.square().mean()
 
@@ -124,18 +146,38 @@ def _bert(s: dict[str, int]) -> Built:
 _HF_QUICK = {"layers": 2, "width": 64, "heads": 2, "vocab": 128, "batch": 8, "seq": 32}
 
 MODELS: dict[str, ModelSpec] = {
-    "mlp": ModelSpec(name="mlp", build=_mlp, blocks="layers", iterated=True,
-                     full={"depth": 24, "width": 256, "batch": 2048},
-                     quick={"depth": 8, "width": 64, "batch": 512}),
-    "resnet": ModelSpec(name="resnet", build=_resnet, blocks="blocks", iterated=False,
-                        full={"blocks": 6, "ch": 32, "hw": 32, "batch": 16},
-                        quick={"blocks": 2, "ch": 8, "hw": 32, "batch": 8}),
-    "gpt2": ModelSpec(name="gpt2", build=_gpt2, blocks="transformer.h", iterated=True,
-                      full={"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128},
-                      quick=_HF_QUICK),
-    "bert": ModelSpec(name="bert", build=_bert, blocks="encoder.layer", iterated=True,
-                      full={"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128},
-                      quick=_HF_QUICK),
+    "mlp": ModelSpec(
+        name="mlp",
+        build=_mlp,
+        blocks="layers",
+        iterated=True,
+        full={"depth": 24, "width": 256, "batch": 2048},
+        quick={"depth": 8, "width": 64, "batch": 512},
+    ),
+    "resnet": ModelSpec(
+        name="resnet",
+        build=_resnet,
+        blocks="blocks",
+        iterated=False,
+        full={"blocks": 6, "ch": 32, "hw": 32, "batch": 16},
+        quick={"blocks": 2, "ch": 8, "hw": 32, "batch": 8},
+    ),
+    "gpt2": ModelSpec(
+        name="gpt2",
+        build=_gpt2,
+        blocks="transformer.h",
+        iterated=True,
+        full={"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128},
+        quick=_HF_QUICK,
+    ),
+    "bert": ModelSpec(
+        name="bert",
+        build=_bert,
+        blocks="encoder.layer",
+        iterated=True,
+        full={"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128},
+        quick=_HF_QUICK,
+    ),
 }
 """The benchmark models, in report order."""
 

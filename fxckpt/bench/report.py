@@ -94,8 +94,13 @@ def _commit() -> Optional[str]:
 
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -136,7 +141,9 @@ def _note(row: Row) -> str:
     else:
         text = str(row.get("detail", ""))
         if row.get("match"):
-            text = f"budget {_mib(row['budget'])} MiB = the measured peak of {row['match']}; {text}"
+            text = (
+                f"budget {_mib(row['budget'])} MiB = the measured peak of {row['match']}; {text}"
+            )
         if row.get("minimum_of"):
             text = (f"budget {_mib(row['budget'])} MiB = the minimum stated by the infeasible "
                     f"{row['minimum_of']}; {text}")
@@ -149,7 +156,9 @@ def _note(row: Row) -> str:
                      + ", ".join(f"{r:.3f}" for r in row["group_ratios"]))
         if row.get("time_error"):
             text += f"; timing failed: {row['time_error']}"
-        if row.get("tracked_error") and row["method"] != "compile":  # compile: explained in the header
+        if (
+            row.get("tracked_error") and row["method"] != "compile"
+        ):  # compile: explained in the header
             text += f"; tracker failed: {row['tracked_error']}"
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -160,9 +169,18 @@ _COLUMNS = ("method", "peak MiB (RSS)", "vs unmodified", "tracked MiB", "vs unmo
 
 def _cells(row: Row) -> list[str]:
     ms = row.get("step_s")
-    return [row["label"], _mib(row.get("rss_bytes")), _x(row.get("peak_ratio")), _mib(row.get("tracked_bytes")),
-            _x(row.get("tracked_ratio")), _mib(row.get("predicted_peak")), _x(row.get("predicted_over_measured")),
-            "—" if ms is None else f"{ms * 1000:.0f}", _x(row.get("time_ratio")), _note(row)]
+    return [
+        row["label"],
+        _mib(row.get("rss_bytes")),
+        _x(row.get("peak_ratio")),
+        _mib(row.get("tracked_bytes")),
+        _x(row.get("tracked_ratio")),
+        _mib(row.get("predicted_peak")),
+        _x(row.get("predicted_over_measured")),
+        "—" if ms is None else f"{ms * 1000:.0f}",
+        _x(row.get("time_ratio")),
+        _note(row),
+    ]
 
 
 def _table(header: tuple[str, ...], rows: list[list[str]]) -> list[str]:
@@ -172,7 +190,12 @@ def _table(header: tuple[str, ...], rows: list[list[str]]) -> list[str]:
 
 def _model_section(model: str, rows: list[Row], quick: bool) -> list[str]:
     mine = [r for r in rows if r["model"] == model]
-    return [f"### {spec_for(model).describe(quick)}", "", *_table(_COLUMNS, [_cells(r) for r in mine]), ""]
+    return [
+        f"### {spec_for(model).describe(quick)}",
+        "",
+        *_table(_COLUMNS, [_cells(r) for r in mine]),
+        "",
+    ]
 
 
 def _scaling_section(scaling: list[Row]) -> list[str]:
@@ -183,10 +206,15 @@ def _scaling_section(scaling: list[Row]) -> list[str]:
               f"{1000 * r['solve_s'] / r['ops']:.2f}" if r.get("ops") else "—",
               "" if r.get("status") == "ok" else str(r.get("error"))] for r in scaling]
     head = ("GPT-2 layers", "solver ops", "budget", "solve s", "ms per op", "notes")
-    return ["## Solver alone: time against graph size", "",
-            "`fxckpt.solver.solve` on `problem_of(gm)` after capture + annotate, GPT-2 of width 32, "
-            "batch 2 x 32 tokens (graph size is what matters), one solve per size.", "",
-            *_table(head, cells), ""]
+    return [
+        "## Solver alone: time against graph size",
+        "",
+        "`fxckpt.solver.solve` on `problem_of(gm)` after capture + annotate, GPT-2 of width 32, "
+        "batch 2 x 32 tokens (graph size is what matters), one solve per size.",
+        "",
+        *_table(head, cells),
+        "",
+    ]
 
 
 def _targets_section(checks: list[Check], rows: list[Row]) -> list[str]:
@@ -196,20 +224,29 @@ def _targets_section(checks: list[Check], rows: list[Row]) -> list[str]:
              f"**{counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP.**", "",
              "Timing noise (the largest distance from 1.00 of the unmodified model's ratios "
              f"against its own copy): {noise_summary(rows)}.", ""]
-    return lines + [f"- **{c.verdict}** {c.target}: {c.subject}: {c.detail}" for c in checks] + [""]
+    return (
+        lines + [f"- **{c.verdict}** {c.target}: {c.subject}: {c.detail}" for c in checks] + [""]
+    )
 
 
 def render_markdown(result: dict[str, Any], checks: list[Check]) -> str:
     """The whole document."""
     m, opts = result["machine"], result["options"]
     load = ", ".join(f"{x:.2f}" for x in m["load_average"] or [])
-    lines = [HEADER, "## Machine", "",
-             f"{m['cores']} cores, {m['cpu']}; torch {m['torch']}, transformers {m['transformers']}, "
-             f"Python {m['python']}; fxckpt at commit {m.get('commit') or 'unknown'}; "
-             f"{m['threads']} intra-op thread in every measuring process; "
-             f"load average at the start {load} (other jobs share the machine). "
-             f"Medians of {opts['repeats']} steps; the run took {result['seconds'] / 60:.1f} minutes"
-             f"{' (--quick sizes)' if opts['quick'] else ''}.", "", "## Results per model", ""]
+    lines = [
+        HEADER,
+        "## Machine",
+        "",
+        f"{m['cores']} cores, {m['cpu']}; torch {m['torch']}, transformers {m['transformers']}, "
+        f"Python {m['python']}; fxckpt at commit {m.get('commit') or 'unknown'}; "
+        f"{m['threads']} intra-op thread in every measuring process; "
+        f"load average at the start {load} (other jobs share the machine). "
+        f"Medians of {opts['repeats']} steps; the run took {result['seconds'] / 60:.1f} minutes"
+        f"{' (--quick sizes)' if opts['quick'] else ''}.",
+        "",
+        "## Results per model",
+        "",
+    ]
     for model in dict.fromkeys(r["model"] for r in result["rows"]):
         lines += _model_section(model, result["rows"], opts["quick"])
     lines += _scaling_section(result["scaling"]) + _targets_section(checks, result["rows"])
@@ -221,7 +258,12 @@ def write_report(result: dict[str, Any], checks: list[Check], out: Path) -> tupl
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "benchmarks.md", out / "benchmarks.json"
     md.write_text(render_markdown(result, checks))
-    payload = dict(result, targets=[{"target": c.target, "subject": c.subject, "verdict": c.verdict,
-                                     "detail": c.detail} for c in checks])
+    payload = dict(
+        result,
+        targets=[
+            {"target": c.target, "subject": c.subject, "verdict": c.verdict, "detail": c.detail}
+            for c in checks
+        ],
+    )
     js.write_text(json.dumps(payload, indent=1, default=str) + "\n")
     return md, js

@@ -82,7 +82,9 @@ class BenchOptions:
         if any(not 0.0 < b <= 1.0 for b in self.budgets) or not self.budgets:
             raise ValueError(f"budgets must be fractions in (0, 1] (got {self.budgets})")
         if self.repeats < 1 or self.jobs < 1:
-            raise ValueError(f"repeats and jobs must be positive (got {self.repeats}, {self.jobs})")
+            raise ValueError(
+                f"repeats and jobs must be positive (got {self.repeats}, {self.jobs})"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +131,10 @@ def _child(function: str, kwargs: dict[str, Any], *, mmap: bool, timeout: float)
         return run_in_subprocess(f"fxckpt.bench.child:{function}", kwargs,
                                  mmap_threshold=MMAP_THRESHOLD if mmap else None, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"the {function} subprocess took more than {timeout:.0f} s"}
+        return {
+            "status": "error",
+            "error": f"the {function} subprocess took more than {timeout:.0f} s",
+        }
     except MeasureError as e:
         tail = str(e).strip().splitlines()[-1] if str(e).strip() else "no output"
         return {"status": "error", "error": f"subprocess crashed: {tail}"}
@@ -239,16 +244,24 @@ def _in_report_order(configs: list[Config]) -> list[Config]:
                   key=lambda c: (models.index(c.model), rank[c.method], c.match is not None))
     ordered: list[Config] = []
     for cfg in main:
-        ordered += [cfg] + [m for m in configs if m.model == cfg.model and m.minimum_of == cfg.label]
+        ordered += [cfg] + [
+            m for m in configs if m.model == cfg.model and m.minimum_of == cfg.label
+        ]
     return ordered
 
 
 def _scaling(opts: BenchOptions, start: float) -> list[Row]:
     rows: list[Row] = []
     for n in opts.scaling_layers:
-        result = _child("solve_scaling", {"layers": [n], "budgets": [opts.scaling_budget], "repeats": 1},
-                        mmap=False, timeout=opts.timeout)
-        got = result.get("rows") or [{"layers": n, "status": "error", "error": result.get("error")}]
+        result = _child(
+            "solve_scaling",
+            {"layers": [n], "budgets": [opts.scaling_budget], "repeats": 1},
+            mmap=False,
+            timeout=opts.timeout,
+        )
+        got = result.get("rows") or [
+            {"layers": n, "status": "error", "error": result.get("error")}
+        ]
         rows += got
         print(f"[{time.perf_counter() - start:6.0f} s] solver scaling {n} layers: "
               f"{', '.join(_scaling_text(r) for r in got)}", file=sys.stderr, flush=True)
@@ -256,10 +269,16 @@ def _scaling(opts: BenchOptions, start: float) -> list[Row]:
 
 
 def _scaling_text(row: Row) -> str:
-    return f"{row['ops']} ops, {row['solve_s']:.2f} s" if row.get("status") == "ok" else f"error: {row.get('error')}"
+    return (
+        f"{row['ops']} ops, {row['solve_s']:.2f} s"
+        if row.get("status") == "ok"
+        else f"error: {row.get('error')}"
+    )
 
 
-def run_bench(opts: BenchOptions, *, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+def run_bench(
+    opts: BenchOptions, *, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, Any]:
     """Measure every configuration; returns ``{"options", "rows", "scaling", "seconds"}``."""
     start = clock()
     configs = configurations(opts)
@@ -276,4 +295,9 @@ def run_bench(opts: BenchOptions, *, clock: Callable[[], float] = time.perf_coun
     rows = [_merge(c, memory[c], timing.get(c)) for c in configs]
     _add_ratios(rows)
     scaling = _scaling(opts, start)
-    return {"options": dataclasses.asdict(opts), "rows": rows, "scaling": scaling, "seconds": clock() - start}
+    return {
+        "options": dataclasses.asdict(opts),
+        "rows": rows,
+        "scaling": scaling,
+        "seconds": clock() - start,
+    }

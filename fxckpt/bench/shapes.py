@@ -35,7 +35,9 @@ def _model(layers: int) -> torch.nn.Module:
     return GPT2LMHeadModel(cfg).train()
 
 
-def measure(steps: int = 200, lengths: int = 50, layers: int = 4, batch: int = 4) -> dict[str, Any]:
+def measure(
+    steps: int = 200, lengths: int = 50, layers: int = 4, batch: int = 4
+) -> dict[str, Any]:
     """Run the loop for each strategy; returns plain numbers (see :func:`render`)."""
     import fxckpt
 
@@ -61,7 +63,9 @@ def measure(steps: int = 200, lengths: int = 50, layers: int = 4, batch: int = 4
             start = time.perf_counter()
             tm(ids, labels=ids).loss.backward()
             tm.zero_grad(set_to_none=True)
-            step_times.append(time.perf_counter() - start - (fxckpt.inspect(tm).planning_seconds - planned))
+            step_times.append(
+                time.perf_counter() - start - (fxckpt.inspect(tm).planning_seconds - planned)
+            )
         info = fxckpt.inspect(tm)
         rows.append({"strategy": name, "captures": info.captures, "plans": info.plans_made,
                      "planning_s": info.planning_seconds, "one_plan_s": one_plan,
@@ -111,7 +115,9 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from fxckpt.bench.report import machine_info
 
-    p = argparse.ArgumentParser(prog="python -m fxckpt.bench.shapes", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m fxckpt.bench.shapes", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--lengths", type=int, default=50)
     p.add_argument("--layers", type=int, default=4)
@@ -119,7 +125,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs"))
     args = p.parse_args(argv)
     if not 1 <= args.lengths <= 113 or args.steps < 1:
-        p.error(f"--lengths must be in 1..113 and --steps positive (got {args.lengths}, {args.steps})")
+        p.error(
+            f"--lengths must be in 1..113 and --steps positive (got {args.lengths}, {args.steps})"
+        )
     torch.set_num_threads(args.threads)
     result = measure(args.steps, args.lengths, args.layers)
     text = render(result, machine_info())

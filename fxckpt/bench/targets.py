@@ -95,8 +95,10 @@ def _budget_check(row: Row, base: Optional[Row], rows: list[Row]) -> Check:
     assert base is not None
     if row.get("match"):
         limit = row["budget"]
-        detail = (f"measured {_mib(row['rss_bytes'])} vs {1 + BUDGET_TOL:.2f} x {_mib(limit)} (the peer's "
-                  f"peak) = {_mib((1 + BUDGET_TOL) * limit)}: {row['rss_bytes'] / limit:.3f}x the budget")
+        detail = (
+            f"measured {_mib(row['rss_bytes'])} vs {1 + BUDGET_TOL:.2f} x {_mib(limit)} (the peer's "
+            f"peak) = {_mib((1 + BUDGET_TOL) * limit)}: {row['rss_bytes'] / limit:.3f}x the budget"
+        )
         return Check("budget held", subject, row["rss_bytes"] <= (1 + BUDGET_TOL) * limit, detail)
     limit = row["budget"] * base["rss_bytes"]
     ok = row["rss_bytes"] <= (1 + BUDGET_TOL) * limit
@@ -131,7 +133,9 @@ def _infeasible_check(row: Row, rows: list[Row]) -> Check:
                  f"{measured / minimum:.3f}x the stated minimum")
 
 
-def _prediction(subject: str, predicted: Optional[int], measured: Optional[int], tracked: Optional[int]) -> Check:
+def _prediction(
+    subject: str, predicted: Optional[int], measured: Optional[int], tracked: Optional[int]
+) -> Check:
     if not predicted or not measured:
         return Check("prediction", subject, None, "no prediction or no measurement")
     err = predicted / measured - 1
@@ -146,14 +150,24 @@ def _prediction_checks(rows: list[Row], model: str) -> list[Check]:
     checks = [_prediction(f"{model} {r['label']}", r.get("predicted_peak"), r.get("rss_bytes"),
                           r.get("tracked_bytes")) for r in mine if _ok(r)]
     base = _base(rows, model)
-    eager = next((r.get("eager_predicted") for r in mine if _ok(r) and r.get("eager_predicted")), None)
+    eager = next(
+        (r.get("eager_predicted") for r in mine if _ok(r) and r.get("eager_predicted")), None
+    )
     if _ok(base) and eager:
         assert base is not None
-        checks.append(_prediction(f"{model} unmodified (plan.eager_peak)", eager, base["rss_bytes"],
-                                  base.get("tracked_bytes")))
+        checks.append(
+            _prediction(
+                f"{model} unmodified (plan.eager_peak)",
+                eager,
+                base["rss_bytes"],
+                base.get("tracked_bytes"),
+            )
+        )
     if not checks:
         why = "; ".join(sorted({str(r.get("error")) for r in mine})) or "fxckpt not run"
-        checks.append(Check("prediction", model, False if mine else None, f"no fxckpt measurement: {why}"))
+        checks.append(
+            Check("prediction", model, False if mine else None, f"no fxckpt measurement: {why}")
+        )
     return checks
 
 
@@ -186,7 +200,12 @@ def noise_summary(rows: list[Row]) -> str:
 def _dominance(peer: Row, ours: list[Row], noise: Optional[tuple[float, int]]) -> Check:
     subject = f"{peer['model']} {peer['label']}"
     if not _ok(peer) or peer.get("time_ratio") is None:
-        return Check("Pareto dominance", subject, None, f"peer not measured: {peer.get('error') or peer.get('time_error')}")
+        return Check(
+            "Pareto dominance",
+            subject,
+            None,
+            f"peer not measured: {peer.get('error') or peer.get('time_error')}",
+        )
     timed = [r for r in ours if _ok(r) and r.get("time_ratio") is not None]
     fit = [r for r in timed if r["rss_bytes"] <= peer["rss_bytes"] + memory_noise(r, peer)]
     if not fit:
@@ -211,13 +230,29 @@ def _dominance(peer: Row, ours: list[Row], noise: Optional[tuple[float, int]]) -
 
 
 def _solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
-    checks = [Check("solve time < 1 s", f"gpt2 (benchmark size) b={r['budget']:g}",
-                    r["solve_s"] < SOLVE_LIMIT_S, f"solver alone {r['solve_s']:.2f} s (transform {r['plan_s']:.1f} s)")
-              for r in rows if r["model"] == "gpt2" and r["method"] == "fxckpt" and _ok(r)
-              and r.get("solve_s") is not None]
-    checks += [Check("solve time < 1 s", f"gpt2 12 layers (scaling run) b={r['budget']:g}",
-                     r["solve_s"] < SOLVE_LIMIT_S, f"{r['ops']} ops, solver alone {r['solve_s']:.2f} s")
-               for r in scaling if r.get("layers") == 12 and r.get("status") == "ok"]
+    checks = [
+        Check(
+            "solve time < 1 s",
+            f"gpt2 (benchmark size) b={r['budget']:g}",
+            r["solve_s"] < SOLVE_LIMIT_S,
+            f"solver alone {r['solve_s']:.2f} s (transform {r['plan_s']:.1f} s)",
+        )
+        for r in rows
+        if r["model"] == "gpt2"
+        and r["method"] == "fxckpt"
+        and _ok(r)
+        and r.get("solve_s") is not None
+    ]
+    checks += [
+        Check(
+            "solve time < 1 s",
+            f"gpt2 12 layers (scaling run) b={r['budget']:g}",
+            r["solve_s"] < SOLVE_LIMIT_S,
+            f"{r['ops']} ops, solver alone {r['solve_s']:.2f} s",
+        )
+        for r in scaling
+        if r.get("layers") == 12 and r.get("status") == "ok"
+    ]
     return checks
 
 
@@ -225,14 +260,26 @@ def _scaling_check(scaling: list[Row]) -> list[Check]:
     ok = sorted((r for r in scaling if r.get("status") == "ok"), key=lambda r: r["ops"])
     failed = [r for r in scaling if r.get("status") != "ok"]
     if failed:
-        return [Check("linear scaling", f"{r['layers']} layers", False, f"error: {r.get('error')}") for r in failed]
+        return [
+            Check("linear scaling", f"{r['layers']} layers", False, f"error: {r.get('error')}")
+            for r in failed
+        ]
     if len(ok) < 2:
         return [Check("linear scaling", "solver", None, "fewer than two graph sizes measured")]
-    slopes = [math.log(b["solve_s"] / a["solve_s"]) / math.log(b["ops"] / a["ops"]) for a, b in zip(ok, ok[1:])]
+    slopes = [
+        math.log(b["solve_s"] / a["solve_s"]) / math.log(b["ops"] / a["ops"])
+        for a, b in zip(ok, ok[1:])
+    ]
     sizes = ", ".join(f"{r['layers']} layers / {r['ops']} ops: {r['solve_s']:.2f} s" for r in ok)
     steps = ", ".join(f"{s:.2f}" for s in slopes)
-    return [Check("linear scaling", f"gpt2 {ok[0]['layers']} -> {ok[-1]['layers']} layers", max(slopes) <= MAX_SLOPE,
-                  f"log-log slope between consecutive sizes {steps} (limit {MAX_SLOPE} each); {sizes}")]
+    return [
+        Check(
+            "linear scaling",
+            f"gpt2 {ok[0]['layers']} -> {ok[-1]['layers']} layers",
+            max(slopes) <= MAX_SLOPE,
+            f"log-log slope between consecutive sizes {steps} (limit {MAX_SLOPE} each); {sizes}",
+        )
+    ]
 
 
 def check_targets(rows: list[Row], scaling: list[Row]) -> list[Check]:
@@ -247,5 +294,9 @@ def check_targets(rows: list[Row], scaling: list[Row]) -> list[Check]:
     for model in models:
         ours = [r for r in rows if r["model"] == model and r["method"] == "fxckpt"]
         noise = timing_noise(rows, model)
-        checks += [_dominance(p, ours, noise) for p in rows if p["model"] == model and p["method"] in PEERS]
+        checks += [
+            _dominance(p, ours, noise)
+            for p in rows
+            if p["model"] == model and p["method"] in PEERS
+        ]
     return checks + _solve_checks(rows, scaling) + _scaling_check(scaling)

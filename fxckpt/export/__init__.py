@@ -58,16 +58,22 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     from fxckpt.module import STATE, dispatcher_of
 
     if STATE not in getattr(tm, "__dict__", {}):
-        raise ExportError(f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})")
+        raise ExportError(
+            f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})"
+        )
     dispatcher = dispatcher_of(tm)
     if dispatcher.config.offload:
-        raise ExportError("offload= moves saved tensors with hooks around the whole step, which an export does "
-                          "not carry yet; transform without offload= to save this model")
+        raise ExportError(
+            "offload= moves saved tensors with hooks around the whole step, which an export does "
+            "not carry yet; transform without offload= to save this model"
+        )
     if example_inputs is not None or example_kwargs is not None:
         _plan_both_modes(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
     if dispatcher.last is None:
-        raise ExportError("this module has not planned yet, so there is no graph to save: call it once, or pass "
-                          "example_inputs= to fxckpt.transform or to fxckpt.save")
+        raise ExportError(
+            "this module has not planned yet, so there is no graph to save: call it once, or pass "
+            "example_inputs= to fxckpt.transform or to fxckpt.save"
+        )
     described = describe(tm)
     described.structure["devices"] = {k: str(t.device) for k, t in described.tensors.items()}
     texts = dict(described.texts)
@@ -111,21 +117,39 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
             root, slots = build_tree(entry["modules"], store, tensors, entry["training"])
             runner = None
             if entry.get("pipeline"):
-                runner, stage_slots = _pipeline(entry["pipeline"], store, tensors, entry["training"])
+                runner, stage_slots = _pipeline(
+                    entry["pipeline"], store, tensors, entry["training"]
+                )
                 slots += stage_slots
-            variants.append(Variant(entry, root, slots, view_from_json(store.read_text(entry["view"])), runner))
+            variants.append(
+                Variant(entry, root, slots, view_from_json(store.read_text(entry["view"])), runner)
+            )
     except ImportError as e:
-        raise ExportError(f"loading export {store.root} needs {e.name or 'a package'} ({e}); install it") from e
+        raise ExportError(
+            f"loading export {store.root} needs {e.name or 'a package'} ({e}); install it"
+        ) from e
     except ExportError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError,
-            RuntimeError) as e:
-        raise ExportError(f"export {store.root} has an invalid structure "
-                          f"({type(e).__name__}: {str(e)[:200]})") from e
-    return LoadedModule(structure["state"], tensors, variants, store.manifest, structure["training"])
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        IndexError,
+        RecursionError,
+        RuntimeError,
+    ) as e:
+        raise ExportError(
+            f"export {store.root} has an invalid structure ({type(e).__name__}: {str(e)[:200]})"
+        ) from e
+    return LoadedModule(
+        structure["state"], tensors, variants, store.manifest, structure["training"]
+    )
 
 
-def _pipeline(entry: dict[str, Any], store: Any, tensors: dict[str, torch.Tensor], training: bool) -> tuple[Any, list]:
+def _pipeline(
+    entry: dict[str, Any], store: Any, tensors: dict[str, torch.Tensor], training: bool
+) -> tuple[Any, list]:
     """The GPipe runner of a staged variant, rebuilt around its stages' code modules."""
     from fxckpt.export.rebuild import build_tree
     from fxckpt.runtime.pipeline import Pipeline
@@ -135,7 +159,13 @@ def _pipeline(entry: dict[str, Any], store: Any, tensors: dict[str, torch.Tensor
         stage, stage_slots = build_tree(modules, store, tensors, training)
         stages.append(stage)
         slots += stage_slots
-    runner = Pipeline(stages, entry["devices"], entry["chunks"], entry["checkpoint"], input_names=entry["input_names"])
+    runner = Pipeline(
+        stages,
+        entry["devices"],
+        entry["chunks"],
+        entry["checkpoint"],
+        input_names=entry["input_names"],
+    )
     for m in (runner, *runner.stages):  # the graph's mode, as build_pipeline sets it
         m.training = training
     runner.__dict__["_fxckpt_orig_args"] = entry.get("orig_args")

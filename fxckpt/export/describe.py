@@ -92,32 +92,56 @@ def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:
             _check_name(prefix + name, f"the model's tensor {prefix + name!r}")
         for name, p in mod._parameters.items():
             if p is not None:
-                entries.append({"name": prefix + name, "key": tensors.key(p, prefix + name), "kind": "parameter",
-                                "requires_grad": p.requires_grad})
+                entries.append(
+                    {
+                        "name": prefix + name,
+                        "key": tensors.key(p, prefix + name),
+                        "kind": "parameter",
+                        "requires_grad": p.requires_grad,
+                    }
+                )
         for name, b in mod._buffers.items():
             if b is not None:
-                entries.append({"name": prefix + name, "key": tensors.key(b, prefix + name), "kind": "buffer",
-                                "persistent": name not in mod._non_persistent_buffers_set})
+                entries.append(
+                    {
+                        "name": prefix + name,
+                        "key": tensors.key(b, prefix + name),
+                        "kind": "buffer",
+                        "persistent": name not in mod._non_persistent_buffers_set,
+                    }
+                )
     return entries
 
 
-def _variant(i: int, key: Any, compiled: Any, tensors: _Tensors, texts: dict[str, str]) -> dict[str, Any]:
+def _variant(
+    i: int, key: Any, compiled: Any, tensors: _Tensors, texts: dict[str, str]
+) -> dict[str, Any]:
     from fxckpt.passes.flatten import graph_view
 
     plan = compiled.plan
     offloaded = [s.name for s in plan.segments if getattr(s, "action", "recompute") != "recompute"]
     if offloaded:
-        raise ExportError(f"segments {offloaded} offload their saved tensors; exports hold recompute plans only "
-                          "(transform without offload= to save this model)")
+        raise ExportError(
+            f"segments {offloaded} offload their saved tensors; exports hold recompute plans only "
+            "(transform without offload= to save this model)"
+        )
     method = compiled.captured.method
     texts[f"graphs/v{i}.json"] = view_to_json(graph_view(compiled.gm, plan))
     return {
-        "key": repr(key), "loose_key": repr(loose_key(key)), "training": plan.training,
-        "signature": plan.signature, "capture": method,
-        "parameters": _parameters(compiled.captured.binder.signature) if method == "symbolic_trace" else None,
-        "plan": plan.to_dict(), "view": f"graphs/v{i}.json",
+        "key": repr(key),
+        "loose_key": repr(loose_key(key)),
+        "training": plan.training,
+        "signature": plan.signature,
+        "capture": method,
+        "parameters": _parameters(compiled.captured.binder.signature)
+        if method == "symbolic_trace"
+        else None,
+        "plan": plan.to_dict(),
+        "view": f"graphs/v{i}.json",
         "modules": _modules(compiled.gm, f"programs/v{i}", tensors, texts),
-        "pipeline": None if compiled.pipeline is None else _pipeline(compiled.pipeline, compiled.gm, i, tensors, texts),
+        "pipeline": None
+        if compiled.pipeline is None
+        else _pipeline(compiled.pipeline, compiled.gm, i, tensors, texts),
     }
 
 
@@ -127,17 +151,26 @@ def _pipeline(pipelined: Any, gm: torch.fx.GraphModule, i: int, tensors: _Tensor
     runner = pipelined.pipeline
     tree = getattr(gm.graph._codegen, "pytree_info", None)
     return {
-        "devices": [str(d) for d in runner.devices], "chunks": runner.chunks, "checkpoint": runner.checkpoint,
-        "input_names": runner.input_names, "orig_args": None if tree is None else list(tree.orig_args),
-        "stages": [_modules(m, f"programs/v{i}/stage_{j}", tensors, texts)
-                   for j, m in enumerate(pipelined.stage_modules)],
+        "devices": [str(d) for d in runner.devices],
+        "chunks": runner.chunks,
+        "checkpoint": runner.checkpoint,
+        "input_names": runner.input_names,
+        "orig_args": None if tree is None else list(tree.orig_args),
+        "stages": [
+            _modules(m, f"programs/v{i}/stage_{j}", tensors, texts)
+            for j, m in enumerate(pipelined.stage_modules)
+        ],
     }
 
 
 def loose_key(key: Any) -> Any:
     """A signature key without tensor shapes and devices (symbolic graphs are shape-generic)."""
     training, spec, leaves = key
-    return training, spec, tuple(("tensor", leaf[2]) if leaf and leaf[0] == "tensor" else leaf for leaf in leaves)
+    return (
+        training,
+        spec,
+        tuple(("tensor", leaf[2]) if leaf and leaf[0] == "tensor" else leaf for leaf in leaves),
+    )
 
 
 def _parameters(signature: inspect.Signature) -> list[dict[str, Any]]:
@@ -154,7 +187,9 @@ def _parameters(signature: inspect.Signature) -> list[dict[str, Any]]:
     return out
 
 
-def _modules(root: torch.nn.Module, code_dir: str, tensors: _Tensors, texts: dict[str, str]) -> list[dict[str, Any]]:
+def _modules(
+    root: torch.nn.Module, code_dir: str, tensors: _Tensors, texts: dict[str, str]
+) -> list[dict[str, Any]]:
     """The module tree in pre-order; a module met again is a ``same_as`` reference."""
     entries: list[dict[str, Any]] = []
     seen: dict[int, str] = {}
@@ -187,7 +222,9 @@ def _module(path: str, mod: torch.nn.Module, code_dir: str, tensors: _Tensors,
         described = _graph(mod, path or "the rewritten graph", file, texts)
         entry.update(kind="graph", program=file, **described)
     elif type(mod).__name__ == "GuardsFn" and type(mod).__module__.startswith("torch.export"):
-        entry["kind"] = "noop"  # export's input-shape guards; a loaded module checks signatures itself
+        entry["kind"] = (
+            "noop"  # export's input-shape guards; a loaded module checks signatures itself
+        )
     elif type(mod) is torch.nn.Module:
         entry["kind"] = "container"
     else:
@@ -216,7 +253,10 @@ def _tensor_slots(mod: torch.nn.Module, where: str, tensors: _Tensors) -> dict[s
         _check_name(name, f"the tensor {name!r} of {where}")
     return {
         "params": {n: key(p, n) for n, p in mod._parameters.items()},
-        "buffers": {n: [key(b, n), n not in mod._non_persistent_buffers_set] for n, b in mod._buffers.items()},
+        "buffers": {
+            n: [key(b, n), n not in mod._non_persistent_buffers_set]
+            for n, b in mod._buffers.items()
+        },
         "tensors": {n: key(v, n) for n, v in vars(mod).items() if isinstance(v, torch.Tensor)},
     }
 
@@ -227,7 +267,9 @@ def _check_name(name: str, where: str) -> None:
                           "and underscores only (no leading double underscore)")
 
 
-def _graph(gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]) -> dict[str, Any]:
+def _graph(
+    gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]
+) -> dict[str, Any]:
     if isinstance(gm, Segment) and gm.offloader is not None:
         raise ExportError(f"{path} offloads its saved tensors; exports hold recompute plans only")
     program = describe_graph(gm, path)
@@ -261,7 +303,11 @@ def _tensor_list(value: Any) -> bool:
 def _leaf_attrs(mod: torch.nn.Module, path: str) -> dict[str, Any]:
     attrs = {}
     for name, value in vars(mod).items():
-        if name in _MODULE_KEYS or isinstance(value, (torch.Tensor, torch.nn.Module)) or _tensor_list(value):
+        if (
+            name in _MODULE_KEYS
+            or isinstance(value, (torch.Tensor, torch.nn.Module))
+            or _tensor_list(value)
+        ):
             continue  # tensors are linked by key; lists of them (RNNs' _flat_weights) are rebuilt on load
         where = f"attribute {name!r} of {type(mod).__name__} at {path or '<root>'}"
         if not check_part(name) or name == "forward":

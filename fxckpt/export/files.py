@@ -96,8 +96,10 @@ def _check_replaceable(target: Path) -> None:
     if target.is_file() or target.is_symlink():
         raise ExportError(f"{target} is a file; give a directory path for the export")
     if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
-        raise ExportError(f"{target} exists and is not an fxckpt export (no {MANIFEST}); refusing to replace it. "
-                          "Choose a new or empty directory")
+        raise ExportError(
+            f"{target} exists and is not an fxckpt export (no {MANIFEST}); refusing to replace it. "
+            "Choose a new or empty directory"
+        )
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:
@@ -211,7 +213,9 @@ class Verified:
 
     def _listed(self, rel: str) -> str:
         if rel not in self.files:
-            raise ExportError(f"export {self.root} refers to {rel!r}, which its manifest does not list")
+            raise ExportError(
+                f"export {self.root} refers to {rel!r}, which its manifest does not list"
+            )
         return rel
 
 
@@ -234,7 +238,9 @@ def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
         if _sha256_file(root / rel) != digest:
             raise ExportError(_mismatch(root, rel))
     if manifest.get("content_hash") != content_hash(files):
-        raise ExportError(f"export {root} was modified: its content hash does not match its manifest (hash mismatch)")
+        raise ExportError(
+            f"export {root} was modified: its content hash does not match its manifest (hash mismatch)"
+        )
     return Verified(root, manifest)
 
 
@@ -242,11 +248,21 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((root / MANIFEST).read_text())
     except FileNotFoundError:
-        raise ExportError(f"no fxckpt export at {root}: {MANIFEST} is missing (an interrupted save leaves none)") from None
+        raise ExportError(
+            f"no fxckpt export at {root}: {MANIFEST} is missing (an interrupted save leaves none)"
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise ExportError(f"export {root} is corrupted: {MANIFEST} is not valid JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        raise ExportError(f"{root} is not an fxckpt export: {MANIFEST} has no format {FORMAT!r} and file list")
+        raise ExportError(
+            f"export {root} is corrupted: {MANIFEST} is not valid JSON ({e})"
+        ) from None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
+        raise ExportError(
+            f"{root} is not an fxckpt export: {MANIFEST} has no format {FORMAT!r} and file list"
+        )
     version = manifest.get("format_version", 0)
     if version == 1:
         raise ExportError(f"export {root} has format version 1, whose graphs are Python code; "
@@ -282,13 +298,19 @@ def _check_mac(root: Path, manifest: dict[str, Any], key: Optional[bytes]) -> No
 
 def _check_relative(root: Path, rel: str) -> None:
     resolved = (root / rel).resolve()
-    if Path(rel).is_absolute() or ".." in Path(rel).parts or root.resolve() not in resolved.parents:
+    if (
+        Path(rel).is_absolute()
+        or ".." in Path(rel).parts
+        or root.resolve() not in resolved.parents
+    ):
         raise ExportError(f"export {root} lists {rel!r}, which is outside the export directory")
 
 
 def _mismatch(root: Path, rel: str) -> str:
-    return (f"export {root} is corrupted or was modified: {rel} does not match the sha256 in its manifest "
-            "(hash mismatch); save the module again")
+    return (
+        f"export {root} is corrupted or was modified: {rel} does not match the sha256 in its manifest "
+        "(hash mismatch); save the module again"
+    )
 
 
 def versions() -> dict[str, str]:
@@ -297,7 +319,11 @@ def versions() -> dict[str, str]:
 
     import fxckpt
 
-    out = {"fxckpt": fxckpt.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    out = {
+        "fxckpt": fxckpt.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     if "transformers" in sys.modules:
         out["transformers"] = getattr(sys.modules["transformers"], "__version__", "?")
     return out

@@ -28,8 +28,16 @@ __all__ = ["LoadedModule", "Variant"]
 
 _UNSAVED = object()
 _P = inspect.Parameter
-_KINDS = {k.name: k for k in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD, _P.VAR_POSITIONAL, _P.KEYWORD_ONLY,
-                              _P.VAR_KEYWORD)}
+_KINDS = {
+    k.name: k
+    for k in (
+        _P.POSITIONAL_ONLY,
+        _P.POSITIONAL_OR_KEYWORD,
+        _P.VAR_POSITIONAL,
+        _P.KEYWORD_ONLY,
+        _P.VAR_KEYWORD,
+    )
+}
 
 
 class Variant:
@@ -54,7 +62,11 @@ class Variant:
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.signature is None:
-            return self.root(*args, **kwargs) if self.pipeline is None else self._pipelined(args, kwargs)
+            return (
+                self.root(*args, **kwargs)
+                if self.pipeline is None
+                else self._pipelined(args, kwargs)
+            )
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         missing = [k for k, v in bound.arguments.items() if v is _UNSAVED]
@@ -76,17 +88,28 @@ class Variant:
         values = [bound.arguments[name.split(":")[0].strip()] for name in names]
         if in_spec.type is tuple and in_spec.num_children == 2 and in_spec.child(1).type is dict:
             count = in_spec.child(0).num_children
-            tree: Any = (tuple(values[:count]), dict(zip(in_spec.child(1).context, values[count:])))
+            tree: Any = (
+                tuple(values[:count]),
+                dict(zip(in_spec.child(1).context, values[count:])),
+            )
         else:
             tree = values
         out = runner(*fx_pytree.tree_flatten_spec(tree, in_spec))
-        return pytree.tree_unflatten(list(out) if isinstance(out, (tuple, list)) else [out], out_spec)
+        return pytree.tree_unflatten(
+            list(out) if isinstance(out, (tuple, list)) else [out], out_spec
+        )
 
 
 def _signature(parameters: list[dict[str, Any]]) -> inspect.Signature:
     params = []
     for p in parameters:
-        default = decode(p["default"]) if "default" in p else _UNSAVED if p.get("default_unsaved") else inspect.Parameter.empty
+        default = (
+            decode(p["default"])
+            if "default" in p
+            else _UNSAVED
+            if p.get("default_unsaved")
+            else inspect.Parameter.empty
+        )
         params.append(inspect.Parameter(p["name"], _KINDS[p["kind"]], default=default))
     return inspect.Signature(params)
 
@@ -94,8 +117,14 @@ def _signature(parameters: list[dict[str, Any]]) -> inspect.Signature:
 class LoadedModule(torch.nn.Module):
     """A transformed module rebuilt from an export (see :func:`fxckpt.load`)."""
 
-    def __init__(self, state: list[dict[str, Any]], tensors: dict[str, torch.Tensor], variants: list[Variant],
-                 manifest: dict[str, Any], training: bool) -> None:
+    def __init__(
+        self,
+        state: list[dict[str, Any]],
+        tensors: dict[str, torch.Tensor],
+        variants: list[Variant],
+        manifest: dict[str, Any],
+        training: bool,
+    ) -> None:
         super().__init__()
         self.__dict__["_variants"] = variants
         self.__dict__["_manifest"] = manifest
@@ -107,7 +136,9 @@ class LoadedModule(torch.nn.Module):
         for key in dict.fromkeys(s[3] for v in variants for s in v.slots if s[3] not in in_state):
             kind = "parameter" if isinstance(tensors[key], torch.nn.Parameter) else "buffer"
             name = "_fxckpt_constants." + "".join(c if c.isalnum() else "_" for c in key)
-            self._register({"name": name, "key": key, "kind": kind, "persistent": False}, tensors[key])
+            self._register(
+                {"name": name, "key": key, "kind": kind, "persistent": False}, tensors[key]
+            )
         self.training = training
 
     def _register(self, entry: dict[str, Any], value: torch.Tensor) -> None:
@@ -123,8 +154,10 @@ class LoadedModule(torch.nn.Module):
             mod._buffers[name] = value
             if not entry.get("persistent", True):
                 mod._non_persistent_buffers_set.add(name)
-        self.__dict__["_owners"].setdefault(entry["key"], (mod, "param" if entry["kind"] == "parameter" else "buffer",
-                                                           name, entry["key"]))
+        self.__dict__["_owners"].setdefault(
+            entry["key"],
+            (mod, "param" if entry["kind"] == "parameter" else "buffer", name, entry["key"]),
+        )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         variant = self._variant_for(args, kwargs)

@@ -31,8 +31,12 @@ def view_to_json(view: nx.DiGraph) -> str:
 def view_from_json(text: str) -> nx.DiGraph:
     data = json.loads(text)
     view = nx.DiGraph()
-    view.graph.update({k: tuple(v) if isinstance(v, list) else v for k, v in data["graph"].items()})
+    view.graph.update(
+        {k: tuple(v) if isinstance(v, list) else v for k, v in data["graph"].items()}
+    )
     for name, attrs in data["nodes"]:
-        view.add_node(name, **{k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()})
+        view.add_node(
+            name, **{k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+        )
     view.add_edges_from((u, v) for u, v in data["edges"])
     return view

@@ -23,7 +23,9 @@ def choose_actions(problem: Problem, segments: Sequence[Segment],
     """
     ranges = to_ranges(problem, runs)
     chosen = tuple(
-        dataclasses.replace(seg, action="offload" if problem.index.segment_offloads(a, b) else "recompute")
+        dataclasses.replace(
+            seg, action="offload" if problem.index.segment_offloads(a, b) else "recompute"
+        )
         for seg, (a, b) in zip(segments, ranges)
     )
     moved = sum(s.action == "offload" for s in chosen)

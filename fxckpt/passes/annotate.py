@@ -79,7 +79,9 @@ def info(node: torch.fx.Node) -> NodeInfo:
     try:
         return node.meta[META_KEY]
     except KeyError:
-        raise PlanError(f"node {node.format_node()} has no fxckpt annotation; run annotate first") from None
+        raise PlanError(
+            f"node {node.format_node()} has no fxckpt annotation; run annotate first"
+        ) from None
 
 
 def module_path_of(node: torch.fx.Node) -> str:
@@ -121,7 +123,9 @@ def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
     A shape environment (with static input shapes) lets data-dependent ops such as a boolean
     mask's ``x[mask]`` run: their sizes become unbacked symbols, sized by ``_Annotator._settle``.
     """
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+    fake_mode = FakeTensorMode(
+        allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True
+    )
     saved = [b.detach().clone() for b in gm.buffers()]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
@@ -161,7 +165,9 @@ class _OpRecorder(TorchDispatchMode):
         for i, arg in enumerate(func._schema.arguments):
             if i in hidden or (arg.alias_info is not None and arg.alias_info.is_write):
                 value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
-                self.written += [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+                self.written += [
+                    t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)
+                ]
         return func(*args, **kwargs)
 
 
@@ -179,9 +185,15 @@ class _Annotator(torch.fx.Interpreter):
         self.buffer_names.update({id(self.fakes[name]): name for name in buffers})
         # A leaf module's op sees the real tensors at the autograd layer (saved-tensor hooks get
         # the real Parameter), a get_attr node the fake: both are state, not activations.
-        self.param_storages = {StorageWeakRef(self.fakes[name].untyped_storage()) for name in params}
-        self.param_storages |= {StorageWeakRef(t.untyped_storage()) for t in {**params, **buffers}.values()}
-        self.param_storages |= {StorageWeakRef(self.fakes[name].untyped_storage()) for name in buffers}
+        self.param_storages = {
+            StorageWeakRef(self.fakes[name].untyped_storage()) for name in params
+        }
+        self.param_storages |= {
+            StorageWeakRef(t.untyped_storage()) for t in {**params, **buffers}.values()
+        }
+        self.param_storages |= {
+            StorageWeakRef(self.fakes[name].untyped_storage()) for name in buffers
+        }
 
     def _owners(self, tensors: list) -> tuple[list[str], int]:
         """Nodes owning these saved tensors' storages, and bytes of those no node owns."""
@@ -218,7 +230,9 @@ class _Annotator(torch.fx.Interpreter):
             with flops, recorder, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = super().run_node(n)
         except Exception as e:
-            raise PlanError(f"annotate: running {n.format_node()} on fake tensors failed: {e}") from e
+            raise PlanError(
+                f"annotate: running {n.format_node()} on fake tensors failed: {e}"
+            ) from e
         if n.op != "output":
             self._settle(n, out)
             n.meta[META_KEY] = self._describe(n, out, recorder, flops.get_total_flops(), saved)
@@ -231,11 +245,20 @@ class _Annotator(torch.fx.Interpreter):
         if env is None:
             return
         sized = [v for v in pytree.tree_leaves(out) if isinstance(v, (torch.Tensor, torch.SymInt))]
-        fresh = [s for s in free_unbacked_symbols(sized) if s not in env.real_tensor_prop_unbacked_vals]
+        fresh = [
+            s for s in free_unbacked_symbols(sized) if s not in env.real_tensor_prop_unbacked_vals
+        ]
         if not fresh:
             return
-        inputs = [t for t in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(t, torch.fx.Node)]
-        values = [v for a in inputs for v in pytree.tree_leaves(self.env.get(a)) if isinstance(v, torch.Tensor)]
+        inputs = [
+            t for t in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(t, torch.fx.Node)
+        ]
+        values = [
+            v
+            for a in inputs
+            for v in pytree.tree_leaves(self.env.get(a))
+            if isinstance(v, torch.Tensor)
+        ]
         bound = max((self._int(v.numel()) for v in values), default=1)
         for symbol in fresh:
             env.set_real_tensor_prop_unbacked_vals(symbol, bound)
@@ -248,7 +271,9 @@ class _Annotator(torch.fx.Interpreter):
             return int(env.optimization_hint(value.node.expr, fallback=1))
         return int(value)
 
-    def _describe(self, n: torch.fx.Node, out: Any, rec: _OpRecorder, flops: int, saved: list) -> NodeInfo:
+    def _describe(
+        self, n: torch.fx.Node, out: Any, rec: _OpRecorder, flops: int, saved: list
+    ) -> NodeInfo:
         tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         aliases, new_bytes = [], 0
         for t in tensors:
@@ -265,7 +290,9 @@ class _Annotator(torch.fx.Interpreter):
             if owner is not None and owner is not n and owner.name not in mutates:
                 mutates.append(owner.name)
         saves, internal = self._owners(saved)
-        writes_buffers = sorted({self.buffer_names[id(t)] for t in rec.written if id(t) in self.buffer_names})
+        writes_buffers = sorted(
+            {self.buffer_names[id(t)] for t in rec.written if id(t) in self.buffer_names}
+        )
         is_state = n.op == "get_attr" and isinstance(out, torch.Tensor)
         return NodeInfo(
             module_path=module_path_of(n),

@@ -87,7 +87,9 @@ class Captured:
             return list(self.binder.bind(args, kwargs).values())
         if isinstance(self.gm.graph._codegen, _PyTreeCodeGen):  # placeholders: the call's leaves
             return pytree.tree_leaves((args, kwargs))
-        bound = self.binder.bind(args, kwargs)  # swapped-in modules: placeholders named as forward's
+        bound = self.binder.bind(
+            args, kwargs
+        )  # swapped-in modules: placeholders named as forward's
         return [bound[str(n.target)] for n in self.gm.graph.nodes if n.op == "placeholder"]
 
     def call(self, gm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -97,7 +99,9 @@ class Captured:
         return gm(*args, **kwargs)
 
 
-def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Optional[dict] = None) -> Captured:
+def capture(
+    model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Optional[dict] = None
+) -> Captured:
     """Capture ``model`` as a GraphModule; see the module docstring for the order of methods."""
     _refuse_global_hooks()
     binder = Binder(model.forward)
@@ -119,7 +123,9 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
         failures.append((SYMBOLIC, e))
     else:
         _refuse_changes(model, guard.changes)
-        log.debug("captured %s with symbolic_trace (%d nodes)", type(model).__name__, len(gm.graph.nodes))
+        log.debug(
+            "captured %s with symbolic_trace (%d nodes)", type(model).__name__, len(gm.graph.nodes)
+        )
         return Captured(gm, SYMBOLIC, binder, None, hooked, model, sharding)
     if args is None and kwargs is None:
         _refuse_changes(model, guard.changes)
@@ -135,13 +141,22 @@ def capture(model: torch.nn.Module, args: Optional[tuple] = None, kwargs: Option
         _refuse_changes(model, guard.changes)
         raise CaptureError(_message(model, failures, have_inputs=True)) from e
     _refuse_changes(model, guard.changes)
-    log.info("captured %s with torch.export (%s shapes; symbolic_trace failed: %s)", type(model).__name__,
-             "dynamic" if exported.shapes.dynamic else "fixed", _first_line(failures[0][1]))
+    log.info(
+        "captured %s with torch.export (%s shapes; symbolic_trace failed: %s)",
+        type(model).__name__,
+        "dynamic" if exported.shapes.dynamic else "fixed",
+        _first_line(failures[0][1]),
+    )
     return Captured(exported.gm, EXPORT, binder, exported.shapes, hooked, model, sharding)
 
 
-def _symbolic(model: torch.nn.Module, binder: Binder, args: Optional[tuple], kwargs: Optional[dict],
-              leaves: tuple[str, ...]) -> torch.fx.GraphModule:
+def _symbolic(
+    model: torch.nn.Module,
+    binder: Binder,
+    args: Optional[tuple],
+    kwargs: Optional[dict],
+    leaves: tuple[str, ...],
+) -> torch.fx.GraphModule:
     concrete = None
     if args is not None or kwargs is not None:
         bound = binder.bind(tuple(args or ()), dict(kwargs or {}))

@@ -22,7 +22,15 @@ import torch.fx
 from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.runs import Run
 
-__all__ = ["apply_force", "contiguous", "safe", "frees_memory", "without_kept", "force_notes", "pinned"]
+__all__ = [
+    "apply_force",
+    "contiguous",
+    "safe",
+    "frees_memory",
+    "without_kept",
+    "force_notes",
+    "pinned",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +45,9 @@ def pinned(n: torch.fx.Node, force: Mapping[str, str]) -> Optional[str]:
     return best[1] if best else None
 
 
-def apply_force(order: Sequence[torch.fx.Node], runs: list[Run], force: Mapping[str, str]) -> list[Run]:
+def apply_force(
+    order: Sequence[torch.fx.Node], runs: list[Run], force: Mapping[str, str]
+) -> list[Run]:
     """``save`` pins leave their runs; each ``recompute`` pin's nodes become runs of their own."""
     if not force:
         return runs
@@ -125,24 +135,36 @@ def without_kept(order: Sequence[torch.fx.Node], runs: list[Run],
     hit = sorted({keep[n.name] for r in runs for n in r if n.name in keep})
     notes = tuple(f"{path} has hooks: it runs as it is, outside recompute segments, so its hooks "
                   "fire once per forward" for path in hit)
-    pieces = [piece for r in runs for piece in contiguous([n for n in r if n.name not in keep], order)]
+    pieces = [
+        piece for r in runs for piece in contiguous([n for n in r if n.name not in keep], order)
+    ]
     return [p for p in pieces if p and frees_memory(p)], notes
 
 
-def force_notes(order: Sequence[torch.fx.Node], runs: list[Run], force: Mapping[str, str]) -> tuple[str, ...]:
+def force_notes(
+    order: Sequence[torch.fx.Node], runs: list[Run], force: Mapping[str, str]
+) -> tuple[str, ...]:
     """Why each module forced to recompute is not in a segment, if it is not."""
     in_runs = {n for r in runs for n in r}
     notes = []
     for path, mode in force.items():
         if mode != "recompute":
             continue
-        nodes = [n for n in order if pinned(n, force) == "recompute" and _under(info(n).module_path, path)]
+        nodes = [
+            n
+            for n in order
+            if pinned(n, force) == "recompute" and _under(info(n).module_path, path)
+        ]
         if not nodes:
-            notes.append(f"force[{path!r}] = 'recompute' has no effect: no compute node of the captured "
-                         "graph comes from that module (is it called in forward?)")
+            notes.append(
+                f"force[{path!r}] = 'recompute' has no effect: no compute node of the captured "
+                "graph comes from that module (is it called in forward?)"
+            )
         elif not any(n in in_runs for n in nodes):
-            notes.append(f"force[{path!r}] = 'recompute' has no effect: recomputing it would free nothing "
-                         "(every tensor it makes is used after it), or it has hooks")
+            notes.append(
+                f"force[{path!r}] = 'recompute' has no effect: recomputing it would free nothing "
+                "(every tensor it makes is used after it), or it has hooks"
+            )
     return tuple(notes)
 
 

@@ -68,14 +68,18 @@ class Exported:
     """Module paths called as they are (``call_module`` nodes), not traced through."""
 
 
-def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict, opaque: Sequence[str]) -> Exported:
+def export_graph(
+    model: torch.nn.Module, args: tuple, kwargs: dict, opaque: Sequence[str]
+) -> Exported:
     """Export ``model`` for calls like these, dynamic where possible, ``opaque`` modules kept."""
     opaque = tuple(opaque)
     with _recording(model) as calls:
         ep = _export_program(model, args, kwargs, opaque)
     callers = _function_callers(model, calls, opaque)
     if callers:  # export again, calling those modules as they are
-        log.info("keeping modules that call custom autograd Functions opaque: %s", ", ".join(callers))
+        log.info(
+            "keeping modules that call custom autograd Functions opaque: %s", ", ".join(callers)
+        )
         opaque = opaque + callers
         ep = _export_program(model, args, kwargs, opaque)
     rule = _shape_rule(ep)
@@ -155,15 +159,24 @@ def _recording(model: torch.nn.Module) -> Iterator[list[tuple[type, str]]]:
 def _export_program(model: torch.nn.Module, args: tuple, kwargs: dict,
                     opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
     """Export with every dimension dynamic where the model allows; for these shapes if it refuses."""
+
     def run(shapes: Optional[dict[str, Any]]) -> torch.export.ExportedProgram:
-        return torch.export.export(model, tuple(args), dict(kwargs), strict=False, dynamic_shapes=shapes,
-                                   preserve_module_call_signature=opaque)
+        return torch.export.export(
+            model,
+            tuple(args),
+            dict(kwargs),
+            strict=False,
+            dynamic_shapes=shapes,
+            preserve_module_call_signature=opaque,
+        )
 
     try:
         return run(_dynamic_shapes(model, args, kwargs))
     except Exception as e:  # export refused symbolic sizes somewhere: specialise to these shapes
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        log.info("torch.export with dynamic shapes failed (%s); exporting for these shapes only", first)
+        log.info(
+            "torch.export with dynamic shapes failed (%s); exporting for these shapes only", first
+        )
         return run(None)
 
 
@@ -204,7 +217,11 @@ def _shape_rule(ep: torch.export.ExportedProgram) -> ShapeRule:
     dims = []
     for node in ep.graph.nodes:
         value = node.meta.get("val")
-        if node.op != "placeholder" or node.name not in inputs or not isinstance(value, torch.Tensor):
+        if (
+            node.op != "placeholder"
+            or node.name not in inputs
+            or not isinstance(value, torch.Tensor)
+        ):
             continue
         per_dim = []
         for size in value.shape:

@@ -50,7 +50,11 @@ def flatten(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
             env[n] = _inline(flat, gm.get_submodule(seg), [env[a] for a in n.args[1:]])
         elif n.op == "get_attr" and n.target in names:
             continue
-        elif n.op == "call_function" and n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):
+        elif (
+            n.op == "call_function"
+            and n.target is operator.getitem
+            and isinstance(env.get(n.args[0]), tuple)
+        ):
             env[n] = env[n.args[0]][n.args[1]]
         else:
             env[n] = flat.node_copy(n, lambda a: env[a])
@@ -68,7 +72,9 @@ def _inline(flat: torch.fx.Graph, sub: torch.nn.Module, inputs: list[Any]) -> An
     env: Env = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
-        raise PlanError(f"flatten: segment takes {len(placeholders)} inputs but is called with {len(inputs)}")
+        raise PlanError(
+            f"flatten: segment takes {len(placeholders)} inputs but is called with {len(inputs)}"
+        )
     env.update(zip(placeholders, inputs))
     for n in sub.graph.nodes:
         if n.op == "output":

@@ -62,12 +62,20 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
             module_path=i.module_path,
         )
         for a in n.all_input_nodes:
-            root = _root(nodes, a.name)  # a view of a parameter or buffer has a get_attr root: not an edge
+            root = _root(
+                nodes, a.name
+            )  # a view of a parameter or buffer has a get_attr root: not an edge
             if (a in members or a.op == "placeholder") and root in graph:
                 graph.add_edge(root, n.name)
-    graph.graph["outputs"] = tuple(dict.fromkeys(
-        _root(nodes, a.name) for n in gm.graph.nodes if n.op == "output" for a in n.all_input_nodes if a in members
-    ))
+    graph.graph["outputs"] = tuple(
+        dict.fromkeys(
+            _root(nodes, a.name)
+            for n in gm.graph.nodes
+            if n.op == "output"
+            for a in n.all_input_nodes
+            if a in members
+        )
+    )
     return graph
 
 
@@ -102,9 +110,13 @@ def to_problem(graph: nx.DiGraph) -> Problem:
         inputs = tuple(dict.fromkeys(p for p in graph.predecessors(name) if p != name))
         ops.append(Op(name=name, out_bytes=d["out_bytes"], cost=d["cost"], inputs=inputs,
                       saves=tuple(dict.fromkeys(saves)), grad_bytes=d["grad"]))
-    outputs = tuple(o for o in graph.graph["outputs"] if graph.nodes.get(o, {}).get("kind") == "op")
+    outputs = tuple(
+        o for o in graph.graph["outputs"] if graph.nodes.get(o, {}).get("kind") == "op"
+    )
     loss_bytes = sum(graph.nodes[o]["grad"] for o in outputs)
-    ops.append(Op(name=LOSS, out_bytes=loss_bytes, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0))
+    ops.append(
+        Op(name=LOSS, out_bytes=loss_bytes, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0)
+    )
     return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=SEGMENT_COST)
 
 

@@ -32,10 +32,14 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule computing what ``gm`` computes, with its own graph and the same state."""
     graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    out, old_output = cast(tuple[Any, torch.fx.Node], graph.graph_copy(gm.graph, env, return_output_node=True))
+    out, old_output = cast(
+        tuple[Any, torch.fx.Node], graph.graph_copy(gm.graph, env, return_output_node=True)
+    )
     new_output = graph.output(out, type_expr=old_output.type)
     new_output.meta = copy.copy(old_output.meta)
-    graph._codegen = copy.copy(gm.graph._codegen)  # read-only (pytree specs): shared, not deep-copied
+    graph._codegen = copy.copy(
+        gm.graph._codegen
+    )  # read-only (pytree specs): shared, not deep-copied
     new = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     for name in _CARRIED:
         if name in gm.__dict__:

@@ -39,9 +39,13 @@ def lower(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
         try:
             _lower_segment(gm, seg, nodes, plan.training)
         except KeyError as e:
-            raise PlanError(f"lower: {seg.name} names node {e}, which the graph does not have") from e
+            raise PlanError(
+                f"lower: {seg.name} names node {e}, which the graph does not have"
+            ) from e
         except Exception as e:
-            raise PlanError(f"lower: could not rewrite {seg.name} ({seg.nodes[0]}..{seg.nodes[-1]}): {e}") from e
+            raise PlanError(
+                f"lower: could not rewrite {seg.name} ({seg.nodes[0]}..{seg.nodes[-1]}): {e}"
+            ) from e
     for n in list(gm.graph.nodes):
         if n.op == "get_attr" and not n.users:
             gm.graph.erase_node(n)
@@ -83,7 +87,9 @@ def _lower_segment(
         if len(outputs) == 1:
             results = [call]
         else:
-            results = [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
+            results = [
+                graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))
+            ]
     for old, new in zip(outputs, results):
         new.meta = dict(old.meta)
         old.replace_all_uses_with(new, delete_user_cb=lambda user: user not in member_set)
@@ -96,7 +102,13 @@ def _lower_segment(
         call.name = seg.outputs[0]
     for name, new in zip(seg.outputs, results):
         nodes[name] = new  # later segments name their inputs as the plan saw them
-    log.debug("lowered %s: %d nodes, inputs %s, outputs %s", seg.name, len(members), seg.inputs, seg.outputs)
+    log.debug(
+        "lowered %s: %d nodes, inputs %s, outputs %s",
+        seg.name,
+        len(members),
+        seg.inputs,
+        seg.outputs,
+    )
 
 
 def _extract(

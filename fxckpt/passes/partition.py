@@ -89,7 +89,9 @@ class StagePlan:
             rows.append((str(s), str(len(nodes)), f"{c:,.0f}", f"{c / total:.0%}",
                          shown if len(shown) <= 50 else shown[:47] + "..."))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [f"{self.stages} stage(s), {self.method}; slowest stage {self.bottleneck:,.0f} {self.cost}"]
+        lines = [
+            f"{self.stages} stage(s), {self.method}; slowest stage {self.bottleneck:,.0f} {self.cost}"
+        ]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         return "\n".join(lines)
 
@@ -116,7 +118,9 @@ def _segment_flops(gm: torch.fx.GraphModule, call: torch.fx.Node) -> int:
     return sum(info(n).flops for n in stage_order(sub) if has_info(n))
 
 
-def node_costs(gm: torch.fx.GraphModule, plan: Optional[Plan] = None, cost: str = "flops") -> list[float]:
+def node_costs(
+    gm: torch.fx.GraphModule, plan: Optional[Plan] = None, cost: str = "flops"
+) -> list[float]:
     """The cost of each node of :func:`stage_order`: forward work plus recompute work."""
     if cost not in COSTS:
         raise ConfigError(f"cost must be one of {COSTS} (got {cost!r})")
@@ -182,8 +186,13 @@ def partition(
     return _stage_plan(order, part, method, cost)
 
 
-def _from_balance(order: list[torch.fx.Node], costs: list[float], allowed: list[int], balance: Balance,
-                  stages: Optional[int]) -> tuple[solver.Partition, str]:
+def _from_balance(
+    order: list[torch.fx.Node],
+    costs: list[float],
+    allowed: list[int],
+    balance: Balance,
+    stages: Optional[int],
+) -> tuple[solver.Partition, str]:
     counts: object = balance
     method = f"balance={balance!r}"
     if isinstance(balance, (list, tuple)) and balance and all(isinstance(b, str) for b in balance):
@@ -191,7 +200,9 @@ def _from_balance(order: list[torch.fx.Node], costs: list[float], allowed: list[
         method = f"balance={list(balance)}"
     part = solver.partition_from_balance(costs, counts, allowed)
     if stages is not None and stages != len(part.costs):
-        raise ValueError(f"balance describes {len(part.costs)} stage(s) but stages={stages}; make them agree")
+        raise ValueError(
+            f"balance describes {len(part.costs)} stage(s) but stages={stages}; make them agree"
+        )
     return part, method
 
 
@@ -205,16 +216,24 @@ def _counts_from_paths(order: list[torch.fx.Node], paths: list[str]) -> list[int
         if hit is None:
             known = sorted({m.split(".")[0] for m in module_paths if m})
             close = difflib.get_close_matches(p, sorted(set(module_paths)), n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else f" (top-level: {known})"
-            raise ValueError(f"balance boundary {p!r} names no module after position {start - 1} of the "
-                             f"graph, in order{hint}")
+            hint = (
+                f"; did you mean {', '.join(map(repr, close))}?"
+                if close
+                else f" (top-level: {known})"
+            )
+            raise ValueError(
+                f"balance boundary {p!r} names no module after position {start - 1} of the "
+                f"graph, in order{hint}"
+            )
         cuts.append(hit)
         start = hit + 1
     bounds = [0, *cuts, len(order)]
     return [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
 
 
-def _stage_plan(order: list[torch.fx.Node], part: solver.Partition, method: str, cost: str) -> StagePlan:
+def _stage_plan(
+    order: list[torch.fx.Node], part: solver.Partition, method: str, cost: str
+) -> StagePlan:
     b = part.bounds
     groups = [order[b[s]:b[s + 1]] for s in range(len(b) - 1)]
     plan = StagePlan(
@@ -241,7 +260,9 @@ def pytree_specs(gm: torch.fx.GraphModule) -> Optional[tuple[Any, Any]]:
     return None if info_ is None else (info_.in_spec, info_.out_spec)
 
 
-def split_stages(gm: torch.fx.GraphModule, stage_of: Mapping[str, int]) -> list[torch.fx.GraphModule]:
+def split_stages(
+    gm: torch.fx.GraphModule, stage_of: Mapping[str, int]
+) -> list[torch.fx.GraphModule]:
     """One GraphModule per stage; see the module docstring for what each takes and returns."""
     nodes = list(gm.graph.nodes)
     stage = _check_stage_of(nodes, stage_of)
@@ -255,18 +276,30 @@ def split_stages(gm: torch.fx.GraphModule, stage_of: Mapping[str, int]) -> list[
             out.append(_build_stage(gm, nodes, stage, j, k, carried, sizes[j - 1] if j else {}))
         except Exception as e:
             raise PlanError(f"split_stages: could not build stage {j} of {k}: {e}") from e
-    log.debug("split into %d stages; carried between stages: %s", k, [[n.name for n in c] for c in carried])
+    log.debug(
+        "split into %d stages; carried between stages: %s",
+        k,
+        [[n.name for n in c] for c in carried],
+    )
     return out
 
 
-def _check_stage_of(nodes: list[torch.fx.Node], stage_of: Mapping[str, int]) -> dict[torch.fx.Node, int]:
+def _check_stage_of(
+    nodes: list[torch.fx.Node], stage_of: Mapping[str, int]
+) -> dict[torch.fx.Node, int]:
     compute = [n for n in nodes if n.op in COMPUTE_OPS]
     missing = [n.name for n in compute if n.name not in stage_of]
     if missing:
-        raise ConfigError(f"stage_of must give a stage for every compute node (missing {missing[:5]})")
+        raise ConfigError(
+            f"stage_of must give a stage for every compute node (missing {missing[:5]})"
+        )
     stage = {n: stage_of[n.name] for n in compute}
     values = [stage[n] for n in compute]
-    if not values or values[0] != 0 or any(b - a not in (0, 1) for a, b in zip(values, values[1:])):
+    if (
+        not values
+        or values[0] != 0
+        or any(b - a not in (0, 1) for a, b in zip(values, values[1:]))
+    ):
         raise ConfigError(
             "stages must be contiguous: stage numbers start at 0 and never decrease or skip along the "
             f"topological order (got {values})"
@@ -274,14 +307,18 @@ def _check_stage_of(nodes: list[torch.fx.Node], stage_of: Mapping[str, int]) -> 
     return stage
 
 
-def _carried(nodes: list[torch.fx.Node], stage: dict[torch.fx.Node, int], k: int) -> list[list[torch.fx.Node]]:
+def _carried(
+    nodes: list[torch.fx.Node], stage: dict[torch.fx.Node, int], k: int
+) -> list[list[torch.fx.Node]]:
     """``carried[j]``: values made at or before stage j and used after it (boundary j -> j+1)."""
     carried: list[list[torch.fx.Node]] = [[] for _ in range(k - 1)]
     for n in nodes:
         if n.op in ("get_attr", "output"):
             continue
         made = stage.get(n, 0)  # placeholders are stage 0's inputs
-        last = max((stage.get(u, k - 1) for u in n.users), default=made)  # the output is built last
+        last = max(
+            (stage.get(u, k - 1) for u in n.users), default=made
+        )  # the output is built last
         for j in range(made, last):
             carried[j].append(n)
     return carried
@@ -310,9 +347,15 @@ def _sizes_read_off(values: list[torch.fx.Node]) -> dict[torch.fx.Node, tuple[to
     return read
 
 
-def _build_stage(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], stage: dict[torch.fx.Node, int],
-                 j: int, k: int, carried: list[list[torch.fx.Node]],
-                 sizes: Mapping[torch.fx.Node, tuple[torch.fx.Node, int]]) -> torch.fx.GraphModule:
+def _build_stage(
+    gm: torch.fx.GraphModule,
+    nodes: list[torch.fx.Node],
+    stage: dict[torch.fx.Node, int],
+    j: int,
+    k: int,
+    carried: list[list[torch.fx.Node]],
+    sizes: Mapping[torch.fx.Node, tuple[torch.fx.Node, int]],
+) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     if j == 0:

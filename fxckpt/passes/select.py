@@ -36,7 +36,12 @@ log = logging.getLogger(__name__)
 
 
 def select(
-    gm: torch.fx.GraphModule, config: TransformConfig, *, capture: str, training: bool, signature: str,
+    gm: torch.fx.GraphModule,
+    config: TransformConfig,
+    *,
+    capture: str,
+    training: bool,
+    signature: str,
     keep: Mapping[str, str] = {},
 ) -> Plan:
     """Choose segments for the annotated ``gm`` as ``config`` asks.
@@ -48,15 +53,19 @@ def select(
     problem = problem_of(gm)
     replay = config.strategy if isinstance(config.strategy, Replay) else None
     if config.offload == "auto" and replay is None:
-        per_byte = offload_cost_per_byte(config.offload_bandwidth, device_of(gm), config.offload_device or "cpu")
+        per_byte = offload_cost_per_byte(
+            config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
+        )
         problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
     chosen = choose(config.strategy, order, problem, dict(config.force))
     runs, kept_notes = without_kept(order, list(chosen.runs), keep)
     notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, config.force)]
     prediction = predict(problem, runs)
     if chosen.budget is not None and replay is None and prediction.peak > chosen.budget:
-        notes.append(f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
-                     f"{chosen.budget} B")
+        notes.append(
+            f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
+            f"{chosen.budget} B"
+        )
     prefix = _segment_prefix(gm, len(runs))
     segments = tuple(_describe(f"{prefix}_{i}", run, config) for i, run in enumerate(runs))
     if config.offload == "auto" and replay is None:
@@ -68,16 +77,29 @@ def select(
     if not segments:
         notes.append(_why_none(config, chosen.why_none))
     plan = Plan(
-        strategy=config.strategy_name, options=config.to_dict(), capture=capture, training=training,
-        signature=signature, segments=segments, node_count=len(order),
-        total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
-        eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
-        predicted_recompute=prediction.recompute, budget=chosen.budget,
+        strategy=config.strategy_name,
+        options=config.to_dict(),
+        capture=capture,
+        training=training,
+        signature=signature,
+        segments=segments,
+        node_count=len(order),
+        total_flops=sum(info(n).flops for n in order),
+        notes=tuple(notes),
+        eager_peak=prediction.eager_peak,
+        predicted_peak=prediction.peak,
+        predicted_recompute=prediction.recompute,
+        budget=chosen.budget,
     )
     log.info("fxckpt plan: %s", plan.summary())
     for seg in segments:
-        log.info("  %s: %s (%d nodes, %s)", seg.name, ", ".join(seg.module_paths) or "-", len(seg.nodes),
-                 seg.reason)
+        log.info(
+            "  %s: %s (%d nodes, %s)",
+            seg.name,
+            ", ".join(seg.module_paths) or "-",
+            len(seg.nodes),
+            seg.reason,
+        )
     return plan
 
 

@@ -32,8 +32,12 @@ __all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_HOOK_KEYS = frozenset(_HOOK_TABLES) | {"_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                                        "_forward_pre_hooks_with_kwargs", "_is_full_backward_hook"}
+_HOOK_KEYS = frozenset(_HOOK_TABLES) | {
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+    "_is_full_backward_hook",
+}
 _MISSING = object()
 
 
@@ -55,7 +59,9 @@ class StateGuard:
         self._stack.enter_context(_recording_draws(self.draws))
         self._random = random.getstate()
         self._numpy = _numpy_state()
-        self._attrs = {path: _snapshot(m) for path, m in self.model.named_modules(remove_duplicate=False)}
+        self._attrs = {
+            path: _snapshot(m) for path, m in self.model.named_modules(remove_duplicate=False)
+        }
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -200,8 +206,17 @@ def hooks_off(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
             m.__dict__.update(tables)
 
 
-_NOT_DRAWS = {"get_state", "set_state", "seed", "default_rng", "getstate", "setstate", "get_bit_generator",
-              "set_bit_generator", "test"}
+_NOT_DRAWS = {
+    "get_state",
+    "set_state",
+    "seed",
+    "default_rng",
+    "getstate",
+    "setstate",
+    "get_bit_generator",
+    "set_bit_generator",
+    "test",
+}
 
 
 @contextlib.contextmanager
@@ -214,7 +229,12 @@ def _recording_draws(draws: list[str]) -> Iterator[None]:
     for module, label in modules:
         for name in dir(module):
             fn = getattr(module, name)
-            if name.startswith("_") or name in _NOT_DRAWS or isinstance(fn, type) or not callable(fn):
+            if (
+                name.startswith("_")
+                or name in _NOT_DRAWS
+                or isinstance(fn, type)
+                or not callable(fn)
+            ):
                 continue
             patched.append((module, name, fn))
             setattr(module, name, _noting(fn, f"{label}.{name}", draws))
@@ -228,7 +248,9 @@ def _recording_draws(draws: list[str]) -> Iterator[None]:
 def _noting(fn: Any, label: str, draws: list[str]) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
-        draws.append(f"{label}() in {frame.f_code.co_name} at {_file(frame.f_code.co_filename)}:{frame.f_lineno}")
+        draws.append(
+            f"{label}() in {frame.f_code.co_name} at {_file(frame.f_code.co_filename)}:{frame.f_lineno}"
+        )
         return fn(*args, **kwargs)
 
     return call

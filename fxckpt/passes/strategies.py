@@ -62,7 +62,9 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
     if isinstance(strategy, Budgeted):
         solved, limit = budgeted(problem, order, strategy.budget)
         # The solver's segments all pay off by its own account: only the correctness rules here.
-        return Chosen(tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit)
+        return Chosen(
+            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit
+        )
     if isinstance(strategy, Replay):
         return Chosen(tuple(replayed(order, strategy.plan)), budget=strategy.plan.budget)
     return _cleaned(order, [], force)
@@ -81,7 +83,9 @@ def _cleaned(order: Sequence[torch.fx.Node], runs: list[Run], force: dict[str, s
         "nn.Sequential); group several layers per segment with every=N or budget="))
 
 
-def every(order: Sequence[torch.fx.Node], units_per_segment: int) -> tuple[list[Run], tuple[str, ...]]:
+def every(
+    order: Sequence[torch.fx.Node], units_per_segment: int
+) -> tuple[list[Run], tuple[str, ...]]:
     """Runs of ``units_per_segment`` units of work, cut at legal points."""
     notes = []
     units = [i for i, n in enumerate(order) if info(n).flops > 0]
@@ -89,7 +93,9 @@ def every(order: Sequence[torch.fx.Node], units_per_segment: int) -> tuple[list[
         units = [i for i, n in enumerate(order) if info(n).new_bytes > 0]
         notes.append("no node has FLOPs; every= counts nodes that allocate memory instead")
     if len(units) <= units_per_segment:
-        notes.append(f"every={units_per_segment} but the graph has {len(units)} unit(s) of work: one segment")
+        notes.append(
+            f"every={units_per_segment} but the graph has {len(units)} unit(s) of work: one segment"
+        )
     wanted = [units[k] for k in range(units_per_segment, len(units), units_per_segment)]
     cuts = [0]
     for k, p in enumerate(wanted):
@@ -137,7 +143,9 @@ def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
     return runs
 
 
-def budgeted(problem: Problem, order: Sequence[torch.fx.Node], budget: Budget) -> tuple[list[Run], int]:
+def budgeted(
+    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget
+) -> tuple[list[Run], int]:
     """Runs with the least recompute whose predicted peak fits ``budget``; and the budget in bytes."""
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
@@ -148,16 +156,22 @@ def budgeted(problem: Problem, order: Sequence[torch.fx.Node], budget: Budget) -
         solution = solve(problem, limit - extra)
     except BudgetInfeasible as e:
         raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
-    log.info("budget %s (%s): %d segment(s), predicted peak %s, recompute cost %.3g", budget,
-             format_bytes(limit), len(solution.segments), format_bytes(solution.predicted_peak + extra),
-             solution.recompute_cost)
+    log.info(
+        "budget %s (%s): %d segment(s), predicted peak %s, recompute cost %.3g",
+        budget,
+        format_bytes(limit),
+        len(solution.segments),
+        format_bytes(solution.predicted_peak + extra),
+        solution.recompute_cost,
+    )
     return to_runs(problem, solution.segments, order), limit
 
 
 def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
     fraction = f" ({minimum / eager:.3f} of the eager peak)" if eager else ""
     return BudgetInfeasibleError(
-        limit, minimum,
+        limit,
+        minimum,
         f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest peak "
         f"activation memory any plan reaches for this model and input is {format_bytes(minimum)} "
         f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
@@ -178,6 +192,8 @@ def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
             )
         idx = [position[name] for name in seg.nodes]
         if idx != list(range(idx[0], idx[0] + len(idx))):
-            raise PlanError(f"the saved plan's {seg.name} is not a contiguous run of this graph's nodes")
+            raise PlanError(
+                f"the saved plan's {seg.name} is not a contiguous run of this graph's nodes"
+            )
         runs.append([order[i] for i in idx])
     return runs

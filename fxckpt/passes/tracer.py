@@ -95,7 +95,9 @@ class FxckptTracer(torch.fx.Tracer):
             _function_cls.apply = original  # type: ignore[method-assign]
 
 
-def to_graph_module(root: torch.nn.Module, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+def to_graph_module(
+    root: torch.nn.Module, graph: torch.fx.Graph, class_name: str
+) -> torch.fx.GraphModule:
     """``GraphModule(root, graph)``, renaming model attributes a GraphModule owns (``code``, ``graph``).
 
     A model may well have a child called ``graph`` (a GNN) or ``code``; as an attribute of the

@@ -122,7 +122,9 @@ class _Collect(TorchFunctionMode):
         super().__init__()
         self.owner, self.by_buffer = owner, by_buffer
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is not F.batch_norm:
             return func(*args, **kwargs)
@@ -136,5 +138,10 @@ class _Collect(TorchFunctionMode):
             self.owner.record(key, a["input"])
         # Throwaway copies of the running buffers take the update: the op (and what autograd saves
         # for it) is the eager one, so a segment recomputed outside this mode matches its first run.
-        running = (a["running_mean"].clone(), a["running_var"].clone() if a["running_var"] is not None else None)
-        return F.batch_norm(a["input"], *running, a["weight"], a["bias"], True, a["momentum"], a["eps"])
+        running = (
+            a["running_mean"].clone(),
+            a["running_var"].clone() if a["running_var"] is not None else None,
+        )
+        return F.batch_norm(
+            a["input"], *running, a["weight"], a["bias"], True, a["momentum"], a["eps"]
+        )

@@ -46,7 +46,12 @@ def is_recomputing() -> bool:
 
 def _metadata(x: torch.Tensor) -> dict[str, Any]:
     """What torch's recompute check compares; the segment's name makes a mismatch say where."""
-    return {"segment": getattr(_local, "segment", None), "shape": x.shape, "dtype": x.dtype, "device": x.device}
+    return {
+        "segment": getattr(_local, "segment", None),
+        "shape": x.shape,
+        "dtype": x.dtype,
+        "device": x.device,
+    }
 
 
 # torch keeps its determinism checks in a private table; fall back to its default if it moves.

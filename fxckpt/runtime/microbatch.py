@@ -44,7 +44,11 @@ def _name(path: tuple, names: Optional[Sequence[str]]) -> str:
     head, rest = path[0], path[1:]
     if getattr(head, "idx", None) == 0 and rest:  # positional arguments
         i = getattr(rest[0], "idx", None)
-        base = names[i] if names is not None and isinstance(i, int) and i < len(names) else f"args[{i}]"
+        base = (
+            names[i]
+            if names is not None and isinstance(i, int) and i < len(names)
+            else f"args[{i}]"
+        )
         return base + pytree.keystr(tuple(rest[1:]))
     if rest and hasattr(rest[0], "key"):
         return str(rest[0].key) + pytree.keystr(tuple(rest[1:]))
@@ -54,7 +58,11 @@ def _name(path: tuple, names: Optional[Sequence[str]]) -> str:
 def batch_size(args: tuple, kwargs: dict, names: Optional[Sequence[str]] = None) -> Optional[int]:
     """The common dim-0 size of every tensor input (``None`` if no input has a dimension)."""
     leaves, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    sizes = [(_name(path, names), t.shape[0]) for path, t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
+    sizes = [
+        (_name(path, names), t.shape[0])
+        for path, t in leaves
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    ]
     if not sizes:
         return None
     if len({s for _, s in sizes}) > 1:
@@ -66,7 +74,9 @@ def batch_size(args: tuple, kwargs: dict, names: Optional[Sequence[str]] = None)
     return int(sizes[0][1])
 
 
-def scatter(args: tuple, kwargs: dict, chunks: int, names: Optional[Sequence[str]] = None) -> list[MicroBatch]:
+def scatter(
+    args: tuple, kwargs: dict, chunks: int, names: Optional[Sequence[str]] = None
+) -> list[MicroBatch]:
     """Split ``(args, kwargs)`` into at most ``chunks`` micro-batches along dim 0."""
     check_int("chunks", chunks)
     batch = batch_size(args, kwargs, names)
@@ -74,8 +84,12 @@ def scatter(args: tuple, kwargs: dict, chunks: int, names: Optional[Sequence[str
     if pieces == 1:
         return [(tuple(args), dict(kwargs))]
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    split = [torch.tensor_split(t, pieces, dim=0) if isinstance(t, torch.Tensor) and t.dim() > 0 else None
-             for t in leaves]
+    split = [
+        torch.tensor_split(t, pieces, dim=0)
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+        else None
+        for t in leaves
+    ]
     out = []
     for i in range(pieces):
         mb = [s[i] if s is not None else leaf for s, leaf in zip(split, leaves)]
@@ -103,7 +117,9 @@ def _gather(items: list, where: str) -> Any:
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         fields = [f.name for f in dataclasses.fields(first)]
         values = {f: _gather([getattr(it, f) for it in items], f"{where}.{f}") for f in fields}
-        return dataclasses.replace(first, **{f.name: values[f.name] for f in dataclasses.fields(first) if f.init})
+        return dataclasses.replace(
+            first, **{f.name: values[f.name] for f in dataclasses.fields(first) if f.init}
+        )
     if isinstance(first, (tuple, list)):
         parts = [_gather([it[i] for it in items], f"{where}[{i}]") for i in range(len(first))]
         if isinstance(first, tuple) and hasattr(first, "_fields"):
@@ -153,14 +169,18 @@ def _same_kind(items: list, where: str) -> None:
     first = items[0]
     for i, it in enumerate(items[1:], start=1):
         if type(it) is not type(first):
-            raise ValueError(f"{where} is a {type(first).__name__} in micro-batch 0 but a "
-                             f"{type(it).__name__} in micro-batch {i}; every micro-batch must return the same structure")
+            raise ValueError(
+                f"{where} is a {type(first).__name__} in micro-batch 0 but a "
+                f"{type(it).__name__} in micro-batch {i}; every micro-batch must return the same structure"
+            )
         if isinstance(first, dict) or _is_model_output(first):
             if list(it.keys()) != list(first.keys()):
                 raise ValueError(f"{where} has keys {list(first.keys())} in micro-batch 0 but "
                                  f"{list(it.keys())} in micro-batch {i}")
         elif isinstance(first, (tuple, list)) and len(it) != len(first):
-            raise ValueError(f"{where} has {len(first)} items in micro-batch 0 but {len(it)} in micro-batch {i}")
+            raise ValueError(
+                f"{where} has {len(first)} items in micro-batch 0 but {len(it)} in micro-batch {i}"
+            )
 
 
 def _is_model_output(x: Any) -> bool:

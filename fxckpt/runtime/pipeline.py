@@ -42,7 +42,11 @@ from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.checkpoint import is_recomputing
 from fxckpt.runtime.microbatch import gather, scatter
 from fxckpt.runtime.segment import Recomputable
-from fxckpt.runtime.schedule import checkpoint_stop as _checkpoint_stop, clock_cycles, schedule_chart
+from fxckpt.runtime.schedule import (
+    checkpoint_stop as _checkpoint_stop,
+    clock_cycles,
+    schedule_chart,
+)
 
 __all__ = ["Pipeline", "CHECKPOINT_MODES", "check_chunks", "check_checkpoint", "check_device"]
 
@@ -60,7 +64,9 @@ def check_chunks(chunks: object) -> int:
 
 def check_checkpoint(mode: object) -> str:
     if mode not in CHECKPOINT_MODES:
-        raise ConfigError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))} (got {mode!r})")
+        raise ConfigError(
+            f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_MODES))} (got {mode!r})"
+        )
     return str(mode)
 
 
@@ -69,17 +75,23 @@ def check_device(device: object) -> torch.device:
     try:
         dev = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError, ValueError) as e:
-        raise ConfigError(f"devices must be torch devices or strings like 'cpu' or 'cuda:0' (got {device!r}: {e})") from e
+        raise ConfigError(
+            f"devices must be torch devices or strings like 'cpu' or 'cuda:0' (got {device!r}: {e})"
+        ) from e
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type == "cuda":
         n = torch.cuda.device_count()
         if n == 0:
-            raise ConfigError(f"device {device!r} does not exist: this machine has no CUDA device; use 'cpu'")
+            raise ConfigError(
+                f"device {device!r} does not exist: this machine has no CUDA device; use 'cpu'"
+            )
         index = torch.cuda.current_device() if dev.index is None else dev.index
         if index >= n:
-            raise ConfigError(f"device {device!r} does not exist: this machine has {n} CUDA device(s), "
-                              f"cuda:0 to cuda:{n - 1}")
+            raise ConfigError(
+                f"device {device!r} does not exist: this machine has {n} CUDA device(s), "
+                f"cuda:0 to cuda:{n - 1}"
+            )
         return torch.device("cuda", index)
     backend = getattr(torch, dev.type, None)
     if backend is None or not getattr(backend, "is_available", lambda: False)():
@@ -115,7 +127,9 @@ class _Streams:
     """CUDA streams: one compute stream per device, one copy stream per device pair (none on CPU)."""
 
     def __init__(self, devices: Sequence[torch.device]) -> None:
-        self.compute_streams = {d: torch.cuda.Stream(device=d) for d in set(devices) if d.type == "cuda"}
+        self.compute_streams = {
+            d: torch.cuda.Stream(device=d) for d in set(devices) if d.type == "cuda"
+        }
         self.copy_streams: dict[tuple[torch.device, torch.device], Any] = {}
 
     def compute(self, device: torch.device) -> ContextManager:
@@ -151,7 +165,11 @@ class _Streams:
             t.record_stream(self._producer(dst))
             return t
         # As torchgpipe's Copy: a copy stream on each CUDA side is current while copying.
-        streams = [(d, self._copy_stream(d, peer)) for d, peer in ((src, dst), (dst, src)) if d.type == "cuda"]
+        streams = [
+            (d, self._copy_stream(d, peer))
+            for d, peer in ((src, dst), (dst, src))
+            if d.type == "cuda"
+        ]
         if src.type == "cuda":
             streams[0][1].wait_stream(self._producer(src))
         with contextlib.ExitStack() as stack:
@@ -189,13 +207,22 @@ class Pipeline(nn.Module):
     positional inputs in error messages.
     """
 
-    def __init__(self, stages: Sequence[nn.Module], devices: Sequence[Device], chunks: int,
-                 checkpoint: str = "except_last", *, input_names: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[nn.Module],
+        devices: Sequence[Device],
+        chunks: int,
+        checkpoint: str = "except_last",
+        *,
+        input_names: Optional[Sequence[str]] = None,
+    ) -> None:
         super().__init__()
         if not stages or not all(isinstance(s, nn.Module) for s in stages):
             raise ConfigError(f"stages must be a non-empty list of nn.Module (got {stages!r})")
         if isinstance(devices, (str, torch.device)) or len(devices) != len(stages):
-            raise ConfigError(f"give one device per stage: {len(stages)} stage(s) but devices={devices!r}")
+            raise ConfigError(
+                f"give one device per stage: {len(stages)} stage(s) but devices={devices!r}"
+            )
         self.chunks = check_chunks(chunks)
         self.checkpoint = check_checkpoint(checkpoint)
         self.devices = [check_device(d) for d in devices]
@@ -204,7 +231,8 @@ class Pipeline(nn.Module):
         self.recomputed: list[tuple[int, int]] = []
         self.norms = DeferredBatchNorm(m for s in stages for m in s.modules())
         self.stages = nn.ModuleList(
-            _Stage(s.to(d), j, self.recomputed, self.norms) for j, (s, d) in enumerate(zip(stages, self.devices))
+            _Stage(s.to(d), j, self.recomputed, self.norms)
+            for j, (s, d) in enumerate(zip(stages, self.devices))
         )
         self._streams = _Streams(self.devices)
 
@@ -248,21 +276,33 @@ class Pipeline(nn.Module):
                     values[i] = (values[i] if isinstance(values[i], tuple) else (values[i],), {})
         return [self._streams.finish(v, self.devices[last]) for v in values]
 
-    def _task(self, i: int, j: int, inputs: tuple[tuple, dict], stop: int, defer: bool, m: int) -> Any:
+    def _task(
+        self, i: int, j: int, inputs: tuple[tuple, dict], stop: int, defer: bool, m: int
+    ) -> Any:
         device, stage = self.devices[j], self.stages[j]
         try:
             args, kwargs = self._streams.transfer(inputs, device)
             with self._streams.compute(device):
                 if i < stop:
-                    log.debug("micro-batch %d/%d on stage %d (%s): checkpointed, recomputed in backward "
-                              "(checkpoint_stop=%d)", i, m, j, device, stop)
+                    log.debug(
+                        "micro-batch %d/%d on stage %d (%s): checkpointed, recomputed in backward "
+                        "(checkpoint_stop=%d)",
+                        i,
+                        m,
+                        j,
+                        device,
+                        stop,
+                    )
                     return run_checkpointed(stage, i, defer, args, kwargs)
                 log.debug("micro-batch %d/%d on stage %d (%s): not checkpointed, activations kept "
                           "(checkpoint_stop=%d)", i, m, j, device, stop)
                 return stage(i, defer, args, kwargs)
         except Exception as e:
-            _add_note(e, f"fxckpt pipeline: raised by stage {j} on {device} for micro-batch {i} of {m} "
-                         f"(clock {i + j}); the stages' buffers were restored to their values before this step")
+            _add_note(
+                e,
+                f"fxckpt pipeline: raised by stage {j} on {device} for micro-batch {i} of {m} "
+                f"(clock {i + j}); the stages' buffers were restored to their values before this step",
+            )
             raise
 
     def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -64,7 +64,10 @@ def schedule_chart(chunks: int, stages: int, recompute_stop: int | None = None) 
         f"bubble (K-1)/(M+K-1) = {stages - 1}/{clocks} = {bubble_fraction(chunks, stages):.0%}",
         "clock".ljust(label) + "".join(str(k).rjust(width) for k in range(clocks)),
     ]
-    lines += [f"stage {j}".ljust(label) + "".join(c.rjust(width) for c in row) for j, row in enumerate(grid)]
+    lines += [
+        f"stage {j}".ljust(label) + "".join(c.rjust(width) for c in row)
+        for j, row in enumerate(grid)
+    ]
     if recompute_stop:
         lines.append("* = checkpointed: recomputed in backward")
     return "\n".join(lines)

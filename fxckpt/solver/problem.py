@@ -121,13 +121,23 @@ class Problem:
             raise ValueError(f"Problem.ops must be a tuple of Op (got {self.ops!r})")
         _check_names("Problem.outputs", self.outputs)
         _validate_order(self.ops, self.outputs)
-        if isinstance(self.segment_overhead, bool) or not isinstance(self.segment_overhead, (int, float)) \
-                or not 0 <= self.segment_overhead < math.inf:
-            raise ValueError(f"Problem.segment_overhead must be a finite number >= 0 (got {self.segment_overhead!r})")
+        if (
+            isinstance(self.segment_overhead, bool)
+            or not isinstance(self.segment_overhead, (int, float))
+            or not 0 <= self.segment_overhead < math.inf
+        ):
+            raise ValueError(
+                f"Problem.segment_overhead must be a finite number >= 0 (got {self.segment_overhead!r})"
+            )
         per_byte = self.offload_cost_per_byte
-        if per_byte is not None and (isinstance(per_byte, bool) or not isinstance(per_byte, (int, float))
-                                     or not 0 <= per_byte < math.inf):
-            raise ValueError(f"Problem.offload_cost_per_byte must be a finite number >= 0 (got {per_byte!r})")
+        if per_byte is not None and (
+            isinstance(per_byte, bool)
+            or not isinstance(per_byte, (int, float))
+            or not 0 <= per_byte < math.inf
+        ):
+            raise ValueError(
+                f"Problem.offload_cost_per_byte must be a finite number >= 0 (got {per_byte!r})"
+            )
 
     @functools.cached_property
     def index(self) -> "Index":
@@ -273,12 +283,17 @@ class Index:
         """Cost of segment ``start..end-1``: recomputing it once, or offloading it if cheaper."""
         recompute = self.cum_cost[end] - self.cum_cost[start]
         if self.offload_per_byte is not None:
-            recompute = min(recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start]))
+            recompute = min(
+                recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start])
+            )
         return recompute + self.overhead
 
     def segment_offloads(self, start: int, end: int) -> bool:
         """True when offloading segment ``start..end-1`` costs less than recomputing it."""
-        return self.segment_cost(start, end) - self.overhead < self.cum_cost[end] - self.cum_cost[start]
+        return (
+            self.segment_cost(start, end) - self.overhead
+            < self.cum_cost[end] - self.cum_cost[start]
+        )
 
 
 def _reverse(n: int, reads: list[list[int]], saves: tuple[tuple[int, ...], ...],

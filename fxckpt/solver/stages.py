@@ -77,14 +77,18 @@ def check_costs(costs: Sequence[float]) -> None:
     """Costs must be finite non-negative numbers (the DP's monotonicity relies on it)."""
     for i, c in enumerate(costs):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
-            raise ValueError(f"node costs must be finite non-negative numbers (got {c!r} at position {i})")
+            raise ValueError(
+                f"node costs must be finite non-negative numbers (got {c!r} at position {i})"
+            )
 
 
 def _check_stages(stages: object, n: int, n_allowed: int) -> int:
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise ValueError(f"the number of stages must be a positive integer (got {stages!r})")
     if stages > n:
-        raise ValueError(f"cannot cut {n} node(s) into {stages} non-empty stages: use at most {n} stages")
+        raise ValueError(
+            f"cannot cut {n} node(s) into {stages} non-empty stages: use at most {n} stages"
+        )
     if stages - 1 > n_allowed:
         raise ValueError(
             f"{stages} stages need {stages - 1} cut points but only {n_allowed} positions may be cut "
@@ -99,7 +103,9 @@ def _allowed_positions(n: int, allowed: Optional[Iterable[int]]) -> list[int]:
     return sorted({p for p in allowed if 0 < p < n})
 
 
-def partition(costs: Sequence[float], stages: int, allowed: Optional[Iterable[int]] = None) -> Partition:
+def partition(
+    costs: Sequence[float], stages: int, allowed: Optional[Iterable[int]] = None
+) -> Partition:
     """Cut ``costs`` into ``stages`` contiguous runs minimising the largest run's cost.
 
     ``allowed`` lists the positions ``p`` (1..n-1) where a stage may start; default: all.
@@ -139,7 +145,9 @@ def _next_layer(points: list[int], prev: list[float], prefix: list[float],
     return out, back
 
 
-def _crossing(prev: list[float], prefix: list[float], points: list[int], pi: int, lo: int, hi: int) -> int:
+def _crossing(
+    prev: list[float], prefix: list[float], points: list[int], pi: int, lo: int, hi: int
+) -> int:
     """The first q in [lo, hi) with ``prev[q] >= S[p] - S[q]`` (hi if none)."""
     return bisect.bisect_left(_Crossing(prev, prefix, points, prefix[points[pi]]), True, lo, hi)
 
@@ -147,7 +155,9 @@ def _crossing(prev: list[float], prefix: list[float], points: list[int], pi: int
 class _Crossing:
     """A lazy boolean sequence ``prev[q] >= S[p] - S[q]`` (False...False True...True) for bisect."""
 
-    def __init__(self, prev: list[float], prefix: list[float], points: list[int], end: float) -> None:
+    def __init__(
+        self, prev: list[float], prefix: list[float], points: list[int], end: float
+    ) -> None:
         self.prev, self.prefix, self.points, self.end = prev, prefix, points, end
 
     def __getitem__(self, q: int) -> bool:
@@ -172,7 +182,9 @@ def check_balance(balance: object, n: int) -> tuple[int, ...]:
     Rules: a non-empty list of integers, each >= 1, summing to ``n`` (the graph's node count).
     """
     if isinstance(balance, (str, bytes)) or not isinstance(balance, (list, tuple)) or not balance:
-        raise ValueError(f"balance must be a non-empty list of node counts per stage (got {balance!r})")
+        raise ValueError(
+            f"balance must be a non-empty list of node counts per stage (got {balance!r})"
+        )
     for i, b in enumerate(balance):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(

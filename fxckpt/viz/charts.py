@@ -24,8 +24,15 @@ from fxckpt.viz.common import PathLike, finish, inspect_module, memory_unit, new
 __all__ = ["plot_pareto", "plot_schedule", "schedule_bars"]
 
 
-def plot_pareto(model: Any, example_inputs: Sequence[Any] = (), example_kwargs: Optional[Mapping[str, Any]] = None,
-                *, points: int = 9, mark: Optional[Mapping[str, Any]] = None, path: Optional[PathLike] = None) -> Any:
+def plot_pareto(
+    model: Any,
+    example_inputs: Sequence[Any] = (),
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    points: int = 9,
+    mark: Optional[Mapping[str, Any]] = None,
+    path: Optional[PathLike] = None,
+) -> Any:
     """Draw the predicted trade-off between peak activation memory and recompute for ``model``.
 
     Args:
@@ -37,19 +44,44 @@ def plot_pareto(model: Any, example_inputs: Sequence[Any] = (), example_kwargs: 
     """
     from fxckpt.pareto import pareto
 
-    curve = pareto(model, example_inputs=tuple(example_inputs), example_kwargs=dict(example_kwargs or {}),
-                   points=points)
+    curve = pareto(
+        model,
+        example_inputs=tuple(example_inputs),
+        example_kwargs=dict(example_kwargs or {}),
+        points=points,
+    )
     fig = new_figure(7, 4.5)
     ax = fig.add_subplot()
     eager = curve[0]["eager_peak"] if curve else 0
     unit, scale = memory_unit(max([eager, *(p["predicted_peak"] for p in curve)], default=1))
-    ax.plot([p["predicted_peak"] / scale for p in curve], [100 * p["recompute"] for p in curve], marker="o",
-            color="C0", label=f"budget solver ({len(curve)} budgets)", gid="pareto")
-    ax.scatter([eager / scale], [0], marker="*", s=120, color="#444444", zorder=3, label="no checkpointing")
+    ax.plot(
+        [p["predicted_peak"] / scale for p in curve],
+        [100 * p["recompute"] for p in curve],
+        marker="o",
+        color="C0",
+        label=f"budget solver ({len(curve)} budgets)",
+        gid="pareto",
+    )
+    ax.scatter(
+        [eager / scale],
+        [0],
+        marker="*",
+        s=120,
+        color="#444444",
+        zorder=3,
+        label="no checkpointing",
+    )
     for i, (label, module) in enumerate((mark or {}).items()):
         peak, recompute = _plan_point(module)
-        ax.scatter([peak / scale], [100 * recompute], marker="D", s=max(90 - 25 * i, 20), color=f"C{(i + 1) % 10}",
-                   zorder=4 + i, label=label)  # later marks smaller and on top: equal plans stay visible
+        ax.scatter(
+            [peak / scale],
+            [100 * recompute],
+            marker="D",
+            s=max(90 - 25 * i, 20),
+            color=f"C{(i + 1) % 10}",
+            zorder=4 + i,
+            label=label,
+        )  # later marks smaller and on top: equal plans stay visible
     ax.set_xlabel(f"predicted peak activation memory ({unit})")
     ax.set_ylabel("recompute (% of one forward pass)")
     ax.set_title(f"Memory / recompute trade-off: {type(model).__name__}", fontsize=9)
@@ -87,7 +119,9 @@ def _clock(phase: str, i: int, j: int, chunks: int, stages: int) -> int:
 
 def plot_schedule(module_or_plan: Any, path: Optional[PathLike] = None) -> Any:
     """Draw a staged plan's pipeline schedule (forward, recompute, backward) as a Gantt chart."""
-    plan = module_or_plan if isinstance(module_or_plan, Plan) else inspect_module(module_or_plan).plan
+    plan = (
+        module_or_plan if isinstance(module_or_plan, Plan) else inspect_module(module_or_plan).plan
+    )
     view = plan.pipeline
     if view is None:
         raise ValueError("this plan has no pipeline stages; transform with chunks= and devices= "
@@ -100,9 +134,26 @@ def plot_schedule(module_or_plan: Any, path: Optional[PathLike] = None) -> Any:
     cmap = matplotlib.colormaps["tab10"]
     for phase, i, j, recomputed in schedule_bars(chunks, stages, view.checkpoint):
         x = _clock(phase, i, j, chunks, stages)
-        ax.barh(j, 0.92, left=x, height=0.7, color=cmap(i % 10), alpha=1.0 if phase == "forward" else 0.55,
-                hatch="///" if recomputed else None, edgecolor="#333333", linewidth=0.5, gid=f"{phase}:{i}:{j}")
-        ax.text(x + 0.46, j, f"{'F' if phase == 'forward' else 'B'}{i}", ha="center", va="center", fontsize=7)
+        ax.barh(
+            j,
+            0.92,
+            left=x,
+            height=0.7,
+            color=cmap(i % 10),
+            alpha=1.0 if phase == "forward" else 0.55,
+            hatch="///" if recomputed else None,
+            edgecolor="#333333",
+            linewidth=0.5,
+            gid=f"{phase}:{i}:{j}",
+        )
+        ax.text(
+            x + 0.46,
+            j,
+            f"{'F' if phase == 'forward' else 'B'}{i}",
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
     clocks = chunks + stages - 1
     ax.axvline(clocks - 0.04, color="#555555", linewidth=0.8)
     ax.set_yticks(range(stages), [f"stage {s.stage} ({s.device})" for s in view.stages])

@@ -24,8 +24,16 @@ import networkx as nx
 
 from fxckpt.plan import Plan
 
-__all__ = ["require_matplotlib", "new_figure", "finish", "Inspected", "inspect_module", "segment_colors",
-           "stage_colors", "KEPT_COLOR"]
+__all__ = [
+    "require_matplotlib",
+    "new_figure",
+    "finish",
+    "Inspected",
+    "inspect_module",
+    "segment_colors",
+    "stage_colors",
+    "KEPT_COLOR",
+]
 
 KEPT_COLOR = "#c8c8c8"
 PathLike = Union[str, os.PathLike]

@@ -15,7 +15,15 @@ from collections import Counter
 from typing import Any, Optional
 
 from fxckpt.checks import check_int
-from fxckpt.viz.common import KEPT_COLOR, PathLike, finish, inspect_module, new_figure, segment_colors, stage_colors
+from fxckpt.viz.common import (
+    KEPT_COLOR,
+    PathLike,
+    finish,
+    inspect_module,
+    new_figure,
+    segment_colors,
+    stage_colors,
+)
 from fxckpt.viz.layout import Box, collapse, layout
 
 __all__ = ["show"]
@@ -23,8 +31,14 @@ __all__ = ["show"]
 MAX_LEGEND = 16
 
 
-def show(module: Any, path: Optional[PathLike] = None, *, max_nodes: int = 120, layout_engine: str = "auto",
-         labels: Optional[bool] = None) -> Any:
+def show(
+    module: Any,
+    path: Optional[PathLike] = None,
+    *,
+    max_nodes: int = 120,
+    layout_engine: str = "auto",
+    labels: Optional[bool] = None,
+) -> Any:
     """Draw the graph of ``module`` (from ``fxckpt.transform`` or ``fxckpt.load``) with its plan.
 
     Args:
@@ -41,7 +55,9 @@ def show(module: Any, path: Optional[PathLike] = None, *, max_nodes: int = 120, 
     boxes, graph = collapse(seen.view, seen.ops(), max_nodes)
     positions, engine = layout(graph, layout_engine)
     rows = Counter(y for _, y in positions.values())
-    fig = new_figure(min(18.0, 5.0 + 0.25 * max(rows.values(), default=1)), min(18.0, 3.0 + 0.18 * len(rows)))
+    fig = new_figure(
+        min(18.0, 5.0 + 0.25 * max(rows.values(), default=1)), min(18.0, 3.0 + 0.18 * len(rows))
+    )
     ax = fig.add_subplot()
     _edges(ax, graph, positions)
     stages = sorted({b.stage for b in boxes if b.stage is not None})
@@ -49,13 +65,18 @@ def show(module: Any, path: Optional[PathLike] = None, *, max_nodes: int = 120, 
     if labels if labels is not None else len(boxes) <= 60:
         for b in boxes:
             x, y = positions[b.name]
-            ax.annotate(b.label, (x, y), xytext=(6, 0), textcoords="offset points", fontsize=6, va="center")
+            ax.annotate(
+                b.label, (x, y), xytext=(6, 0), textcoords="offset points", fontsize=6, va="center"
+            )
     pipeline = seen.plan.pipeline
     _legend(ax, stages, {} if pipeline is None else {s.stage: s.device for s in pipeline.stages})
     collapsed = " (collapsed to modules)" if any(b.kind == "group" for b in boxes) else ""
     wrap = int(fig.get_figwidth() * 13)
-    fig.suptitle(textwrap.fill(seen.plan.summary(), wrap) + f"\n{len(boxes)} boxes{collapsed}, {engine} layout",
-                 fontsize=8)
+    fig.suptitle(
+        textwrap.fill(seen.plan.summary(), wrap)
+        + f"\n{len(boxes)} boxes{collapsed}, {engine} layout",
+        fontsize=8,
+    )
     ax.set_axis_off()
     return finish(fig, path)
 
@@ -64,10 +85,14 @@ def _edges(ax: Any, graph: Any, positions: dict) -> None:
     from matplotlib.collections import LineCollection
 
     lines = [(positions[u], positions[v]) for u, v in graph.edges()]
-    ax.add_collection(LineCollection(lines, colors="#8a8a8a", linewidths=0.6, zorder=1, label="_data flow"))
+    ax.add_collection(
+        LineCollection(lines, colors="#8a8a8a", linewidths=0.6, zorder=1, label="_data flow")
+    )
 
 
-def _nodes(ax: Any, boxes: list[Box], positions: dict, segments: list[str], stages: list[int]) -> None:
+def _nodes(
+    ax: Any, boxes: list[Box], positions: dict, segments: list[str], stages: list[int]
+) -> None:
     colors = segment_colors(segments)
     edge = dict(zip(stages, stage_colors(len(stages))))
     groups: list[tuple[str, Any, list[Box]]] = [("kept (not recomputed)", KEPT_COLOR, [])]
@@ -81,7 +106,9 @@ def _nodes(ax: Any, boxes: list[Box], positions: dict, segments: list[str], stag
         xs = [positions[b.name][0] for b in members]
         ys = [positions[b.name][1] for b in members]
         sizes = [40 + 8 * min(len(b.ops), 20) if b.kind == "group" else 40 for b in members]
-        borders = [edge.get(b.stage, "#555555") if b.stage is not None else "#555555" for b in members]
+        borders = [
+            edge.get(b.stage, "#555555") if b.stage is not None else "#555555" for b in members
+        ]
         markers = ax.scatter(xs, ys, s=sizes, c=[color] * len(members), edgecolors=borders,
                              linewidths=2.2 if stages else 0.5, zorder=2, label=label)
         markers.set_gid(label)

@@ -47,11 +47,22 @@ def collapse(view: nx.DiGraph, ops: list[str], max_nodes: int) -> tuple[list[Box
     """The boxes to draw and the graph between them (ops themselves when there are few)."""
     depth: Optional[int] = None
     if len(ops) > max_nodes:
-        deepest = max((len(view.nodes[n].get("module_path", "").split(".")) for n in ops), default=1)
-        depth = next((d for d in range(deepest, -1, -1) if len(_runs(view, ops, d)) <= max_nodes), 0)
-    boxes = [Box(n, n, [n], None, None, "input") for n, d in view.nodes(data=True) if d.get("kind") == "input"]
+        deepest = max(
+            (len(view.nodes[n].get("module_path", "").split(".")) for n in ops), default=1
+        )
+        depth = next(
+            (d for d in range(deepest, -1, -1) if len(_runs(view, ops, d)) <= max_nodes), 0
+        )
+    boxes = [
+        Box(n, n, [n], None, None, "input")
+        for n, d in view.nodes(data=True)
+        if d.get("kind") == "input"
+    ]
     if depth is None:
-        boxes += [Box(n, n, [n], view.nodes[n].get("segment"), view.nodes[n].get("stage"), "op") for n in ops]
+        boxes += [
+            Box(n, n, [n], view.nodes[n].get("segment"), view.nodes[n].get("stage"), "op")
+            for n in ops
+        ]
     else:
         boxes += _runs(view, ops, depth)
     owner = {op: b.name for b in boxes for op in b.ops}
@@ -85,7 +96,9 @@ def layout(graph: nx.DiGraph, engine: str = "auto") -> tuple[Positions, str]:
         if positions is not None:
             return positions, "dot"
         if engine == "dot":
-            raise RuntimeError("layout='dot' needs Graphviz's dot program on PATH (apt install graphviz)")
+            raise RuntimeError(
+                "layout='dot' needs Graphviz's dot program on PATH (apt install graphviz)"
+            )
     return layered_positions(graph), "layered"
 
 
@@ -98,7 +111,14 @@ def dot_positions(graph: nx.DiGraph, timeout: float = 60.0) -> Optional[Position
     text = "digraph G {\n" + "".join(f"{i};\n" for i in ids.values())
     text += "".join(f"{ids[u]} -> {ids[v]};\n" for u, v in graph.edges()) + "}\n"
     try:
-        out = subprocess.run([exe, "-Tplain"], input=text, capture_output=True, text=True, timeout=timeout, check=True)
+        out = subprocess.run(
+            [exe, "-Tplain"],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("graphviz dot failed (%s); using the layered layout", e)
         return None

@@ -32,9 +32,15 @@ def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
     return simulate(problem, ranges), simulate(problem, ()), reserve(problem)
 
 
-def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optional[Sequence[Any]] = None,
-                kwargs: Optional[Mapping[str, Any]] = None, loss: Optional[Callable[[Any], Any]] = None,
-                eager: bool = True) -> Any:
+def plot_memory(
+    module: Any,
+    path: Optional[PathLike] = None,
+    *,
+    inputs: Optional[Sequence[Any]] = None,
+    kwargs: Optional[Mapping[str, Any]] = None,
+    loss: Optional[Callable[[Any], Any]] = None,
+    eager: bool = True,
+) -> Any:
     """Draw predicted live activation memory over a training step of ``module``'s latest plan.
 
     Args:
@@ -54,8 +60,14 @@ def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optiona
     sim, eager_sim, reserve = predicted_timelines(module)
     fig = new_figure(10, 4.2)
     ax = fig.add_subplot()
-    peak = max([sim.peak_bytes, eager_sim.peak_bytes if eager else 0, measured.peak_bytes if measured else 0,
-                (plan.predicted_peak or 0)])
+    peak = max(
+        [
+            sim.peak_bytes,
+            eager_sim.peak_bytes if eager else 0,
+            measured.peak_bytes if measured else 0,
+            (plan.predicted_peak or 0),
+        ]
+    )
     unit, scale = memory_unit(peak)
     n_forward = sum(1 for event, _ in sim.timeline if event.startswith("forward"))
     _phases(ax, sim.timeline, n_forward)
@@ -63,8 +75,13 @@ def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optiona
     if eager:
         _curve(ax, eager_sim.timeline, scale, "predicted, no checkpointing", "#7f7f7f", "--", 1.0)
     if reserve and plan.predicted_peak:
-        ax.axhline(plan.predicted_peak / scale, color="C0", linestyle=":", linewidth=1,
-                   label=f"plan's predicted peak (+{_fmt(reserve)} reserve for backward temporaries)")
+        ax.axhline(
+            plan.predicted_peak / scale,
+            color="C0",
+            linestyle=":",
+            linewidth=1,
+            label=f"plan's predicted peak (+{_fmt(reserve)} reserve for backward temporaries)",
+        )
     if measured is not None:
         _measured(ax, measured, n_forward, len(sim.timeline), scale)
     _mark_peak(ax, sim.timeline, scale)
@@ -74,8 +91,11 @@ def plot_memory(module: Any, path: Optional[PathLike] = None, *, inputs: Optiona
 
 def _labels(ax: Any, plan: Any, peak: int, eager_peak: int, unit: str) -> None:
     staged = " (one micro-batch)" if plan.pipeline is not None else ""
-    ax.set_title(f"Activation memory over one training step{staged}: {plan.strategy}, {len(plan.segments)} "
-                 f"segment(s); predicted peak {_fmt(peak)} vs {_fmt(eager_peak)} eager", fontsize=9)
+    ax.set_title(
+        f"Activation memory over one training step{staged}: {plan.strategy}, {len(plan.segments)} "
+        f"segment(s); predicted peak {_fmt(peak)} vs {_fmt(eager_peak)} eager",
+        fontsize=9,
+    )
     ax.set_xlabel("step events: forward ops, then backward ops (recompute shaded)")
     ax.set_ylabel(f"live activation memory ({unit})")
     ax.set_ylim(bottom=0)
@@ -91,21 +111,38 @@ def _fmt(n: float) -> str:
 def _curve(ax: Any, timeline: Sequence[tuple[str, int]], scale: float, label: str, color: str,
            style: str, width: float) -> None:
     ys = [b / scale for _, b in timeline]
-    ax.step(range(len(ys)), ys, where="post", color=color, linestyle=style, linewidth=width, label=label)
+    ax.step(
+        range(len(ys)),
+        ys,
+        where="post",
+        color=color,
+        linestyle=style,
+        linewidth=width,
+        label=label,
+    )
 
 
 def _phases(ax: Any, timeline: Sequence[tuple[str, int]], n_forward: int) -> None:
     ax.axvspan(0, n_forward, color="C0", alpha=0.05, linewidth=0)
     ax.axvline(n_forward, color="#555555", linewidth=0.6)
-    ax.text(n_forward, 0.01, " backward →", transform=ax.get_xaxis_transform(), fontsize=7, va="bottom")
+    ax.text(
+        n_forward, 0.01, " backward →", transform=ax.get_xaxis_transform(), fontsize=7, va="bottom"
+    )
     start = None
     spans = 0
     for i, (event, _) in enumerate([*timeline, ("end", 0)]):
         if event.startswith("recompute") and start is None:
             start = i
         elif not event.startswith("recompute") and start is not None:
-            ax.axvspan(start, i, color="C1", alpha=0.25, linewidth=0, label="recompute" if not spans else None,
-                       gid="recompute")
+            ax.axvspan(
+                start,
+                i,
+                color="C1",
+                alpha=0.25,
+                linewidth=0,
+                label="recompute" if not spans else None,
+                gid="recompute",
+            )
             spans += 1
             start = None
 
@@ -117,8 +154,14 @@ def _measured(ax: Any, measured: Any, n_forward: int, steps: int, scale: float) 
 
     xs = stretch(measured.forward, 0, n_forward) + stretch(measured.backward, n_forward, steps - 1)
     ys = [b / scale for b in (*measured.forward, *measured.backward)]
-    ax.plot(xs, ys, color="C3", linewidth=0.8, alpha=0.9,
-            label=f"measured (live tensors, peak {_fmt(measured.peak_bytes)}; stretched per phase)")
+    ax.plot(
+        xs,
+        ys,
+        color="C3",
+        linewidth=0.8,
+        alpha=0.9,
+        label=f"measured (live tensors, peak {_fmt(measured.peak_bytes)}; stretched per phase)",
+    )
 
 
 def _mark_peak(ax: Any, timeline: Sequence[tuple[str, int]], scale: float) -> None:
@@ -126,5 +169,11 @@ def _mark_peak(ax: Any, timeline: Sequence[tuple[str, int]], scale: float) -> No
         return
     i = max(range(len(timeline)), key=lambda k: timeline[k][1])
     event, value = timeline[i]
-    ax.annotate(f"peak: {event}", (i, value / scale), xytext=(10, 8), textcoords="offset points", fontsize=7,
-                arrowprops={"arrowstyle": "->", "linewidth": 0.6})
+    ax.annotate(
+        f"peak: {event}",
+        (i, value / scale),
+        xytext=(10, 8),
+        textcoords="offset points",
+        fontsize=7,
+        arrowprops={"arrowstyle": "->", "linewidth": 0.6},
+    )

@@ -70,5 +70,7 @@ def test_records_what_autograd_saves() -> None:
     info = _annotated(Small(), torch.randn(4, 16, requires_grad=True))
     assert info["fc"].saves == ("x",)  # addmm keeps its input (and the weight, a parameter)
     assert info["view"].saves == ()
-    assert info["drop"].saves == () and info["drop"].saves_internal_bytes == 32 * 4  # its mask (float on CPU)
+    assert (
+        info["drop"].saves == () and info["drop"].saves_internal_bytes == 32 * 4
+    )  # its mask (float on CPU)
     assert info["fc"].saves_internal_bytes == 0

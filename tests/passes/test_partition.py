@@ -39,7 +39,13 @@ def _graph(model: nn.Module, x: torch.Tensor, every: Optional[int] = None, lower
     annotate(captured.gm, [x])
     plan = None
     if every is not None:
-        plan = select(captured.gm, TransformConfig.from_options(every=every), capture=captured.method, training=True, signature="")
+        plan = select(
+            captured.gm,
+            TransformConfig.from_options(every=every),
+            capture=captured.method,
+            training=True,
+            signature="",
+        )
         if lowered:
             lower(captured.gm, plan)
     return captured.gm, plan
@@ -53,7 +59,9 @@ def _chain(stages: list, *inputs: torch.Tensor):
 
 
 def _exhaustive(costs: list, stages: int, allowed: list) -> float:
-    return min(max(stage_costs(costs, cuts)) for cuts in itertools.combinations(allowed, stages - 1))
+    return min(
+        max(stage_costs(costs, cuts)) for cuts in itertools.combinations(allowed, stages - 1)
+    )
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
@@ -63,8 +71,12 @@ def test_balanced_stages_are_as_good_as_exhaustive_search(k: int) -> None:
     costs = node_costs(gm)
     best = _exhaustive(costs, k, legal_cuts(gm))
     assert sp.bottleneck <= 1.05 * best and sp.bottleneck == best
-    assert sum(sp.costs) == sum(info(n).flops for n in stage_order(gm))  # costs are the annotated FLOPs
-    naive = partition(gm, balance=[len(costs) // k] * (k - 1) + [len(costs) - (len(costs) // k) * (k - 1)])
+    assert sum(sp.costs) == sum(
+        info(n).flops for n in stage_order(gm)
+    )  # costs are the annotated FLOPs
+    naive = partition(
+        gm, balance=[len(costs) // k] * (k - 1) + [len(costs) - (len(costs) // k) * (k - 1)]
+    )
     assert sp.bottleneck < naive.bottleneck  # equal node counts are worse on uneven layers
     assert len(str(sp).splitlines()) == k + 2 and sp.to_dict()["method"] == "balanced"
 
@@ -73,7 +85,9 @@ def test_balance_by_memory() -> None:
     gm, _ = _graph(Uneven(), torch.randn(4, 16))
     sp = partition(gm, 2, cost="memory")
     assert sp.cost == "memory" and sum(sp.costs) == sum(info(n).new_bytes for n in stage_order(gm))
-    with pytest.raises(ConfigError, match=r"cost must be one of \('flops', 'memory'\) \(got 'time'\)"):
+    with pytest.raises(
+        ConfigError, match=r"cost must be one of \('flops', 'memory'\) \(got 'time'\)"
+    ):
         partition(gm, 2, cost="time")
 
 
@@ -113,7 +127,12 @@ def test_lowered_graphs_split_around_checkpoint_calls() -> None:
     sp = partition(gm, 3, plan=plan)
     assert sum(sp.costs) == plan.total_flops + plan.recompute_flops
     stages = split_stages(gm, sp.stage_of)
-    calls = [n for s in stages for n in s.graph.nodes if n.op == "get_attr" and n.target.startswith("segment_")]
+    calls = [
+        n
+        for s in stages
+        for n in s.graph.nodes
+        if n.op == "get_attr" and n.target.startswith("segment_")
+    ]
     assert sorted(c.target for c in calls) == sorted(seg.name for seg in plan.segments)
     torch.testing.assert_close(_chain(stages, x), gm(x), rtol=0, atol=0)
 
@@ -131,7 +150,10 @@ def test_balance_by_node_counts_and_module_paths() -> None:
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"balance": [3, 3]}, r"balance must sum to the graph's 19 compute node\(s\) \(got \[3, 3\], which sums to 6\)"),
+        (
+            {"balance": [3, 3]},
+            r"balance must sum to the graph's 19 compute node\(s\) \(got \[3, 3\], which sums to 6\)",
+        ),
         ({"balance": [19, 0]}, r"integers >= 1"),
         ({"balance": ["layer.2"]}, r"balance boundary 'layer.2' names no module.*did you mean"),
         ({"balance": [10, 9], "stages": 3}, r"balance describes 2 stage\(s\) but stages=3"),

@@ -22,7 +22,9 @@ def _plan(model: nn.Module, x: torch.Tensor, **options) -> fxckpt.Plan:
 def test_every_counts_units_of_work() -> None:
     plan = _plan(MLP(depth=8), torch.randn(4, 32), every=4)
     assert [len([n for n in s.nodes if n.endswith("_fc")]) for s in plan.segments] == [4, 4]
-    assert plan.segments[0].nodes[0] == "layers_0_fc" and plan.segments[1].nodes[0] == "layers_4_fc"
+    assert (
+        plan.segments[0].nodes[0] == "layers_0_fc" and plan.segments[1].nodes[0] == "layers_4_fc"
+    )
 
 
 class ViewChain(nn.Module):
@@ -56,7 +58,9 @@ class InplaceOnInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
         h2 = self.b(h.relu())
-        h.mul_(2)  # writes a tensor made before b's unit: must not be inside a segment that reads h
+        h.mul_(
+            2
+        )  # writes a tensor made before b's unit: must not be inside a segment that reads h
         return (h2 * h).sum(dim=1)
 
 
@@ -75,7 +79,12 @@ def test_segment_never_writes_its_input_in_place() -> None:
 
 def test_depth_groups_unet_blocks_and_carries_skips() -> None:
     plan2 = _plan(UNet(), torch.randn(2, 1, 8, 8), depth=2)
-    assert [s.module_paths for s in plan2.segments] == [("down.0",), ("down.1",), ("up.0",), ("up.1",)]
+    assert [s.module_paths for s in plan2.segments] == [
+        ("down.0",),
+        ("down.1",),
+        ("up.0",),
+        ("up.1",),
+    ]
     up0 = plan2.segments[2]
     assert len(up0.inputs) == 2  # the decoder input and the skip from the encoder
 

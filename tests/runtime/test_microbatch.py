@@ -45,7 +45,9 @@ def test_batch_sizes_that_disagree_are_named() -> None:
 
 def test_bad_chunks() -> None:
     for chunks in (0, -1, 2.0, True):
-        with pytest.raises(ValueError, match=rf"chunks must be a positive integer \(got {chunks!r}\)"):
+        with pytest.raises(
+            ValueError, match=rf"chunks must be a positive integer \(got {chunks!r}\)"
+        ):
             scatter((torch.randn(4),), {}, chunks)  # type: ignore[arg-type]
 
 
@@ -70,7 +72,11 @@ def test_gather_keeps_structure() -> None:
     out = gather([{"x": ti, "meta": ("tag", 7, None), "p": Pair(ti, [ti])} for ti in t])
     assert list(out) == ["x", "meta", "p"] and out["x"].shape == (6, 1)
     assert out["meta"] == ("tag", 7, None)  # the same in every micro-batch: the batch's value
-    assert isinstance(out["p"], Pair) and isinstance(out["p"].b, list) and out["p"].b[0].shape == (6, 1)
+    assert (
+        isinstance(out["p"], Pair)
+        and isinstance(out["p"].b, list)
+        and out["p"].b[0].shape == (6, 1)
+    )
     res = gather([Result(ti, 3) for ti in t])
     assert isinstance(res, Result) and res.logits.shape == (6, 1) and res.n == 3
     od = gather([collections.OrderedDict(a=ti) for ti in t])
@@ -79,7 +85,9 @@ def test_gather_keeps_structure() -> None:
 
 def test_gather_keeps_model_outputs() -> None:
     transformers = pytest.importorskip("transformers")
-    outs = [transformers.modeling_outputs.CausalLMOutput(logits=torch.randn(2, 3, 5)) for _ in range(2)]
+    outs = [
+        transformers.modeling_outputs.CausalLMOutput(logits=torch.randn(2, 3, 5)) for _ in range(2)
+    ]
     out = gather(outs)
     assert type(out) is type(outs[0]) and out.logits.shape == (4, 3, 5) and out.loss is None
     assert torch.equal(out[0], torch.cat([o.logits for o in outs]))
@@ -88,9 +96,13 @@ def test_gather_keeps_model_outputs() -> None:
 def test_gather_errors() -> None:
     with pytest.raises(ValueError, match=r"output\['loss'\] of micro-batch 0 is a 0-dim tensor"):
         gather([{"loss": torch.tensor(1.0)}, {"loss": torch.tensor(2.0)}])
-    with pytest.raises(ValueError, match=r"keys \['a'\] in micro-batch 0 but \['b'\] in micro-batch 1"):
+    with pytest.raises(
+        ValueError, match=r"keys \['a'\] in micro-batch 0 but \['b'\] in micro-batch 1"
+    ):
         gather([{"a": torch.ones(1)}, {"b": torch.ones(1)}])
-    with pytest.raises(ValueError, match="is a tuple in micro-batch 0 but a list in micro-batch 1"):
+    with pytest.raises(
+        ValueError, match="is a tuple in micro-batch 0 but a list in micro-batch 1"
+    ):
         gather([(torch.ones(1),), [torch.ones(1)]])
     with pytest.raises(ValueError, match="at least one"):
         gather([])

@@ -19,7 +19,9 @@ from support import assert_steps_equal, loss_of, run_step
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("make,shape", [(MLP, (8, 32)), (ResNet, (2, 3, 8, 8))], ids=["mlp", "resnet"])
+@pytest.mark.parametrize(
+    "make,shape", [(MLP, (8, 32)), (ResNet, (2, 3, 8, 8))], ids=["mlp", "resnet"]
+)
 def test_offload_equals_the_plain_checkpointed_run(make, shape) -> None:
     model = make()
     plain = fxckpt.transform(copy.deepcopy(model), every=1)
@@ -30,7 +32,9 @@ def test_offload_equals_the_plain_checkpointed_run(make, shape) -> None:
     stats = fxckpt.inspect(tm).offload_stats
     assert stats.offloaded > 0 and stats.offloaded == stats.unpacked
     assert stats.skipped_state > 0  # weight.t() and friends stayed put
-    assert dispatcher_of(tm).offloader.in_flight == 0 and not dispatcher_of(tm).offloader.pool.in_use
+    assert (
+        dispatcher_of(tm).offloader.in_flight == 0 and not dispatcher_of(tm).offloader.pool.in_use
+    )
 
 
 class Layouts(torch.nn.Module):
@@ -42,7 +46,11 @@ class Layouts(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = x * 2
-        return (base * base.t()).sum() + (base[1:] * base[1:]).sum() + (base[:, :1].expand(6, 6) * self.w).sum()
+        return (
+            (base * base.t()).sum()
+            + (base[1:] * base[1:]).sum()
+            + (base[:, :1].expand(6, 6) * self.w).sum()
+        )
 
 
 def test_views_share_one_host_copy_and_keep_their_layout() -> None:
@@ -82,7 +90,9 @@ def test_host_memory_is_flat_and_forward_residency_drops() -> None:
         return held
 
     plain_held, offloaded_held = resident_after_forward(plain), resident_after_forward(tm)
-    moved = fxckpt.inspect(tm).offload_stats.bytes_moved - x.numel() * 4  # x is the caller's: not a new allocation
+    moved = (
+        fxckpt.inspect(tm).offload_stats.bytes_moved - x.numel() * 4
+    )  # x is the caller's: not a new allocation
     assert plain_held - offloaded_held == moved > 0
 
 
@@ -239,11 +249,27 @@ def test_auto_prices_offload_with_rates_of_the_models_device_once(monkeypatch) -
 
 def test_auto_offloads_when_copies_are_free_and_recomputes_when_slow() -> None:
     x = torch.randn(16, 64)
-    fast = fxckpt.transform(MLP(depth=6, width=64), budget=0.6, offload="auto", offload_device="cpu",
-                            offload_threshold=0, offload_bandwidth=1e18, example_inputs=(x,))
-    slow = fxckpt.transform(MLP(depth=6, width=64), budget=0.6, offload="auto", offload_device="cpu",
-                            offload_threshold=0, offload_bandwidth=1.0, example_inputs=(x,))
-    assert {s.action for s in fxckpt.inspect(fast).plan.segments if s.recompute_flops} == {"offload"}
+    fast = fxckpt.transform(
+        MLP(depth=6, width=64),
+        budget=0.6,
+        offload="auto",
+        offload_device="cpu",
+        offload_threshold=0,
+        offload_bandwidth=1e18,
+        example_inputs=(x,),
+    )
+    slow = fxckpt.transform(
+        MLP(depth=6, width=64),
+        budget=0.6,
+        offload="auto",
+        offload_device="cpu",
+        offload_threshold=0,
+        offload_bandwidth=1.0,
+        example_inputs=(x,),
+    )
+    assert {s.action for s in fxckpt.inspect(fast).plan.segments if s.recompute_flops} == {
+        "offload"
+    }
     assert {s.action for s in fxckpt.inspect(slow).plan.segments} == {"recompute"}
     assert "offloaded" in str(fxckpt.inspect(fast).plan)
     reference = copy.deepcopy(fxckpt.inspect(fast).model)
@@ -254,11 +280,19 @@ def test_auto_offloads_when_copies_are_free_and_recomputes_when_slow() -> None:
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"offload": "sometimes", "offload_device": "cpu"}, "offload must be True, False or 'auto' (got 'sometimes')"),
+        (
+            {"offload": "sometimes", "offload_device": "cpu"},
+            "offload must be True, False or 'auto' (got 'sometimes')",
+        ),
         ({"offload": "auto", "offload_device": "cpu"}, "give budget= too (got budget=None)"),
-        ({"offload": True, "offload_device": "cpu", "offload_threshold": -1},
-         "offload_threshold must be a non-negative integer of bytes (got -1)"),
-        ({"offload": True, "offload_device": "cpu", "offload_bandwidth": 0}, "offload_bandwidth must be a positive"),
+        (
+            {"offload": True, "offload_device": "cpu", "offload_threshold": -1},
+            "offload_threshold must be a non-negative integer of bytes (got -1)",
+        ),
+        (
+            {"offload": True, "offload_device": "cpu", "offload_bandwidth": 0},
+            "offload_bandwidth must be a positive",
+        ),
     ],
 )
 def test_bad_offload_options(kwargs: dict, message: str) -> None:
@@ -269,7 +303,9 @@ def test_bad_offload_options(kwargs: dict, message: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CUDA-less error")
 def test_offload_without_cuda_needs_a_device() -> None:
-    with pytest.raises(fxckpt.ConfigError, match="no CUDA device: .*offload_device='cpu'|has no CUDA device"):
+    with pytest.raises(
+        fxckpt.ConfigError, match="no CUDA device: .*offload_device='cpu'|has no CUDA device"
+    ):
         fxckpt.transform(MLP(), every=1, offload=True)
 
 
@@ -285,7 +321,9 @@ def _cuda_pair() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
 def test_cuda_offload_uses_pinned_pool_and_matches() -> None:
     plain, tm, x = _cuda_pair()
     assert_steps_equal(run_step(tm, (x,), {}), run_step(plain, (x,), {}))
-    assert dispatcher_of(tm).offloader.pool.pin and all(b.is_pinned() for bs in dispatcher_of(tm).offloader.pool.free.values() for b in bs)
+    assert dispatcher_of(tm).offloader.pool.pin and all(
+        b.is_pinned() for bs in dispatcher_of(tm).offloader.pool.free.values() for b in bs
+    )
 
 
 @cuda

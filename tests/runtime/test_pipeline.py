@@ -44,11 +44,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _annotated(model: nn.Module, *inputs: torch.Tensor, every: int | None = None) -> torch.fx.GraphModule:
+def _annotated(
+    model: nn.Module, *inputs: torch.Tensor, every: int | None = None
+) -> torch.fx.GraphModule:
     captured = capture(model, inputs, {})
     annotate(captured.gm, captured.graph_args(inputs, {}))
     if every is not None:
-        plan = select(captured.gm, TransformConfig.from_options(every=every), capture=captured.method, training=True, signature="")
+        plan = select(
+            captured.gm,
+            TransformConfig.from_options(every=every),
+            capture=captured.method,
+            training=True,
+            signature="",
+        )
         lower(captured.gm, plan)
     return captured.gm
 
@@ -64,20 +72,33 @@ def _full_batch_bn(model: nn.Module, pieces: list[torch.Tensor]) -> dict[str, to
     before = {name: {k: b.clone() for k, b in m.named_buffers()} for name, m in norms.items()}
     seen: dict[str, list[torch.Tensor]] = collections.defaultdict(list)
     for name, m in norms.items():
-        m.register_forward_pre_hook(lambda mod, args, name=name: seen[name].append(args[0].detach()))
+        m.register_forward_pre_hook(
+            lambda mod, args, name=name: seen[name].append(args[0].detach())
+        )
     with torch.no_grad():
         for p in pieces:
             ref(p)
     expected = {}
     for name, m in norms.items():
         b = before[name]
-        F.batch_norm(torch.cat(seen[name]), b["running_mean"], b["running_var"], None, None, True, m.momentum, m.eps)
+        F.batch_norm(
+            torch.cat(seen[name]),
+            b["running_mean"],
+            b["running_var"],
+            None,
+            None,
+            True,
+            m.momentum,
+            m.eps,
+        )
         b["num_batches_tracked"] += 1
         expected.update({f"{name}.{k}": v for k, v in b.items()})
     return expected
 
 
-def _reference(model: nn.Module, x: torch.Tensor, chunks: int) -> tuple[torch.Tensor, torch.Tensor, dict, dict]:
+def _reference(
+    model: nn.Module, x: torch.Tensor, chunks: int
+) -> tuple[torch.Tensor, torch.Tensor, dict, dict]:
     """Eager loss, input grad, parameter grads and buffers the pipeline must reproduce."""
     ref = copy.deepcopy(model)
     xr = x.clone().requires_grad_()
@@ -125,10 +146,16 @@ def test_pipeline_matches_eager(name: str, k: int, chunks: int) -> None:
             full.load_state_dict(state)
             full(x)
             for n in ("running_mean", "running_var", "num_batches_tracked"):
-                _close(model.stem[1].get_buffer(n), full.stem[1].get_buffer(n), f"{mode}: full-batch stem.1.{n}")
+                _close(
+                    model.stem[1].get_buffer(n),
+                    full.stem[1].get_buffer(n),
+                    f"{mode}: full-batch stem.1.{n}",
+                )
         expected = {"always": chunks, "except_last": chunks - 1, "never": 0}[mode] * k
         assert len(pm.recomputed) == expected, mode
-        assert len(set(pm.recomputed)) == expected and all(i < chunks - (mode != "always") for i, _ in pm.recomputed)
+        assert len(set(pm.recomputed)) == expected and all(
+            i < chunks - (mode != "always") for i, _ in pm.recomputed
+        )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -141,7 +168,9 @@ def test_one_chunk_on_one_device_is_bit_identical(name: str) -> None:
     for mode in ("except_last", "always"):
         model.load_state_dict(state)
         model.zero_grad(set_to_none=True)
-        step = run_step(build_pipeline(gm, chunks=1, devices=["cpu"], checkpoint=mode), (x,), {}, seed=7)
+        step = run_step(
+            build_pipeline(gm, chunks=1, devices=["cpu"], checkpoint=mode), (x,), {}, seed=7
+        )
         assert all(torch.equal(a, b) for a, b in zip(step.out, eager.out)), mode
         assert torch.equal(step.input_grads[0], eager.input_grads[0]), mode
         for n, p in model.named_parameters():
@@ -166,7 +195,9 @@ def test_plain_module_stages_update_batchnorm_once_per_step(momentum: float | No
         for (n, b), e in zip(stage0[1].named_buffers(), eager[0][1].buffers()):
             _close(b, e, f"step {step}: {n}")
     assert int(stage0[1].num_batches_tracked) == 2
-    with pytest.raises(ConfigError, match=r"give one device per stage: 2 stage\(s\) but devices=\['cpu'\]"):
+    with pytest.raises(
+        ConfigError, match=r"give one device per stage: 2 stage\(s\) but devices=\['cpu'\]"
+    ):
         Pipeline([stage0, stage1], ["cpu"], chunks=2)
 
 
@@ -192,10 +223,19 @@ def test_dropout_is_replayed_by_recompute() -> None:
     steps = []
     for mode in ("never", "always"):
         model.zero_grad(set_to_none=True)
-        steps.append(run_step(build_pipeline(gm, chunks=4, devices=["cpu"] * 2, checkpoint=mode), (x,), {}, seed=3))
+        steps.append(
+            run_step(
+                build_pipeline(gm, chunks=4, devices=["cpu"] * 2, checkpoint=mode),
+                (x,),
+                {},
+                seed=3,
+            )
+        )
         steps[-1].param_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert torch.equal(steps[0].out[0], steps[1].out[0])
-    assert all(torch.equal(steps[0].param_grads[n], steps[1].param_grads[n]) for n in steps[0].param_grads)
+    assert all(
+        torch.equal(steps[0].param_grads[n], steps[1].param_grads[n]) for n in steps[0].param_grads
+    )
 
 
 def test_eval_and_no_grad_never_recompute() -> None:
@@ -210,7 +250,9 @@ def test_eval_and_no_grad_never_recompute() -> None:
     loss_of(out).backward()
     assert pm.recomputed == [] and pm.pipeline.checkpoint_stop(4) == 0
     _close(out, copy.deepcopy(model).eval()(x), "eval output")
-    assert before["stem.1.num_batches_tracked"] + 1 == model.stem[1].num_batches_tracked  # the no_grad step
+    assert (
+        before["stem.1.num_batches_tracked"] + 1 == model.stem[1].num_batches_tracked
+    )  # the no_grad step
 
 
 def test_each_pair_is_logged_at_debug_only(caplog: pytest.LogCaptureFixture) -> None:
@@ -252,14 +294,20 @@ def test_a_failing_stage_names_itself_and_leaves_buffers_alone() -> None:
 
 
 def test_schedule_and_description() -> None:
-    assert [pairs for pairs in clock_cycles(3, 2)] == [[(0, 0)], [(1, 0), (0, 1)], [(2, 0), (1, 1)], [(2, 1)]]
+    assert [pairs for pairs in clock_cycles(3, 2)] == [
+        [(0, 0)],
+        [(1, 0), (0, 1)],
+        [(2, 0), (1, 1)],
+        [(2, 1)],
+    ]
     assert bubble_fraction(4, 3) == pytest.approx(2 / 6)
     model, x = MLP(p=0.0), torch.randn(8, 32)
     pm = build_pipeline(_annotated(model, x), chunks=4, devices=["cpu"] * 3)
     text = pm.describe()
     assert "bubble (K-1)/(M+K-1) = 2/6 = 33%" in text
     assert [line.split() for line in text.splitlines() if line.startswith("stage 2")] == [
-        ["stage", "2", ".", ".", "0*", "1*", "2*", "3"]]  # except_last: micro-batch 3 keeps activations
+        ["stage", "2", ".", ".", "0*", "1*", "2*", "3"]
+    ]  # except_last: micro-batch 3 keeps activations
     assert "layers.0" in text and text.count("cpu") >= 3
 
 
@@ -270,13 +318,37 @@ def test_schedule_and_description() -> None:
         ({"chunks": -2}, ConfigError, r"chunks must be a positive integer \(got -2\)"),
         ({"chunks": 2.5}, ConfigError, r"chunks must be a positive integer \(got 2.5\)"),
         ({"chunks": True}, ConfigError, r"chunks must be a positive integer \(got True\)"),
-        ({"checkpoint": "sometimes"}, ConfigError, r"checkpoint must be one of 'always', 'except_last', 'never' \(got 'sometimes'\)"),
-        ({"devices": ["cpu"] * 21}, ConfigError, r"stages must be at most the graph's 19 compute node\(s\) \(got 21 stages\)"),
-        ({"stages": 2, "devices": ["cpu"] * 3}, ConfigError, r"stages=2 needs 2 devices or a single one \(got 3"),
-        ({"balance": [5, 5]}, ConfigError, r"balance must sum to the graph's 19 compute node\(s\) \(got \[5, 5\], which sums to 10\)"),
+        (
+            {"checkpoint": "sometimes"},
+            ConfigError,
+            r"checkpoint must be one of 'always', 'except_last', 'never' \(got 'sometimes'\)",
+        ),
+        (
+            {"devices": ["cpu"] * 21},
+            ConfigError,
+            r"stages must be at most the graph's 19 compute node\(s\) \(got 21 stages\)",
+        ),
+        (
+            {"stages": 2, "devices": ["cpu"] * 3},
+            ConfigError,
+            r"stages=2 needs 2 devices or a single one \(got 3",
+        ),
+        (
+            {"balance": [5, 5]},
+            ConfigError,
+            r"balance must sum to the graph's 19 compute node\(s\) \(got \[5, 5\], which sums to 10\)",
+        ),
         ({"devices": ["cuda:7"]}, ConfigError, r"device 'cuda:7' does not exist"),
-        ({"devices": ["cpu", "tpu:0"]}, ConfigError, r"devices must be torch devices or strings like 'cpu'"),
-        ({"devices": "cpu"}, ConfigError, r"devices must be a non-empty list of devices, one per stage \(got 'cpu'\)"),
+        (
+            {"devices": ["cpu", "tpu:0"]},
+            ConfigError,
+            r"devices must be torch devices or strings like 'cpu'",
+        ),
+        (
+            {"devices": "cpu"},
+            ConfigError,
+            r"devices must be a non-empty list of devices, one per stage \(got 'cpu'\)",
+        ),
     ],
 )
 def test_bad_arguments_fail_at_build_time(kwargs: dict, error: type, message: str) -> None:
@@ -346,7 +418,9 @@ def test_gpt2_pipeline_matches_eager(k: int) -> None:
         loss_ref.backward()
         for mode in MODES:
             model.zero_grad(set_to_none=True)
-            pm: PipelinedModule = build_pipeline(gm, chunks=chunks, devices=["cpu"] * k, checkpoint=mode)
+            pm: PipelinedModule = build_pipeline(
+                gm, chunks=chunks, devices=["cpu"] * k, checkpoint=mode
+            )
             out = pm(ids)
             assert type(out).__name__ == "CausalLMOutputWithCrossAttentions"
             loss = loss_of(out)
@@ -354,7 +428,10 @@ def test_gpt2_pipeline_matches_eager(k: int) -> None:
             _close(loss.detach(), loss_ref.detach(), f"chunks={chunks} {mode}: loss")
             for n, p in model.named_parameters():
                 _close(p.grad, ref.get_parameter(n).grad, f"chunks={chunks} {mode}: grad of {n}")
-            assert len(pm.recomputed) == {"always": chunks, "except_last": chunks - 1, "never": 0}[mode] * k
+            assert (
+                len(pm.recomputed)
+                == {"always": chunks, "except_last": chunks - 1, "never": 0}[mode] * k
+            )
     with torch.no_grad():  # called like the model: by keyword too
         assert torch.equal(pm(input_ids=ids).logits, pm(ids).logits)
 

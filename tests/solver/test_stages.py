@@ -16,10 +16,14 @@ from fxckpt.solver.stages import (
 )
 
 
-def exhaustive(costs: Sequence[float], stages: int, allowed: Optional[Sequence[int]] = None) -> float:
+def exhaustive(
+    costs: Sequence[float], stages: int, allowed: Optional[Sequence[int]] = None
+) -> float:
     """The smallest slowest-stage cost over every choice of cut points."""
     positions = range(1, len(costs)) if allowed is None else sorted(allowed)
-    return min(max(stage_costs(costs, cuts)) for cuts in itertools.combinations(positions, stages - 1))
+    return min(
+        max(stage_costs(costs, cuts)) for cuts in itertools.combinations(positions, stages - 1)
+    )
 
 
 def test_matches_exhaustive_search_on_random_cases() -> None:
@@ -79,7 +83,10 @@ def test_bad_arguments(costs: list, stages: object, allowed: Optional[list], mes
 def test_balance_rules() -> None:
     assert check_balance([2, 1], 3) == (2, 1)
     assert partition_from_balance([1, 2, 3], [1, 2]).costs == (1.0, 5.0)
-    with pytest.raises(ValueError, match=r"must sum to the graph's 3 compute node\(s\) \(got \[1, 1\], which sums to 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"must sum to the graph's 3 compute node\(s\) \(got \[1, 1\], which sums to 2\)",
+    ):
         check_balance([1, 1], 3)
     with pytest.raises(ValueError, match=r"integers >= 1.*got 0 for stage 1"):
         check_balance([3, 0], 3)
@@ -87,5 +94,7 @@ def test_balance_rules() -> None:
         check_balance([], 3)
     with pytest.raises(ValueError, match=r"non-empty list of node counts"):
         check_balance("12", 3)
-    with pytest.raises(ValueError, match=r"cuts at node position\(s\) \[1\], where a stage may not start"):
+    with pytest.raises(
+        ValueError, match=r"cuts at node position\(s\) \[1\], where a stage may not start"
+    ):
         partition_from_balance([1, 2, 3], [1, 2], allowed=[2])
