@@ -13,7 +13,7 @@ model has a ``config``. They live here instead::
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, overload
 
 import torch
 import torch.fx
@@ -21,6 +21,9 @@ import torch.fx
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, NotPlannedError
 from fxckpt.plan import Plan
+
+if TYPE_CHECKING:
+    from fxckpt.export.loaded import LoadedModule
 
 __all__ = ["Inspection", "LoadedInspection", "inspect"]
 
@@ -56,7 +59,8 @@ class Inspection:
 
     @property
     def plan(self) -> Plan:
-        """The plan used by the latest training call (or made by ``plan_for`` / ``example_inputs``)."""
+        """The plan used by the latest training call (or made by ``plan_for`` /
+        ``example_inputs``)."""
         return self._current().plan
 
     @property
@@ -71,7 +75,8 @@ class Inspection:
 
     @property
     def code(self) -> str:
-        """Python code of the rewritten graph (segments appear as ``fxckpt_checkpoint(...)`` calls)."""
+        """Python code of the rewritten graph (segments appear as ``fxckpt_checkpoint(...)``
+        calls)."""
         return self.graph_module.code
 
     @property
@@ -99,7 +104,8 @@ class Inspection:
 
     @property
     def captures(self) -> int:
-        """How many graphs were captured so far (one per mode and call structure, not per shape)."""
+        """How many graphs were captured so far (one per mode and call structure, not per
+        shape)."""
         return self._dispatcher.counts.captures
 
     @property
@@ -118,8 +124,8 @@ class Inspection:
         if compiled is None:
             raise NotPlannedError(
                 "this module has not planned yet: it plans at its first training call (eval() and "
-                "no_grad() calls run the model itself); call it once in training, pass example_inputs= "
-                "to fxckpt.transform, or use fxckpt.inspect(tm).plan_for(*inputs)"
+                "no_grad() calls run the model itself); call it once in training, pass "
+                "example_inputs= to fxckpt.transform, or use fxckpt.inspect(tm).plan_for(*inputs)"
             )
         return compiled
 
@@ -160,8 +166,17 @@ class LoadedInspection:
         return self.module.variant.view
 
 
+@overload
+def inspect(tm: LoadedModule) -> LoadedInspection: ...  # type: ignore[overload-overlap]
+
+
+@overload
+def inspect(tm: torch.nn.Module) -> Inspection: ...
+
+
 def inspect(tm: torch.nn.Module) -> Union[Inspection, LoadedInspection]:
-    """fxckpt's plans, code and stages for a module :func:`fxckpt.transform` (or ``load``) returned."""
+    """fxckpt's plans, code and stages for a module :func:`fxckpt.transform` (or ``load``)
+    returned."""
     from fxckpt.export.loaded import LoadedModule
     from fxckpt.module import STATE
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx
@@ -57,7 +57,8 @@ class NodeInfo:
     saves: tuple[str, ...]
     """Nodes (this one included) whose tensors autograd keeps for this node's backward."""
     saves_internal_bytes: int
-    """Bytes autograd keeps for this node that no node outputs (dropout masks, a module's insides)."""
+    """Bytes autograd keeps for this node that no node outputs (dropout masks, a module's
+    insides)."""
     random: bool
     """The node draws random numbers (dropout, rand*, bernoulli, ...)."""
     flops: int
@@ -156,7 +157,8 @@ class _OpRecorder(TorchDispatchMode):
         self.random = False
         self.written: list[torch.Tensor] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: Optional[dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         self.ops.append(str(func.overloadpacket.__name__))
         if torch.Tag.nondeterministic_seeded in func.tags:
@@ -178,7 +180,8 @@ class _Annotator(torch.fx.Interpreter):
         self.owner: dict[StorageWeakRef, torch.fx.Node] = {}
         # One fake per parameter and buffer, kept alive here: the converter memoises a fake only
         # while it lives, and a get_attr node must hand out the same fake a module's op sees.
-        # A module's op is recorded before fake conversion, so it shows the real buffer: both count.
+        # A module's op is recorded before fake conversion, so it shows the real buffer: both
+        # count.
         buffers, params = dict(gm.named_buffers()), dict(gm.named_parameters())
         self.fakes = {name: fake_mode.from_tensor(t) for name, t in {**params, **buffers}.items()}
         self.buffer_names = {id(b): name for name, b in buffers.items()}
@@ -212,9 +215,10 @@ class _Annotator(torch.fx.Interpreter):
                 names.append(owner.name)
         return names, sum(internal.values())
 
-    def get_attr(self, target, args, kwargs):  # type: ignore[override]
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:  # type: ignore[override]
         value = super().get_attr(target, args, kwargs)
-        # The memoised fake of a parameter is the one its module's ops see, so views of it alias it.
+        # The memoised fake of a parameter is the one its module's ops see, so views of it
+        # alias it.
         return self.fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
 
     def run_node(self, n: torch.fx.Node) -> Any:
