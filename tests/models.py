@@ -42,7 +42,8 @@ class MLP(nn.Module):
 
 
 class ResNet(BenchResNet):
-    """The benchmark's ResNet-style CNN (stem, residual blocks with BatchNorm), small by default."""
+    """The benchmark's ResNet-style CNN (stem, residual blocks with BatchNorm), small by
+    default."""
 
     def __init__(self, blocks: int = 3, ch: int = 8, classes: int = 5) -> None:
         super().__init__(blocks, ch, classes)

@@ -84,7 +84,8 @@ class RootFunction(nn.Module):
 
 
 class Decay(nn.Module):
-    """Counts its calls in a buffer and scales by ``0.5 ** step`` (a schedule kept in the model)."""
+    """Counts its calls in a buffer and scales by ``0.5 ** step`` (a schedule kept in the
+    model)."""
 
     def __init__(self, width: int = 16) -> None:
         super().__init__()
@@ -253,8 +254,8 @@ class Encoder(nn.Module):
 
 
 class Normed(nn.Module):
-    """Weight normalisation: the old ``weight_norm`` recomputes the weight from ``g`` and ``v`` in a
-    forward pre-hook every call; the new one is a parametrization (a property)."""
+    """Weight normalisation: the old ``weight_norm`` recomputes the weight from ``g`` and ``v``
+    in a forward pre-hook every call; the new one is a parametrization (a property)."""
 
     def __init__(self, width: int = 16, hooked: bool = True) -> None:
         super().__init__()
@@ -263,7 +264,9 @@ class Normed(nn.Module):
                 warnings.simplefilter(
                     "ignore", FutureWarning
                 )  # deprecated, and still in real code
-                self.fc = torch.nn.utils.weight_norm(nn.Linear(width, width))  # type: ignore[attr-defined]
+                self.fc = torch.nn.utils.weight_norm(  # type: ignore[attr-defined]
+                    nn.Linear(width, width)
+                )
         else:
             self.fc = torch.nn.utils.parametrizations.weight_norm(nn.Linear(width, width))
         self.out = nn.Linear(width, 4)

@@ -129,8 +129,8 @@ def test_python_dash_m_fxckpt_reports_errors_without_a_traceback(tmp_path: Path)
         timeout=300,
     )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "fxckpt plan: error: --input-shape must be positive integers separated by commas, e.g. 8,3,224,224 "
-        "(got '0,32')"
+        "fxckpt plan: error: --input-shape must be positive integers separated by commas, "
+        "e.g. 8,3,224,224 (got '0,32')"
     ]
     help_text = subprocess.run(
         [sys.executable, "-m", "fxckpt", "plan", "--help"],

@@ -1,4 +1,5 @@
-"""Conformance: every architecture of ``tests/zoo.py`` trains to the same bits under every strategy.
+"""Conformance: every architecture of ``tests/zoo.py`` trains to the same bits under every
+strategy.
 
 For each case (built from a Hugging Face config with random weights, in train mode with dropout
 and stochastic depth on) and each strategy (``every=2``, ``depth`` at its blocks, ``budget=0.6``):
@@ -18,14 +19,15 @@ from conformance import run_case
 from zoo import HAZARDS, ZOO, ZooCase
 
 EXPECTED_ERRORS = {
-    "wav2vec2_specaugment": r"CaptureError: fxckpt cannot capture Wav2Vec2Model exactly: .*np\.random\.rand\(\) "
-    r"in _compute_mask_indices",
-    "wav2vec2_ctc_labels": r"CaptureError: fxckpt could not capture Wav2Vec2ForCTC as a torch.fx graph",
-    "sew_d": r"CaptureError: fxckpt must call these modules of SEWDModel as they are, but torch.export could "
-    r"not swap them back",
+    "wav2vec2_specaugment": r"CaptureError: fxckpt cannot capture Wav2Vec2Model exactly: "
+    r".*np\.random\.rand\(\) in _compute_mask_indices",
+    "wav2vec2_ctc_labels": r"CaptureError: fxckpt could not capture Wav2Vec2ForCTC as a "
+    r"torch.fx graph",
+    "sew_d": r"CaptureError: fxckpt must call these modules of SEWDModel as they are, but "
+    r"torch.export could not swap them back",
 }
-"""Refusals, with the reason in docs/models.md: numpy randomness in forward, a data-dependent Python
-branch on labels, and custom Functions in modules torch.export cannot swap back."""
+"""Refusals, with the reason in docs/models.md: numpy randomness in forward, a data-dependent
+Python branch on labels, and custom Functions in modules torch.export cannot swap back."""
 
 
 @pytest.mark.slow

@@ -83,7 +83,9 @@ def test_example_inputs_must_be_a_tuple() -> None:
     with pytest.raises(
         fxckpt.ConfigError, match=r"example_inputs must be a tuple .* \(got Tensor\)"
     ):
-        fxckpt.transform(MLP(), every=1, example_inputs=torch.randn(2, 32))  # type: ignore[arg-type]
+        fxckpt.transform(
+            MLP(), every=1, example_inputs=torch.randn(2, 32)  # type: ignore[arg-type]
+        )
 
 
 def test_plan_before_first_call_says_how_to_get_one() -> None:

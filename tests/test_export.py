@@ -35,8 +35,10 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.inp = nn.Linear(16, 32)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.BatchNorm1d(32), nn.Dropout(0.2))
-                                    for _ in range(4))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 32), nn.BatchNorm1d(32), nn.Dropout(0.2))
+            for _ in range(4)
+        )
         self.out = nn.Linear(32, 3)
         self.register_buffer("scale", torch.tensor(0.5))
 
@@ -50,15 +52,20 @@ class Net(nn.Module):
 CHILD = '''
 import importlib.util, sys, torch
 import fxckpt
-torch.set_num_threads({threads})  # as the parent computed the expected values: results depend on it
+# as the parent computed the expected values: results depend on it
+torch.set_num_threads({threads})
 sys.path.insert(0, {tests!r})
 from support import run_step
-assert importlib.util.find_spec({module!r}) is None, "the model's module must not be importable here"
+assert importlib.util.find_spec({module!r}) is None, (
+    "the model's module must not be importable here"
+)
 for name in {names!r}:
     expected = torch.load({root!r} + "/" + name + ".expected.pt", weights_only=True)
     loaded = fxckpt.load({root!r} + "/" + name)
     step = run_step(loaded, tuple(expected["args"]), {{}}, seed=0)
-    assert all(torch.equal(a, b) for a, b in zip(step.out, expected["out"])), name + ": outputs differ"
+    assert all(
+        torch.equal(a, b) for a, b in zip(step.out, expected["out"])
+    ), name + ": outputs differ"
     assert step.param_grads.keys() == expected["grads"].keys(), name + ": parameter names differ"
     for k, g in expected["grads"].items():
         assert torch.equal(step.param_grads[k], g), name + ": grad of " + k + " differs"
@@ -360,7 +367,8 @@ def test_export_graphs_with_swapped_modules_round_trip_once_their_hooks_are_remo
 
 
 class Recurrent(torch.nn.Module):
-    """Leaf modules whose state is more than weights: an LSTM (flat weight lists), attention, embedding."""
+    """Leaf modules whose state is more than weights: an LSTM (flat weight lists), attention,
+    embedding."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -184,7 +184,8 @@ def test_global_module_hooks_are_refused() -> None:
 
 
 def test_the_users_saved_tensors_hooks_still_fire_and_compose() -> None:
-    """A user's saved_tensors_hooks around the step see what is saved outside segments; same bits."""
+    """A user's saved_tensors_hooks around the step see what is saved outside segments; same
+    bits."""
     model = Stack()
     reference = copy.deepcopy(model)
     tm = fxckpt.transform(model, depth=2)

@@ -1,4 +1,5 @@
-"""The notebooks in notebooks/ run top to bottom, draw pictures, and are committed without outputs."""
+"""The notebooks in notebooks/ run top to bottom, draw pictures, and are committed without
+outputs."""
 
 from __future__ import annotations
 

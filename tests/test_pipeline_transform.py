@@ -1,4 +1,5 @@
-"""transform(chunks=, devices=, checkpoint=) runs the model as a GPipe pipeline with the same numbers."""
+"""transform(chunks=, devices=, checkpoint=) runs the model as a GPipe pipeline with the same
+numbers."""
 
 from __future__ import annotations
 

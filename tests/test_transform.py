@@ -1,4 +1,5 @@
-"""Promise 1 and 2: the transformed module is the model, with the same numbers, for every strategy."""
+"""Promise 1 and 2: the transformed module is the model, with the same numbers, for every
+strategy."""
 
 from __future__ import annotations
 

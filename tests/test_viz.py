@@ -1,4 +1,5 @@
-"""Pictures: each returns a figure with the elements the plan implies, for plain and staged plans."""
+"""Pictures: each returns a figure with the elements the plan implies, for plain and staged
+plans."""
 
 from __future__ import annotations
 
@@ -90,8 +91,10 @@ def test_show_uses_graphviz_dot_when_installed(
 ) -> None:
     fake = tmp_path / "dot"  # speaks just enough of `dot -Tplain`
     fake.write_text(
-        f"#!{sys.executable}\nimport re, sys\nids = re.findall(r'^(n\\d+);$', sys.stdin.read(), re.M)\n"
-        "print('graph 1 10 10')\nfor i, n in enumerate(ids):\n    print('node', n, i % 3, -i, 1, 1)\n"
+        f"#!{sys.executable}\nimport re, sys\n"
+        "ids = re.findall(r'^(n\\d+);$', sys.stdin.read(), re.M)\n"
+        "print('graph 1 10 10')\nfor i, n in enumerate(ids):\n"
+        "    print('node', n, i % 3, -i, 1, 1)\n"
     )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

@@ -37,8 +37,8 @@ __all__ = ["ZooCase", "ZOO", "HAZARDS", "KNOWN_EXPORT_ISSUES", "LoRALinear", "by
 
 ATTN = "eager"
 """Attention implementation every config is built with. "eager" is the only one every model here
-accepts: "sdpa" raises ValueError at construction for the CNNs, Swinv2, Gemma2, GPT-J, GPT-Neo, Bloom
-and DeBERTa-v2, and where it is accepted BEiT's exported gradients stop being bit-exact."""
+accepts: "sdpa" raises ValueError at construction for the CNNs, Swinv2, Gemma2, GPT-J, GPT-Neo,
+Bloom and DeBERTa-v2, and where it is accepted BEiT's exported gradients stop being bit-exact."""
 
 P = 0.1
 """Dropout probability used for every hidden / attention / embedding dropout a config exposes."""
@@ -58,13 +58,16 @@ class ZooCase:
     """vision-cnn, vision-transformer, decoder-lm, moe-lm, encoder, encoder-decoder, speech,
     vision-language or lora."""
     make: Callable[[], nn.Module]
-    """Builds the model in ``train()`` mode; seeds torch itself, so every call gives the same weights."""
+    """Builds the model in ``train()`` mode; seeds torch itself, so every call gives the same
+    weights."""
     inputs: Callable[[], tuple[tuple, dict]]
-    """``(args, kwargs)`` for one call; draws from torch's RNG (seed first for identical inputs)."""
+    """``(args, kwargs)`` for one call; draws from torch's RNG (seed first for identical
+    inputs)."""
     depth: int
     """A module nesting depth (dots + 1 in the path) whose modules are the repeated blocks."""
     note: str = ""
-    """What is special: where the loss comes from, custom autograd Functions, hooks, shared layers..."""
+    """What is special: where the loss comes from, custom autograd Functions, hooks, shared
+    layers..."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +80,8 @@ def _build(
     post: Callable[[nn.Module], None] | None = None,
     **config: object,
 ) -> Callable[[], nn.Module]:
-    """A factory: ``transformers.<model_cls>(transformers.<config_cls>(**config))``, seeded, train().
+    """A factory: ``transformers.<model_cls>(transformers.<config_cls>(**config))``, seeded,
+    train().
 
     ``post`` runs on the built model (still under the same seed), e.g. to fix an initialisation."""
 
@@ -136,7 +140,8 @@ def _class_labels(n: int) -> torch.Tensor:
 
 
 def _cls_inputs() -> tuple[tuple, dict]:
-    """Token ids with a padded attention mask and one class label per row (sequence classification)."""
+    """Token ids with a padded attention mask and one class label per row (sequence
+    classification)."""
     args, kw = _ids(mask=True)()
     kw["labels"] = _class_labels(3)
     return args, kw
@@ -150,7 +155,8 @@ def _electra_inputs() -> tuple[tuple, dict]:
 
 
 def _images(size: int = 32, labels: int = 0) -> Callable[[], tuple[tuple, dict]]:
-    """``pixel_values`` ``(BATCH, 3, size, size)``, optionally class ``labels`` in ``[0, labels)``."""
+    """``pixel_values`` ``(BATCH, 3, size, size)``, optionally class ``labels`` in
+    ``[0, labels)``."""
 
     def inputs() -> tuple[tuple, dict]:
         x = torch.randn(BATCH, 3, size, size)
@@ -187,8 +193,9 @@ mobilenet_v2 = _build(
 
 
 def _unit_batchnorm(model: nn.Module) -> None:
-    """EfficientNet initialises BatchNorm weights like Linear ones (normal, std 0.02): with that, the
-    signal shrinks ~50x per block and the logits come out ~1e-23. Start every BatchNorm at weight 1."""
+    """EfficientNet initialises BatchNorm weights like Linear ones (normal, std 0.02): with that,
+    the signal shrinks ~50x per block and the logits come out ~1e-23. Start every BatchNorm at
+    weight 1."""
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
@@ -644,7 +651,8 @@ AUDIO = 1600
 
 
 def _audio(labels: str = "") -> Callable[[], tuple[tuple, dict]]:
-    """Raw audio ``input_values`` (BATCH, AUDIO); ``labels``: "" none, "ctc" token ids, "cls" classes."""
+    """Raw audio ``input_values`` (BATCH, AUDIO); ``labels``: "" none, "ctc" token ids, "cls"
+    classes."""
 
     def inputs() -> tuple[tuple, dict]:
         x = torch.randn(BATCH, AUDIO)
@@ -697,8 +705,8 @@ def _whisper_inputs() -> tuple[tuple, dict]:
 def _two_tower(
     model_cls: str, cfg_cls: str, top: dict | None = None, **text_extra: object
 ) -> Callable[[], nn.Module]:
-    """A two-tower text/image model (a config with ``text_config`` and ``vision_config``; ``top`` goes to
-    the outer config, ``text_extra`` to the text tower's)."""
+    """A two-tower text/image model (a config with ``text_config`` and ``vision_config``; ``top``
+    goes to the outer config, ``text_extra`` to the text tower's)."""
 
     def make() -> nn.Module:
         import transformers
@@ -746,7 +754,8 @@ siglip = _two_tower(
 
 
 def _text_image_inputs() -> tuple[tuple, dict]:
-    """Text ids ending in the end-of-text token (CLIP pools there) and images, as kwargs, loss on."""
+    """Text ids ending in the end-of-text token (CLIP pools there) and images, as kwargs, loss
+    on."""
     ids = torch.randint(3, VOCAB - 1, (BATCH, SEQ))
     ids[:, -1] = VOCAB - 1
     return (), {
@@ -783,7 +792,8 @@ class LoRALinear(nn.Module):
 
 
 def lora_llama() -> nn.Module:
-    """A small Llama with every base parameter frozen and LoRA on q_proj / v_proj of every layer."""
+    """A small Llama with every base parameter frozen and LoRA on q_proj / v_proj of every
+    layer."""
     model = llama()
     torch.manual_seed(1)
     for p in model.parameters():
@@ -883,8 +893,9 @@ ZOO: list[ZooCase] = [
         swin,
         _images(labels=_CNN_LABELS),
         6,
-        "shifted windows, patch merging, stochastic depth; blocks are swin.encoder.layers.N.blocks.M; "
-        "fxckpt exports images with only the batch dynamic (every dim dynamic takes 1-2 min)",
+        "shifted windows, patch merging, stochastic depth; blocks are "
+        "swin.encoder.layers.N.blocks.M; fxckpt exports images with only the batch dynamic (every "
+        "dim dynamic takes 1-2 min)",
     ),
     ZooCase(
         "swinv2_windowed",
@@ -892,7 +903,8 @@ ZOO: list[ZooCase] = [
         swinv2,
         _images(),
         5,
-        "cosine attention with log-spaced continuous position bias, res-post-norm; no sdpa support",
+        "cosine attention with log-spaced continuous position bias, res-post-norm; no sdpa "
+        "support",
     ),
     # decoder LMs
     ZooCase(
@@ -1008,8 +1020,8 @@ ZOO: list[ZooCase] = [
         opt,
         _ids(labels=True, mask=True),
         4,
-        "learned positions offset by 2 (computed from attention_mask), blocks at model.decoder.layers.N, "
-        "tied; " + _DEC_NOTE,
+        "learned positions offset by 2 (computed from attention_mask), blocks at "
+        "model.decoder.layers.N, tied; " + _DEC_NOTE,
     ),
     ZooCase(
         "bloom_alibi",
@@ -1017,9 +1029,10 @@ ZOO: list[ZooCase] = [
         bloom,
         _ids(labels=True, mask=True),
         3,
-        "ALiBi; its GELU is a custom torch.autograd.Function (GeLUFunction, hand-written backward) in "
-        "training: torch.export inlines the Function's forward and differentiates that instead, so "
-        "export-captured gradients differ from eager in the last bits; tied; " + _DEC_NOTE,
+        "ALiBi; its GELU is a custom torch.autograd.Function (GeLUFunction, hand-written "
+        "backward) in training: torch.export inlines the Function's forward and differentiates "
+        "that instead, so export-captured gradients differ from eager in the last bits; "
+        "tied; " + _DEC_NOTE,
     ),
     # mixture of experts
     ZooCase(
@@ -1028,9 +1041,10 @@ ZOO: list[ZooCase] = [
         mixtral,
         _ids(labels=True),
         3,
-        "top-2 of 4 experts (experts_implementation='grouped_mm'), router jitter noise (torch uniform_ in "
-        "the router), router aux loss added to the loss (output_router_logits=True, so the first forward "
-        "installs output-capturing forward hooks on the layers); " + _DEC_NOTE,
+        "top-2 of 4 experts (experts_implementation='grouped_mm'), router jitter noise (torch "
+        "uniform_ in the router), router aux loss added to the loss (output_router_logits=True, "
+        "so the first forward installs output-capturing forward hooks on the "
+        "layers); " + _DEC_NOTE,
     ),
     ZooCase(
         "qwen2_moe_shared",
@@ -1073,8 +1087,8 @@ ZOO: list[ZooCase] = [
         albert,
         _ids(labels=True, token_type=True),
         6,
-        "ONE layer (albert_layer_groups.0.albert_layers.0) called num_hidden_layers times: the depth-6 "
-        "module runs twice per forward; factorised embeddings; MLM loss",
+        "ONE layer (albert_layer_groups.0.albert_layers.0) called num_hidden_layers times: the "
+        "depth-6 module runs twice per forward; factorised embeddings; MLM loss",
     ),
     ZooCase(
         "electra_disc",
@@ -1082,7 +1096,8 @@ ZOO: list[ZooCase] = [
         electra,
         _electra_inputs,
         4,
-        "replaced-token discriminator head, embedding projection 16 -> 32; BCE loss from 0/1 labels",
+        "replaced-token discriminator head, embedding projection 16 -> 32; BCE loss from 0/1 "
+        "labels",
     ),
     ZooCase(
         "deberta_v2_relpos",
@@ -1099,8 +1114,8 @@ ZOO: list[ZooCase] = [
         t5,
         _seq2seq_inputs,
         3,
-        "relative position buckets, gated-gelu, decoder_input_ids shifted from labels inside the model; "
-        "blocks at encoder.block.N and decoder.block.N; loss from labels",
+        "relative position buckets, gated-gelu, decoder_input_ids shifted from labels inside the "
+        "model; blocks at encoder.block.N and decoder.block.N; loss from labels",
     ),
     ZooCase(
         "bart",
@@ -1125,10 +1140,10 @@ ZOO: list[ZooCase] = [
         wav2vec2,
         _audio(labels="cls"),
         4,
-        "raw audio input_values; conv feature extractor with GroupNorm, weight-normed positional conv "
-        "(a parametrization); the feature encoder sets requires_grad=True on a view of the input inside "
-        "forward; SpecAugment OFF (mask_time_prob=0.0); the first forward installs output-capturing "
-        "hooks; classification loss from labels",
+        "raw audio input_values; conv feature extractor with GroupNorm, weight-normed positional "
+        "conv (a parametrization); the feature encoder sets requires_grad=True on a view of the "
+        "input inside forward; SpecAugment OFF (mask_time_prob=0.0); the first forward installs "
+        "output-capturing hooks; classification loss from labels",
     ),
     ZooCase(
         "hubert_stable_ln",
@@ -1144,10 +1159,11 @@ ZOO: list[ZooCase] = [
         sew_d,
         _audio(),
         4,
-        "DeBERTa-style attention built on custom torch.autograd.Functions that draw torch randomness "
-        "(XDropout) and mask (XSoftmax); squeeze/upsample around the encoder; SpecAugment OFF. "
-        "torch.export inlines XSoftmax, whose forward does masked_fill_ on the softmax output in place: "
-        "the captured graph's backward raises 'modified by an inplace operation'",
+        "DeBERTa-style attention built on custom torch.autograd.Functions that draw torch "
+        "randomness (XDropout) and mask (XSoftmax); squeeze/upsample around the encoder; "
+        "SpecAugment OFF. torch.export inlines XSoftmax, whose forward does masked_fill_ on the "
+        "softmax output in place: the captured graph's backward raises 'modified by an inplace "
+        "operation'",
     ),
     ZooCase(
         "whisper",
@@ -1165,8 +1181,9 @@ ZOO: list[ZooCase] = [
         clip,
         _text_image_inputs,
         4,
-        "two towers (text_model / vision_model), contrastive loss (return_loss=True); all inputs as kwargs; "
-        "torch.arange(len(logits)) in the loss pins the batch size even in a dynamic export",
+        "two towers (text_model / vision_model), contrastive loss (return_loss=True); all inputs "
+        "as kwargs; torch.arange(len(logits)) in the loss pins the batch size even in a dynamic "
+        "export",
     ),
     ZooCase(
         "siglip",
@@ -1183,8 +1200,8 @@ ZOO: list[ZooCase] = [
         lora_llama,
         _ids(labels=True),
         3,
-        "every base parameter frozen; trainable LoRA A/B on q_proj and v_proj; inputs are integer ids, "
-        "so NO input requires grad: only adapter parameters receive gradients",
+        "every base parameter frozen; trainable LoRA A/B on q_proj and v_proj; inputs are integer "
+        "ids, so NO input requires grad: only adapter parameters receive gradients",
     ),
 ]
 
@@ -1195,10 +1212,11 @@ HAZARDS: list[ZooCase] = [
         wav2vec2_specaugment,
         _audio(),
         3,
-        "SpecAugment ON (mask_time_prob=0.3): the time mask is drawn with numpy.random inside forward "
-        "(_compute_mask_indices), so two eager runs with the same torch seed differ, and torch.export bakes "
-        "the mask drawn at capture time into the graph as a constant (static export: every later call "
-        "reuses it; dynamic export fails inside numpy on a symbolic size)",
+        "SpecAugment ON (mask_time_prob=0.3): the time mask is drawn with numpy.random inside "
+        "forward (_compute_mask_indices), so two eager runs with the same torch seed differ, and "
+        "torch.export bakes the mask drawn at capture time into the graph as a constant (static "
+        "export: every later call reuses it; dynamic export fails inside numpy on a symbolic "
+        "size)",
     ),
     ZooCase(
         "wav2vec2_ctc_labels",
@@ -1211,24 +1229,25 @@ HAZARDS: list[ZooCase] = [
         "deterministic, so a tool must either fall back or fail with a clear capture error",
     ),
 ]
-"""Cases a tool cannot be expected to match bit for bit through graph capture: it must detect and refuse
-them (or fall back to eager) with a clear error, never silently train to different bits."""
+"""Cases a tool cannot be expected to match bit for bit through graph capture: it must detect and
+refuse them (or fall back to eager) with a clear error, never silently train to different bits."""
 
 
 KNOWN_EXPORT_ISSUES: dict[str, str] = {
-    "bloom_alibi": "export is not bit-exact: the custom autograd.Function's backward is replaced by autograd "
-    "of its inlined forward (gradients differ by ~1e-8)",
-    "sew_d": "export captures, but the exported graph's backward fails: XSoftmax's in-place masked_fill_ on "
-    "a softmax output is no longer hidden inside a custom autograd.Function",
-    "clip": "a dynamic-shape export specialises the batch size (torch.arange(len(logits))): another batch "
-    "size needs another capture",
-    "wav2vec2_specaugment": "numpy randomness: export bakes the capture-time mask into the graph as a constant",
+    "bloom_alibi": "export is not bit-exact: the custom autograd.Function's backward is replaced "
+    "by autograd of its inlined forward (gradients differ by ~1e-8)",
+    "sew_d": "export captures, but the exported graph's backward fails: XSoftmax's in-place "
+    "masked_fill_ on a softmax output is no longer hidden inside a custom autograd.Function",
+    "clip": "a dynamic-shape export specialises the batch size (torch.arange(len(logits))): "
+    "another batch size needs another capture",
+    "wav2vec2_specaugment": "numpy randomness: export bakes the capture-time mask into the graph "
+    "as a constant",
     "wav2vec2_ctc_labels": "export fails: data-dependent Python branch on labels.max()",
 }
-"""What plain ``torch.export.export(model, args, kwargs, strict=False)`` + ``ep.module()`` does wrong on
-these cases (torch 2.13, transformers 5.23). Every other case exports statically and with every input
-dim ``Dim.AUTO`` and replays eager bit for bit (outputs, every grad, every buffer), also at a second
-batch size / sequence length."""
+"""What plain ``torch.export.export(model, args, kwargs, strict=False)`` + ``ep.module()`` does
+wrong on these cases (torch 2.13, transformers 5.23). Every other case exports statically and with
+every input dim ``Dim.AUTO`` and replays eager bit for bit (outputs, every grad, every buffer),
+also at a second batch size / sequence length."""
 
 
 def by_name(name: str) -> ZooCase:

@@ -1,4 +1,5 @@
-"""The partition pass: balanced stages, explicit balance, and stage GraphModules that carry skips."""
+"""The partition pass: balanced stages, explicit balance, and stage GraphModules that carry
+skips."""
 
 from __future__ import annotations
 
@@ -152,7 +153,8 @@ def test_balance_by_node_counts_and_module_paths() -> None:
     [
         (
             {"balance": [3, 3]},
-            r"balance must sum to the graph's 19 compute node\(s\) \(got \[3, 3\], which sums to 6\)",
+            r"balance must sum to the graph's 19 compute node\(s\) "
+            r"\(got \[3, 3\], which sums to 6\)",
         ),
         ({"balance": [19, 0]}, r"integers >= 1"),
         ({"balance": ["layer.2"]}, r"balance boundary 'layer.2' names no module.*did you mean"),

@@ -328,7 +328,8 @@ def test_cuda_offload_uses_pinned_pool_and_matches() -> None:
 
 @cuda
 def test_cuda_race_with_a_delayed_compute_stream() -> None:
-    """Copies must wait for the compute stream: a sleeping kernel before each step must not matter."""
+    """Copies must wait for the compute stream: a sleeping kernel before each step must not
+    matter."""
     plain, tm, x = _cuda_pair()
     for step in range(100):
         torch.cuda._sleep(1_000_000)

@@ -66,7 +66,8 @@ def _has_bn(model: nn.Module) -> bool:
 
 
 def _full_batch_bn(model: nn.Module, pieces: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Buffers after one BatchNorm update over the inputs each BN layer saw in all micro-batches."""
+    """Buffers after one BatchNorm update over the inputs each BN layer saw in all
+    micro-batches."""
     ref = copy.deepcopy(model)
     norms = {name: m for name, m in ref.named_modules() if isinstance(m, _BatchNorm)}
     before = {name: {k: b.clone() for k, b in m.named_buffers()} for name, m in norms.items()}
@@ -336,7 +337,8 @@ def test_schedule_and_description() -> None:
         (
             {"balance": [5, 5]},
             ConfigError,
-            r"balance must sum to the graph's 19 compute node\(s\) \(got \[5, 5\], which sums to 10\)",
+            r"balance must sum to the graph's 19 compute node\(s\) "
+            r"\(got \[5, 5\], which sums to 10\)",
         ),
         ({"devices": ["cuda:7"]}, ConfigError, r"device 'cuda:7' does not exist"),
         (
@@ -405,7 +407,8 @@ def test_non_tensor_outputs_that_follow_the_batch_size_are_refused() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 3])
 def test_gpt2_pipeline_matches_eager(k: int) -> None:
-    """GPT-2 captured by torch.export at the micro-batch shape (export graphs are shape-specialised)."""
+    """GPT-2 captured by torch.export at the micro-batch shape (export graphs are
+    shape-specialised)."""
     model = gpt2()
     for m in model.modules():
         if isinstance(m, nn.Dropout):
