@@ -100,7 +100,8 @@ def transform(
     if example_inputs is not None or example_kwargs is not None:
         if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
             raise ConfigError(
-                f"example_inputs must be a tuple of positional inputs (got {type(example_inputs).__name__}); "
+                f"example_inputs must be a tuple of positional inputs "
+                f"(got {type(example_inputs).__name__}); "
                 "write example_inputs=(x,)"
             )
         dispatcher_of(tm).plan_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
@@ -115,7 +116,8 @@ def _as_plan(plan: Any) -> Optional[Plan]:
             return Plan.from_dict(dict(plan))
         except (TypeError, KeyError) as e:
             raise ConfigError(
-                f"plan is not a saved fxckpt plan ({e}); pass fxckpt.inspect(tm).plan or its to_dict()"
+                f"plan is not a saved fxckpt plan ({e}); pass fxckpt.inspect(tm).plan or its "
+                "to_dict()"
             ) from e
     raise ConfigError(f"plan must be a fxckpt.Plan or its to_dict() (got {type(plan).__name__})")
 

@@ -1,6 +1,6 @@
 """Argument checks, written once: each states the rule and shows the value it saw.
 
-    check_int("every", every, low=1)        -> ConfigError("every must be a positive integer (got 0)")
+    check_int("every", every, low=1) -> ConfigError("every must be a positive integer (got 0)")
     check_number("offload_bandwidth", bw, low=0, strict=True)
 
 Used wherever user input enters fxckpt (``transform``'s options, the pipeline runtime, the
@@ -32,8 +32,13 @@ def check_int(
     unit: str = "",
     error: type[Exception] = ConfigError,
 ) -> int:
-    """``value`` as an int in ``[low, high]``; ``error`` (a ConfigError) naming ``name`` otherwise."""
-    if not is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
+    """``value`` as an int in ``[low, high]``; ``error`` (a ConfigError) naming ``name`` otherwise.
+    """
+    if (
+        not is_int(value)
+        or value < low  # type: ignore[operator]
+        or (high is not None and value > high)  # type: ignore[operator]
+    ):
         suffix = f" {unit}" if unit else ""
         raise error(f"{name} must be {_int_rule(low, high)}{suffix} (got {value!r})")
     return value  # type: ignore[return-value]

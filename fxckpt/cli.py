@@ -118,7 +118,8 @@ def add_plan_command(commands: Any) -> None:
     p = commands.add_parser(
         "plan",
         help="plan a model and print (or report) what is saved and recomputed",
-        description="Build a model from TARGET, plan activation checkpointing for random inputs of the\n"
+        description="Build a model from TARGET, plan activation checkpointing for random inputs "
+        "of the\n"
         "given shapes and print the plan table; optionally write a report or an export.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -262,7 +263,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
     if not parts or not all(re.fullmatch(r"\d+", p) and int(p) > 0 for p in parts):
         raise CliError(
-            f"--input-shape must be positive integers separated by commas, e.g. 8,3,224,224 (got {text!r})"
+            f"--input-shape must be positive integers separated by commas, e.g. 8,3,224,224 "
+            f"(got {text!r})"
         )
     return tuple(int(p) for p in parts)
 
@@ -325,7 +327,8 @@ def _import(name: str) -> Any:
     except ModuleNotFoundError as e:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
             raise CliError(
-                f"no module named {name!r} (run from the directory that contains it, or set PYTHONPATH)"
+                f"no module named {name!r} (run from the directory that contains it, or set "
+                "PYTHONPATH)"
             ) from e
         raise CliError(f"importing {name!r} failed: {e}") from e
     except Exception as e:

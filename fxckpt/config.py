@@ -128,7 +128,8 @@ class TransformConfig:
             object.__setattr__(self, "force", dict(self.force))
 
     def validate(self, model: torch.nn.Module) -> "TransformConfig":
-        """Check every option against ``model``; raise :class:`ConfigError` on the first bad one."""
+        """Check every option against ``model``; raise :class:`ConfigError` on the first bad one.
+        """
         if isinstance(self.strategy, Depth):
             deepest = max(model.named_modules(), key=lambda kv: _depth(kv[0]))[0]
             if _depth(deepest) < self.strategy.depth:
@@ -151,7 +152,8 @@ def _depth(path: str) -> int:
 def _check_force(force: object, model: torch.nn.Module) -> None:
     if not isinstance(force, Mapping):
         raise ConfigError(
-            f"force must be a dict of module path -> 'recompute' | 'save' (got {type(force).__name__})"
+            f"force must be a dict of module path -> 'recompute' | 'save' "
+            f"(got {type(force).__name__})"
         )
     paths = [name for name, _ in model.named_modules() if name]
     for path, mode in force.items():
@@ -203,8 +205,9 @@ def _check_offload(config: TransformConfig) -> None:
         check_number("offload_bandwidth", config.offload_bandwidth, strict=True, unit="of bytes/s")
     if config.offload and config.offload_device is None and not torch.cuda.is_available():
         raise ConfigError(
-            "offload moves saved tensors from a GPU to host memory, and this machine has no CUDA device; "
-            "pass offload_device='cpu' to run the offload machinery on CPU anyway (as the tests do)"
+            "offload moves saved tensors from a GPU to host memory, and this machine has no CUDA "
+            "device; pass offload_device='cpu' to run the offload machinery on CPU anyway (as the "
+            "tests do)"
         )
     if config.offload_device is not None:
         from fxckpt.runtime.pipeline import check_device

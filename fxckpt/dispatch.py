@@ -42,7 +42,9 @@ MAX_CAPTURES = 16
 """Captures kept per transformed module; beyond it the oldest is dropped (with a warning)."""
 
 Fingerprint = tuple[int, ...]
-_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Any]]]]" = weakref.WeakKeyDictionary()
+_SHARED: (
+    "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Any]]]]"
+) = weakref.WeakKeyDictionary()
 """Captures per model object, shared by every transform of it (see the module docstring)."""
 
 

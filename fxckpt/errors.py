@@ -47,4 +47,5 @@ class NotPlannedError(FxckptError, RuntimeError):
 
 
 class InputError(FxckptError, TypeError):
-    """A call's arguments cannot be planned for safely (e.g. a mutable object fxckpt cannot key)."""
+    """A call's arguments cannot be planned for safely (e.g. a mutable object fxckpt cannot key).
+    """

@@ -99,7 +99,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._peak: dict[str, int] = {}
         self._peak_total = 0
         self.allocated_bytes = 0
-        """Bytes of all storages counted since entering, freed or not (work done, not memory held)."""
+        """Bytes of all storages counted since entering, freed or not (work done, not memory held).
+        """
 
     @property
     def current_bytes(self) -> int:
@@ -108,7 +109,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
     @property
     def peak_bytes(self) -> int:
-        """Most bytes alive at once since entering or the last :meth:`reset_peak`, over all devices."""
+        """Most bytes alive at once since entering or the last :meth:`reset_peak`, over all
+        devices."""
         return self._peak_total
 
     @property
@@ -165,7 +167,8 @@ def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
 
 
 def _storage_of(t: torch.Tensor) -> Optional[torch.UntypedStorage]:
-    """The storage holding ``t``'s memory; ``None`` for meta and fake tensors and storage-less layouts."""
+    """The storage holding ``t``'s memory; ``None`` for meta and fake tensors and storage-less
+    layouts."""
     if t.layout != torch.strided:
         return None
     try:
@@ -210,7 +213,8 @@ def read_status() -> dict[str, int]:
 
 
 def reset_peak_rss() -> int:
-    """Reset this process's ``VmHWM`` to its current ``VmRSS`` (Linux >= 4.0); returns ``VmRSS``."""
+    """Reset this process's ``VmHWM`` to its current ``VmRSS`` (Linux >= 4.0); returns ``VmRSS``.
+    """
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -22,7 +22,8 @@ def pareto(
     example_kwargs: Optional[Mapping[str, Any]] = None,
     points: int = 9,
 ) -> list[dict[str, float]]:
-    """The predicted memory / recompute trade-off of ``model`` on these inputs, in its current mode.
+    """The predicted memory / recompute trade-off of ``model`` on these inputs, in its current
+    mode.
 
     Returns points sorted by budget, each ``{"budget": bytes, "predicted_peak": bytes,
     "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``. A smaller budget

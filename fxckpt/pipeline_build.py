@@ -1,7 +1,7 @@
 """Build a pipelined module from an annotated (and possibly lowered) GraphModule.
 
     gm --partition--> StagePlan --split_stages--> stage GraphModules --Pipeline--> module
-                      (DP over costs, or balance=)   (skips carried)        (micro-batches, devices)
+                      (DP over costs, or balance=)   (skips carried)       (micro-batches, devices)
 
 This is the one place that joins the passes (:mod:`fxckpt.passes.partition`) and the runtime
 (:mod:`fxckpt.runtime.pipeline`), and the place where every pipeline argument is checked, so a
@@ -96,7 +96,8 @@ class PipelinedModule(nn.Module):
         )
 
     def _as_spec(self, args: tuple, kwargs: dict) -> Any:
-        """The call's inputs shaped like the exported graph's ``in_spec`` (as its own forward does)."""
+        """The call's inputs shaped like the exported graph's ``in_spec`` (as its own forward
+        does)."""
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = [bound.arguments[name.split(":")[0].strip()] for name in self._orig_args]

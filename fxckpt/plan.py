@@ -160,7 +160,8 @@ class Plan:
     predicted_peak: int | None = None
     """Predicted peak activation memory of a training step with this plan (bytes)."""
     predicted_recompute: float | None = None
-    """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops)."""
+    """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops).
+    """
     budget: int | None = None
     """The budget the plan was solved for (bytes), if any."""
     pipeline: PipelineView | None = None

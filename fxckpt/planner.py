@@ -44,7 +44,8 @@ class Compiled:
     gm: torch.fx.GraphModule
     plan: Plan
     pipeline: Optional[PipelinedModule] = None
-    """The pipelined module (``fxckpt.pipeline_build.PipelinedModule``) when stages were asked for."""
+    """The pipelined module (``fxckpt.pipeline_build.PipelinedModule``) when stages were asked for.
+    """
     key: Any = None
     """The signature key of the call it was planned for (what an export matches calls by)."""
 
@@ -57,7 +58,8 @@ class Compiled:
 def capture_for(
     model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict
 ) -> Captured:
-    """Capture ``model`` for calls like ``model(*args, **kwargs)`` (one micro-batch, for stages)."""
+    """Capture ``model`` for calls like ``model(*args, **kwargs)`` (one micro-batch, for stages).
+    """
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     return capture(model, plan_args, plan_kwargs)
 
@@ -77,8 +79,8 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
     except Exception as e:
         raise PlanError(
             f"fxckpt could not plan {type(model).__name__} ({captured.method} graph) for "
-            f"{describe_signature(args, kwargs)}: {type(e).__name__}: {e}. This is a limitation of "
-            "fxckpt for this model; please report it with the model's class and this message"
+            f"{describe_signature(args, kwargs)}: {type(e).__name__}: {e}. This is a limitation "
+            "of fxckpt for this model; please report it with the model's class and this message"
         ) from e
     log.info("planned %s for %s in %.2fs", type(model).__name__, compiled.plan.signature,
              time.perf_counter() - start)

@@ -53,7 +53,8 @@ class Progress:
 
 def write_report(tm: Any, model: torch.nn.Module, inputs: Sequence[Any], out_dir: Any, *,
                  pareto: bool = True) -> Path:
-    """Write the report of ``tm``'s latest plan (made for ``inputs``) to ``out_dir``; returns index.html."""
+    """Write the report of ``tm``'s latest plan (made for ``inputs``) to ``out_dir``; returns
+    index.html."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = _inspect(tm).plan
@@ -111,8 +112,10 @@ def _html(tm: Any, pictures: list[str], skipped: str) -> str:
               else f"<h2>Pipeline</h2><pre>{html.escape(str(plan.pipeline))}</pre>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>fxckpt plan report</title>
-<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}} img{{max-width:100%}} pre{{background:#f6f6f6;
+<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} \
+table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}} img{{max-width:100%}} \
+pre{{background:#f6f6f6;
 padding:8px;overflow-x:auto;font-size:12px}}</style></head>
 <body><h1>fxckpt plan report</h1>
 <p>Inputs: <code>{html.escape(plan.signature)}</code>. Files: <a href="plan.json">plan.json</a>,

@@ -1,11 +1,12 @@
 """Input signatures: when a captured graph or a plan can be reused, and how to call a graph.
 
 A captured graph is specialised to everything Python saw while it was traced: the mode of every
-module and which modules have hooks (those are called as they are), the autocast state, the structure of the call (which arguments, nested in which lists
-and dicts), the values of its non-tensor arguments (``None`` masks, ``return_dict=False``), and
-the dtypes, devices and ranks of its tensors. That is the :class:`CallKey`. Shapes are not in it:
-a graph from ``symbolic_trace``, or from ``torch.export`` with dynamic dimensions, serves every
-shape, and only a budget plan depends on them (:func:`shapes_of`).
+module and which modules have hooks (those are called as they are), the autocast state, the
+structure of the call (which arguments, nested in which lists and dicts), the values of its
+non-tensor arguments (``None`` masks, ``return_dict=False``), and the dtypes, devices and ranks of
+its tensors. That is the :class:`CallKey`. Shapes are not in it: a graph from ``symbolic_trace``,
+or from ``torch.export`` with dynamic dimensions, serves every shape, and only a budget plan
+depends on them (:func:`shapes_of`).
 
 Non-tensor arguments are keyed by value. A value that cannot be keyed safely is refused rather
 than guessed at: a mutable object (a config instance, a list held by the caller) could change
@@ -135,7 +136,8 @@ def signature_key(training: bool, args: tuple, kwargs: dict) -> Hashable:
 
 
 def value_key(value: Any, where: Callable[[], str] = lambda: "an argument") -> Hashable:
-    """A key equal for equal values; :class:`~fxckpt.errors.InputError` for values that cannot be."""
+    """A key equal for equal values; :class:`~fxckpt.errors.InputError` for values that cannot be.
+    """
     if isinstance(value, _VALUE_TYPES):
         return (type(value), value)
     if isinstance(value, torch.Size) or (
@@ -147,10 +149,11 @@ def value_key(value: Any, where: Callable[[], str] = lambda: "an argument") -> H
     if isinstance(value, _IDENTITY_TYPES):
         return ("object", value)  # functions and classes compare by identity; the key holds them
     raise InputError(
-        f"{where()} is a {type(value).__qualname__} object ({_short_repr(value)}); fxckpt specialises "
-        "its graph to the values of non-tensor arguments and cannot tell when this object changes "
-        "between calls. Pass plain values instead (None, bool, int, float, str, torch.dtype, or "
-        "tuples and lists of them), or keep the object on the model as an attribute"
+        f"{where()} is a {type(value).__qualname__} object ({_short_repr(value)}); fxckpt "
+        "specialises its graph to the values of non-tensor arguments and cannot tell when this "
+        "object changes between calls. Pass plain values instead (None, bool, int, float, str, "
+        "torch.dtype, or tuples and lists of them), or keep the object on the model as an "
+        "attribute"
     )
 
 

@@ -25,7 +25,8 @@ __all__ = ["Every", "Depth", "Budgeted", "Replay", "Strategy", "strategy_from"]
 
 @dataclasses.dataclass(frozen=True)
 class Every:
-    """Segments of ``units`` units of work each (nodes with FLOPs: matmuls, convolutions, attention)."""
+    """Segments of ``units`` units of work each (nodes with FLOPs: matmuls, convolutions,
+    attention)."""
 
     units: int
     name: ClassVar[str] = "every"
@@ -78,7 +79,8 @@ Strategy = Union[Every, Depth, Budgeted, Replay]
 
 def strategy_from(*, every: Any = None, depth: Any = None, budget: Optional[Budget] = None,
                   plan: Optional[Plan] = None) -> Optional[Strategy]:
-    """The one strategy ``transform``'s keywords name (``None`` for none); two or more are refused."""
+    """The one strategy ``transform``'s keywords name (``None`` for none); two or more are refused.
+    """
     given = {
         k: v
         for k, v in (("every", every), ("depth", depth), ("budget", budget), ("plan", plan))

@@ -8,8 +8,8 @@ the unmodified model by turns in the same process, so the ratio sees the same ma
 ``solve_scaling`` times the budget solver alone on GPT-2 graphs of growing depth.
 
 Every function catches what goes wrong with the method and returns it as
-``{"status": "error", "error": ...}`` (or ``"infeasible"``, ``"n/a"``): one peer failing never stops
-the benchmark.
+``{"status": "error", "error": ...}`` (or ``"infeasible"``, ``"n/a"``): one peer failing never
+stops the benchmark.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """The methods the benchmark compares, each a function ``model -> (module to run, facts)``.
 
 * ``unmodified``: the model itself (the baseline of every ratio).
-* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=...)``; facts from ``fxckpt.inspect(tm).plan``
-  (predicted peak, eager peak, budget in bytes), the wall time of ``transform`` and of the budget
-  solver alone. ``b`` is a fraction (``float``) or, for rows matched to a peer, bytes (``int``).
+* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=...)``; facts from
+  ``fxckpt.inspect(tm).plan`` (predicted peak, eager peak, budget in bytes), the wall time of
+  ``transform`` and of the budget solver alone. ``b`` is a fraction (``float``) or, for rows
+  matched to a peer, bytes (``int``).
 * ``checkpoint_per_block``: every block's ``forward`` wrapped in
   ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
-* ``checkpoint_sequential``: the blocks run through ``torch.utils.checkpoint.checkpoint_sequential``
-  with ``round(sqrt(n))`` segments (torch leaves the last segment un-checkpointed). Hugging Face
-  blocks take extra arguments (attention mask, ...): the container of blocks is replaced by one
-  module that closes over them, so the model's own loop calls it once.
+* ``checkpoint_sequential``: the blocks run through
+  ``torch.utils.checkpoint.checkpoint_sequential`` with ``round(sqrt(n))`` segments (torch leaves
+  the last segment un-checkpointed). Hugging Face blocks take extra arguments (attention mask,
+  ...): the container of blocks is replaced by one module that closes over them, so the model's own
+  loop calls it once.
 * ``compile``: ``torch.compile(model)`` with its default backend, inductor (what a user of
   ``torch.compile`` runs; on CPU it generates C++ kernels), and
   ``torch._functorch.config.activation_memory_budget = b`` (set before the first, compiling step).
@@ -126,7 +128,9 @@ def _blocks(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, str, list[nn.
 def _per_block(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, Facts]:
     _, _, blocks = _blocks(model, spec)
     for block in blocks:  # an instance attribute shadows the class's forward; __call__ uses it
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+        block.forward = functools.partial(  # type: ignore[method-assign]
+            checkpoint, block.forward, use_reentrant=False
+        )
     return model, {"detail": f"{len(blocks)} blocks, each under checkpoint(use_reentrant=False)"}
 
 
@@ -174,8 +178,8 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
     """Wall time of ``fxckpt.solver.solve`` alone, per budget fraction, after capture + annotate.
 
     The budget in bytes (an ``int`` as given, a ``float`` as that fraction of the predicted eager
-    peak) minus the reserve is what the solver gets, as in ``transform``. Each timing gets a fresh ``Problem`` (the solver caches its index
-    on it); the median of ``repeats`` solves is reported.
+    peak) minus the reserve is what the solver gets, as in ``transform``. Each timing gets a fresh
+    ``Problem`` (the solver caches its index on it); the median of ``repeats`` solves is reported.
     """
     from fxckpt.passes import annotate, capture
     from fxckpt.passes.graph_view import problem_of

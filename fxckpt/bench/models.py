@@ -85,7 +85,8 @@ class ModelSpec:
     blocks: str
     """Dotted attribute path of the container of repeated blocks."""
     iterated: bool
-    """True when ``forward`` iterates the container (``for b in self.h``); False when it calls it."""
+    """True when ``forward`` iterates the container (``for b in self.h``); False when it calls it.
+    """
 
     def describe(self, quick: bool) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in (self.quick if quick else self.full).items())

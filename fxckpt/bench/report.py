@@ -36,7 +36,8 @@ they are allocated during warm-up and are not part of the step) of each model un
   compared with fxckpt at the very memory the peer used (run for every peer that saved memory);
 * `fxckpt @minimum of b=…`: when fxckpt raises `BudgetInfeasibleError` for `b`, the same with
   `budget=` the minimum the error states (`err.min_budget`, bytes), to check that claim;
-* `checkpoint_per_block`: each block's `forward` under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`;
+* `checkpoint_per_block`: each block's `forward` under \
+`torch.utils.checkpoint.checkpoint(use_reentrant=False)`;
 * `checkpoint_sequential`: `torch.utils.checkpoint.checkpoint_sequential` over the blocks with
   round(sqrt(n)) segments (torch does not checkpoint the last segment); for the Hugging Face models
   the block list is replaced by one module that runs the blocks through it;

@@ -61,7 +61,8 @@ class Check:
     target: str
     subject: str
     passed: Optional[bool]
-    """True (PASS), False (FAIL) or None (SKIP: nothing to check, with the reason in ``detail``)."""
+    """True (PASS), False (FAIL) or None (SKIP: nothing to check, with the reason in ``detail``).
+    """
     detail: str
 
     @property
@@ -96,8 +97,9 @@ def _budget_check(row: Row, base: Optional[Row], rows: list[Row]) -> Check:
     if row.get("match"):
         limit = row["budget"]
         detail = (
-            f"measured {_mib(row['rss_bytes'])} vs {1 + BUDGET_TOL:.2f} x {_mib(limit)} (the peer's "
-            f"peak) = {_mib((1 + BUDGET_TOL) * limit)}: {row['rss_bytes'] / limit:.3f}x the budget"
+            f"measured {_mib(row['rss_bytes'])} vs {1 + BUDGET_TOL:.2f} x {_mib(limit)} "
+            f"(the peer's peak) = {_mib((1 + BUDGET_TOL) * limit)}: "
+            f"{row['rss_bytes'] / limit:.3f}x the budget"
         )
         return Check("budget held", subject, row["rss_bytes"] <= (1 + BUDGET_TOL) * limit, detail)
     limit = row["budget"] * base["rss_bytes"]

@@ -52,7 +52,8 @@ class Described:
 
 
 class _Tensors:
-    """Each tensor once, keyed by the first name the model gives it (or where the graph keeps it)."""
+    """Each tensor once, keyed by the first name the model gives it (or where the graph keeps it).
+    """
 
     def __init__(self) -> None:
         self.names: dict[int, str] = {}
@@ -308,7 +309,8 @@ def _leaf_attrs(mod: torch.nn.Module, path: str) -> dict[str, Any]:
             or isinstance(value, (torch.Tensor, torch.nn.Module))
             or _tensor_list(value)
         ):
-            continue  # tensors are linked by key; lists of them (RNNs' _flat_weights) are rebuilt on load
+            # tensors are linked by key; lists of them (RNNs' _flat_weights) are rebuilt on load
+            continue
         where = f"attribute {name!r} of {type(mod).__name__} at {path or '<root>'}"
         if not check_part(name) or name == "forward":
             raise ExportError(f"{where}: an export cannot name this attribute")

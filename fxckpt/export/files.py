@@ -97,8 +97,8 @@ def _check_replaceable(target: Path) -> None:
         raise ExportError(f"{target} is a file; give a directory path for the export")
     if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
         raise ExportError(
-            f"{target} exists and is not an fxckpt export (no {MANIFEST}); refusing to replace it. "
-            "Choose a new or empty directory"
+            f"{target} exists and is not an fxckpt export (no {MANIFEST}); refusing to replace "
+            "it. Choose a new or empty directory"
         )
 
 
@@ -239,7 +239,8 @@ def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
             raise ExportError(_mismatch(root, rel))
     if manifest.get("content_hash") != content_hash(files):
         raise ExportError(
-            f"export {root} was modified: its content hash does not match its manifest (hash mismatch)"
+            f"export {root} was modified: its content hash does not match its manifest "
+            "(hash mismatch)"
         )
     return Verified(root, manifest)
 
@@ -308,8 +309,8 @@ def _check_relative(root: Path, rel: str) -> None:
 
 def _mismatch(root: Path, rel: str) -> str:
     return (
-        f"export {root} is corrupted or was modified: {rel} does not match the sha256 in its manifest "
-        "(hash mismatch); save the module again"
+        f"export {root} is corrupted or was modified: {rel} does not match the sha256 in its "
+        "manifest (hash mismatch); save the module again"
     )
 
 

@@ -178,9 +178,10 @@ class LoadedModule(torch.nn.Module):
                 return v
         held = "; ".join(v.describe() for v in variants)
         raise ExportError(
-            f"this export holds graphs for {held}; the call is {'train' if self.training else 'eval'} "
-            f"{_describe(args, kwargs)}. Without the model's code fxckpt cannot plan again: save the "
-            "transformed module after calling it with these inputs (or pass example_inputs= to fxckpt.save)"
+            f"this export holds graphs for {held}; the call is "
+            f"{'train' if self.training else 'eval'} {_describe(args, kwargs)}. Without the "
+            "model's code fxckpt cannot plan again: save the transformed module after calling it "
+            "with these inputs (or pass example_inputs= to fxckpt.save)"
         )
 
     @property
@@ -234,7 +235,11 @@ class LoadedModule(torch.nn.Module):
 
 def _read(slot: Slot) -> torch.Tensor:
     mod, kind, name, _ = slot
-    return mod._parameters[name] if kind == "param" else mod._buffers[name]  # type: ignore[return-value]
+    return (
+        mod._parameters[name]  # type: ignore[return-value]
+        if kind == "param"
+        else mod._buffers[name]
+    )
 
 
 def _describe(args: tuple, kwargs: dict) -> str:

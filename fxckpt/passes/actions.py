@@ -1,4 +1,5 @@
-"""Per segment under ``offload="auto"``: recompute it, or keep it with its saved tensors offloaded."""
+"""Per segment under ``offload="auto"``: recompute it, or keep it with its saved tensors offloaded.
+"""
 
 from __future__ import annotations
 

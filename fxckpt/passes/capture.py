@@ -82,7 +82,8 @@ class Captured:
         return self.shape_rule is None or self.shape_rule.dynamic
 
     def graph_args(self, args: tuple, kwargs: dict) -> list:
-        """The values of the graph's placeholders, in order, for a call ``model(*args, **kwargs)``."""
+        """The values of the graph's placeholders, in order, for a call ``model(*args, **kwargs)``.
+        """
         if self.method == SYMBOLIC:
             return list(self.binder.bind(args, kwargs).values())
         if isinstance(self.gm.graph._codegen, _PyTreeCodeGen):  # placeholders: the call's leaves
@@ -174,9 +175,10 @@ def _refuse_global_hooks() -> None:
     if found:
         raise CaptureError(
             f"global module {' and '.join(found)} hooks are registered "
-            "(torch.nn.modules.module.register_module_*_hook); they fire for every module call, which "
-            "a captured graph cannot reproduce. Register the hooks on the modules you need instead "
-            "(module.register_forward_hook): fxckpt calls those modules as they are, so their hooks fire"
+            "(torch.nn.modules.module.register_module_*_hook); they fire for every module call, "
+            "which a captured graph cannot reproduce. Register the hooks on the modules you need "
+            "instead (module.register_forward_hook): fxckpt calls those modules as they are, so "
+            "their hooks fire"
         )
 
 
@@ -186,15 +188,15 @@ def _refuse_changes(model: torch.nn.Module, changes: list[str]) -> None:
     listed = "\n".join(f"  - {c}" for c in changes)
     raise CaptureError(
         f"fxckpt cannot capture {type(model).__name__} exactly: while it was traced,\n{listed}\n"
-        "A captured graph replays what it saw while tracing on every call, so it would diverge from "
-        "the model. How to fix it:\n"
+        "A captured graph replays what it saw while tracing on every call, so it would diverge "
+        "from the model. How to fix it:\n"
         "  - draw random numbers with torch (torch.rand, torch.bernoulli, dropout), which fxckpt "
-        "replays exactly, or compute them outside the model and pass them in as inputs (Hugging Face "
-        "Wav2Vec2's SpecAugment: set config.mask_time_prob=0 and mask_feature_prob=0, and mask the "
-        "inputs before the call);\n"
+        "replays exactly, or compute them outside the model and pass them in as inputs (Hugging "
+        "Face Wav2Vec2's SpecAugment: set config.mask_time_prob=0 and mask_feature_prob=0, and "
+        "mask the inputs before the call);\n"
         "  - keep counters and other state that forward updates in a buffer "
-        "(self.register_buffer('step', torch.zeros(()))) and update it in place (self.step.add_(1)), "
-        "which fxckpt replays every call."
+        "(self.register_buffer('step', torch.zeros(()))) and update it in place "
+        "(self.step.add_(1)), which fxckpt replays every call."
     )
 
 
@@ -211,8 +213,8 @@ def _message(model: torch.nn.Module, failures: list, have_inputs: bool) -> str:
     lines.append("How to fix it:")
     if not have_inputs:
         lines.append(
-            "  - pass example inputs (fxckpt.transform(model, ..., example_inputs=(x,)) or call the "
-            "transformed module) so torch.export can capture what symbolic tracing cannot;"
+            "  - pass example inputs (fxckpt.transform(model, ..., example_inputs=(x,)) or call "
+            "the transformed module) so torch.export can capture what symbolic tracing cannot;"
         )
     lines += [
         "  - give the tracer fixed values for Python-level arguments (concrete_args): non-tensor "

@@ -76,7 +76,8 @@ def safe(run: Run) -> Run:
 
 
 def _safe_suffix(run: Run) -> Run:
-    """Drop the head of a run up to its last in-place write to a tensor from outside it, until none."""
+    """Drop the head of a run up to its last in-place write to a tensor from outside it, until
+    none."""
     graph_nodes = {n.name: n for n in run[0].graph.nodes} if run else {}
     while run:
         names = {n.name for n in run}

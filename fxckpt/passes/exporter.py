@@ -99,13 +99,14 @@ def _swapped(model: torch.nn.Module, ep: torch.export.ExportedProgram, opaque: t
     except Exception as e:
         functions = sorted({f"{cls.__qualname__} (in {path})" for cls, path in calls})
         raise CaptureError(
-            f"fxckpt must call these modules of {type(model).__name__} as they are, but torch.export "
-            f"could not swap them back into its graph: {', '.join(opaque)} ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0][:200]}). They call custom autograd Functions "
-            f"({', '.join(functions) or 'none'}) or have hooks; traced through, a Function's backward "
-            "would be replaced by autograd of its forward, and hooks would not fire. Fix: make the "
-            "model traceable by torch.fx.symbolic_trace, which keeps Function calls and hooked modules "
-            "opaque without swapping (torch.export fails to swap modules that create tensor constants)"
+            f"fxckpt must call these modules of {type(model).__name__} as they are, but "
+            f"torch.export could not swap them back into its graph: {', '.join(opaque)} "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}). They call custom "
+            f"autograd Functions ({', '.join(functions) or 'none'}) or have hooks; traced "
+            "through, a Function's backward would be replaced by autograd of its forward, and "
+            "hooks would not fire. Fix: make the model traceable by torch.fx.symbolic_trace, "
+            "which keeps Function calls and hooked modules opaque without swapping (torch.export "
+            "fails to swap modules that create tensor constants)"
         ) from e
 
 
@@ -115,11 +116,12 @@ def _function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],
     at_root = sorted({cls.__qualname__ for cls, path in calls if path == ""})
     if at_root:
         raise CaptureError(
-            f"{type(model).__name__}.forward calls the custom autograd Function(s) {', '.join(at_root)} "
-            "directly, and torch.export replaces a Function's backward with autograd of its forward. "
-            "fxckpt keeps such calls exact by calling the module that makes them as it is: move the "
-            "call into a submodule (an nn.Module whose forward calls Fn.apply), or make the model "
-            "traceable by torch.fx.symbolic_trace, which keeps Function calls opaque"
+            f"{type(model).__name__}.forward calls the custom autograd Function(s) "
+            f"{', '.join(at_root)} directly, and torch.export replaces a Function's backward with "
+            "autograd of its forward. fxckpt keeps such calls exact by calling the module that "
+            "makes them as it is: move the call into a submodule (an nn.Module whose forward "
+            "calls Fn.apply), or make the model traceable by torch.fx.symbolic_trace, which keeps "
+            "Function calls opaque"
         )
     inside = [p for _, p in calls if not any(p == o or p.startswith(o + ".") for o in opaque)]
     return tuple(dict.fromkeys(inside))
@@ -158,7 +160,8 @@ def _recording(model: torch.nn.Module) -> Iterator[list[tuple[type, str]]]:
 
 def _export_program(model: torch.nn.Module, args: tuple, kwargs: dict,
                     opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
-    """Export with every dimension dynamic where the model allows; for these shapes if it refuses."""
+    """Export with every dimension dynamic where the model allows; for these shapes if it refuses.
+    """
 
     def run(shapes: Optional[dict[str, Any]]) -> torch.export.ExportedProgram:
         return torch.export.export(

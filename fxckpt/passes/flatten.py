@@ -87,7 +87,8 @@ def _inline(flat: torch.fx.Graph, sub: torch.nn.Module, inputs: list[Any]) -> An
 
 def graph_view(gm: torch.fx.GraphModule, plan: Plan) -> nx.DiGraph:
     """The networkx view (:func:`fxckpt.passes.graph_view.to_networkx`) of the flat graph, each
-    node labelled with its ``segment`` (name or ``None``) and pipeline ``stage`` (index or ``None``)."""
+    node labelled with its ``segment`` (name or ``None``) and pipeline ``stage`` (index or
+    ``None``)."""
     from fxckpt.passes.graph_view import to_networkx
 
     view = to_networkx(flatten(gm, plan))

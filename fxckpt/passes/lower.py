@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def lower(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
-    """Rewrite ``gm`` in place so every segment of ``plan`` runs under checkpoint; returns ``gm``."""
+    """Rewrite ``gm`` in place so every segment of ``plan`` runs under checkpoint; returns ``gm``.
+    """
     nodes = {n.name: n for n in gm.graph.nodes}
     _placeholders_first(gm.graph)
     for seg in plan.segments:
@@ -117,7 +118,8 @@ def _extract(
     inputs: list[torch.fx.Node],
     outputs: list[torch.fx.Node],
 ) -> torch.fx.GraphModule:
-    """A GraphModule computing ``outputs`` of ``members`` from ``inputs``, sharing ``gm``'s state."""
+    """A GraphModule computing ``outputs`` of ``members`` from ``inputs``, sharing ``gm``'s state.
+    """
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in inputs:

@@ -90,7 +90,8 @@ class StagePlan:
                          shown if len(shown) <= 50 else shown[:47] + "..."))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [
-            f"{self.stages} stage(s), {self.method}; slowest stage {self.bottleneck:,.0f} {self.cost}"
+            f"{self.stages} stage(s), {self.method}; slowest stage "
+            f"{self.bottleneck:,.0f} {self.cost}"
         ]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         return "\n".join(lines)
@@ -141,7 +142,8 @@ def node_costs(
 
 
 def legal_cuts(gm: torch.fx.GraphModule, plan: Optional[Plan] = None) -> list[int]:
-    """Positions ``q`` of :func:`stage_order` where a stage may start (see the module docstring)."""
+    """Positions ``q`` of :func:`stage_order` where a stage may start (see the module docstring).
+    """
     order = stage_order(gm)
     pos = {n.name: i for i, n in enumerate(order)}
     illegal: set[int] = set()
@@ -301,8 +303,8 @@ def _check_stage_of(
         or any(b - a not in (0, 1) for a, b in zip(values, values[1:]))
     ):
         raise ConfigError(
-            "stages must be contiguous: stage numbers start at 0 and never decrease or skip along the "
-            f"topological order (got {values})"
+            "stages must be contiguous: stage numbers start at 0 and never decrease or skip along "
+            f"the topological order (got {values})"
         )
     return stage
 

@@ -110,7 +110,8 @@ def _why_none(config: TransformConfig, why: Optional[str]) -> str:
 
 
 def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
-    """``segment``, or a longer prefix if the graph module already has ``segment_<i>`` attributes."""
+    """``segment``, or a longer prefix if the graph module already has ``segment_<i>`` attributes.
+    """
     prefix = "segment"
     while any(hasattr(gm, f"{prefix}_{i}") for i in range(count)):
         prefix = "fxckpt_" + prefix

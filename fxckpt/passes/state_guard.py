@@ -1,4 +1,5 @@
-"""Capture runs the model's forward once; it must leave no trace and reveal what a graph can't replay.
+"""Capture runs the model's forward once; it must leave no trace and reveal what a graph can't
+replay.
 
 ``StateGuard`` wraps one capture attempt. On exit it puts back everything the attempt may have
 changed — torch, numpy and Python random state, buffer values, module attributes and hook
@@ -249,7 +250,8 @@ def _noting(fn: Any, label: str, draws: list[str]) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
         draws.append(
-            f"{label}() in {frame.f_code.co_name} at {_file(frame.f_code.co_filename)}:{frame.f_lineno}"
+            f"{label}() in {frame.f_code.co_name} at "
+            f"{_file(frame.f_code.co_filename)}:{frame.f_lineno}"
         )
         return fn(*args, **kwargs)
 

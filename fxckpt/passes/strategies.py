@@ -7,7 +7,8 @@ in-place op from its producer, or a multi-output op from its ``getitem``.
 ``depth=d`` makes one segment of each run of nodes from the same module at nesting depth ``d``.
 
 ``budget=`` asks the solver (:mod:`fxckpt.solver`) for the op ranges with the least recompute
-whose predicted peak fits, on the networkx/solver view of the graph (:mod:`fxckpt.passes.graph_view`).
+whose predicted peak fits, on the networkx/solver view of the graph
+(:mod:`fxckpt.passes.graph_view`).
 
 ``plan=`` replays a saved plan's segments, which must name this graph's nodes.
 
@@ -53,7 +54,8 @@ class Chosen:
 
 def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
            force: dict[str, str]) -> Chosen:
-    """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes ``order``."""
+    """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes
+    ``order``."""
     if isinstance(strategy, Every):
         runs, notes = every(order, strategy.units)
         return _cleaned(order, runs, force, notes)
@@ -94,7 +96,8 @@ def every(
         notes.append("no node has FLOPs; every= counts nodes that allocate memory instead")
     if len(units) <= units_per_segment:
         notes.append(
-            f"every={units_per_segment} but the graph has {len(units)} unit(s) of work: one segment"
+            f"every={units_per_segment} but the graph has {len(units)} unit(s) of work: one "
+            "segment"
         )
     wanted = [units[k] for k in range(units_per_segment, len(units), units_per_segment)]
     cuts = [0]
@@ -146,7 +149,8 @@ def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
 def budgeted(
     problem: Problem, order: Sequence[torch.fx.Node], budget: Budget
 ) -> tuple[list[Run], int]:
-    """Runs with the least recompute whose predicted peak fits ``budget``; and the budget in bytes."""
+    """Runs with the least recompute whose predicted peak fits ``budget``; and the budget in bytes.
+    """
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
     limit = budget.resolve(eager)
@@ -172,23 +176,26 @@ def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetI
     return BudgetInfeasibleError(
         limit,
         minimum,
-        f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest peak "
-        f"activation memory any plan reaches for this model and input is {format_bytes(minimum)} "
+        f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest "
+        f"peak activation memory any plan reaches for this model and input is "
+        f"{format_bytes(minimum)} "
         f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
         f"budget >= {minimum}, or a smaller batch",
     )
 
 
 def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
-    """The saved plan's segments on this graph; every node must exist and runs must be contiguous."""
+    """The saved plan's segments on this graph; every node must exist and runs must be contiguous.
+    """
     position = {n.name: i for i, n in enumerate(order)}
     runs = []
     for seg in plan.segments:
         missing = [name for name in seg.nodes if name not in position]
         if missing:
             raise PlanError(
-                f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph does not "
-                f"have; was the plan made for another model, mode or input signature ({plan.signature})?"
+                f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph "
+                f"does not have; was the plan made for another model, mode or input signature "
+                f"({plan.signature})?"
             )
         idx = [position[name] for name in seg.nodes]
         if idx != list(range(idx[0], idx[0] + len(idx))):

@@ -98,7 +98,8 @@ class FxckptTracer(torch.fx.Tracer):
 def to_graph_module(
     root: torch.nn.Module, graph: torch.fx.Graph, class_name: str
 ) -> torch.fx.GraphModule:
-    """``GraphModule(root, graph)``, renaming model attributes a GraphModule owns (``code``, ``graph``).
+    """``GraphModule(root, graph)``, renaming model attributes a GraphModule owns (``code``,
+    ``graph``).
 
     A model may well have a child called ``graph`` (a GNN) or ``code``; as an attribute of the
     GraphModule it would clash with its own. Such targets get a ``_fxckpt`` suffix, and the

@@ -20,10 +20,10 @@ active only while a pipeline stage runs intercepts ``F.batch_norm`` calls whose 
 belong to a tracked BatchNorm module, and runs them on throwaway copies of those buffers (batch
 statistics, no update of the real ones; the op and what autograd saves for it stay the eager
 ones, so a lowered segment recomputed in backward -- outside this mode -- matches its first run,
-and its own buffer restore undoes the recompute's update). The module's own ``num_batches_tracked += 1`` still happens per
-micro-batch; the commit sets it to its value before the step plus one. Graphs that call the aten
-batch-norm ops directly (``torch.export`` graphs) are not intercepted: their statistics are
-updated once per micro-batch.
+and its own buffer restore undoes the recompute's update). The module's own
+``num_batches_tracked += 1`` still happens per micro-batch; the commit sets it to its value before
+the step plus one. Graphs that call the aten batch-norm ops directly (``torch.export`` graphs) are
+not intercepted: their statistics are updated once per micro-batch.
 
 Normalisation itself uses micro-batch statistics -- that is inherent to GPipe: no full-batch
 statistics exist until every micro-batch has passed the layer. Outputs and gradients of a
@@ -137,7 +137,8 @@ class _Collect(TorchFunctionMode):
         if not is_recomputing():
             self.owner.record(key, a["input"])
         # Throwaway copies of the running buffers take the update: the op (and what autograd saves
-        # for it) is the eager one, so a segment recomputed outside this mode matches its first run.
+        # for it) is the eager one, so a segment recomputed outside this mode matches its first
+        # run.
         running = (
             a["running_mean"].clone(),
             a["running_var"].clone() if a["running_var"] is not None else None,

@@ -131,7 +131,8 @@ class _FirstRun(_Named):
 
 
 class _SegmentCall:
-    """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes again).
+    """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes
+    again).
 
     The buffers a segment writes are named by whoever built it (:attr:`Recomputable.restores`;
     the planner, from the ops it saw write them); version counters cannot tell, since kernels

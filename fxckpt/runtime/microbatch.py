@@ -69,7 +69,8 @@ def batch_size(args: tuple, kwargs: dict, names: Optional[Sequence[str]] = None)
         shown = ", ".join(f"{n}: {s}" for n, s in sizes)
         raise ValueError(
             "every tensor input must have the same batch size along dim 0 to be split into "
-            f"micro-batches (got {shown}); pass per-sample tensors only, or non-batch data as non-tensors"
+            f"micro-batches (got {shown}); pass per-sample tensors only, or non-batch data as "
+            "non-tensors"
         )
     return int(sizes[0][1])
 
@@ -158,9 +159,9 @@ def _cat(items: list, where: str) -> torch.Tensor:
     bad = [i for i, t in enumerate(items) if not isinstance(t, torch.Tensor) or t.dim() == 0]
     if bad:
         raise ValueError(
-            f"{where} of micro-batch {bad[0]} is {_describe(items[bad[0]])}; outputs are joined by "
-            "concatenating tensors along dim 0, so return per-sample tensors (compute a reduced loss "
-            "outside the pipeline)"
+            f"{where} of micro-batch {bad[0]} is {_describe(items[bad[0]])}; outputs are joined "
+            "by concatenating tensors along dim 0, so return per-sample tensors (compute a "
+            "reduced loss outside the pipeline)"
         )
     return torch.cat(items, dim=0)
 
@@ -171,7 +172,8 @@ def _same_kind(items: list, where: str) -> None:
         if type(it) is not type(first):
             raise ValueError(
                 f"{where} is a {type(first).__name__} in micro-batch 0 but a "
-                f"{type(it).__name__} in micro-batch {i}; every micro-batch must return the same structure"
+                f"{type(it).__name__} in micro-batch {i}; every micro-batch must return the same "
+                "structure"
             )
         if isinstance(first, dict) or _is_model_output(first):
             if list(it.keys()) != list(first.keys()):
@@ -184,7 +186,8 @@ def _same_kind(items: list, where: str) -> None:
 
 
 def _is_model_output(x: Any) -> bool:
-    """A Hugging Face ``ModelOutput`` (an OrderedDict and a dataclass) without importing transformers."""
+    """A Hugging Face ``ModelOutput`` (an OrderedDict and a dataclass) without importing
+    transformers."""
     return isinstance(x, dict) and dataclasses.is_dataclass(x)
 
 

@@ -76,7 +76,8 @@ def check_device(device: object) -> torch.device:
         dev = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError, ValueError) as e:
         raise ConfigError(
-            f"devices must be torch devices or strings like 'cpu' or 'cuda:0' (got {device!r}: {e})"
+            f"devices must be torch devices or strings like 'cpu' or 'cuda:0' "
+            f"(got {device!r}: {e})"
         ) from e
     if dev.type == "cpu":
         return torch.device("cpu")
@@ -124,7 +125,8 @@ class _Stage(Recomputable):
 
 
 class _Streams:
-    """CUDA streams: one compute stream per device, one copy stream per device pair (none on CPU)."""
+    """CUDA streams: one compute stream per device, one copy stream per device pair (none on CPU).
+    """
 
     def __init__(self, devices: Sequence[torch.device]) -> None:
         self.compute_streams = {
@@ -243,7 +245,8 @@ class Pipeline(nn.Module):
         return _checkpoint_stop(micro_batches, self.checkpoint)
 
     def schedule_chart(self, micro_batches: Optional[int] = None) -> str:
-        """The forward schedule as ASCII, with the bubble fraction and checkpointed pairs marked."""
+        """The forward schedule as ASCII, with the bubble fraction and checkpointed pairs marked.
+        """
         m = micro_batches or self.chunks
         return schedule_chart(m, len(self.stages), recompute_stop=self.checkpoint_stop(m))
 
@@ -301,7 +304,8 @@ class Pipeline(nn.Module):
             _add_note(
                 e,
                 f"fxckpt pipeline: raised by stage {j} on {device} for micro-batch {i} of {m} "
-                f"(clock {i + j}); the stages' buffers were restored to their values before this step",
+                f"(clock {i + j}); the stages' buffers were restored to their values before this "
+                "step",
             )
             raise
 
@@ -315,7 +319,10 @@ class Pipeline(nn.Module):
                 b.copy_(value)
 
     def extra_repr(self) -> str:
-        return f"chunks={self.chunks}, checkpoint={self.checkpoint!r}, devices={[str(d) for d in self.devices]}"
+        return (
+            f"chunks={self.chunks}, checkpoint={self.checkpoint!r}, "
+            f"devices={[str(d) for d in self.devices]}"
+        )
 
 
 def _unique(tensors: Any) -> list[torch.Tensor]:
@@ -333,8 +340,9 @@ def _check_shared_state(stages: Sequence[nn.Module], devices: Sequence[torch.dev
             first = owner.setdefault(id(t), (j, name))
             if devices[first[0]] != devices[j]:
                 raise ConfigError(
-                    f"{name!r} is used by stage {first[0]} on {devices[first[0]]} and stage {j} on {devices[j]} "
-                    "(tied weights?); put those stages on one device or choose other stage boundaries"
+                    f"{name!r} is used by stage {first[0]} on {devices[first[0]]} and stage {j} "
+                    f"on {devices[j]} (tied weights?); put those stages on one device or choose "
+                    "other stage boundaries"
                 )
 
 

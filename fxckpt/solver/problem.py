@@ -106,7 +106,8 @@ class Problem:
     """Ops whose values the model returns; alive until backward starts, and seeded with grads."""
     segment_overhead: float = 0.0
     """Fixed cost of running one segment under checkpoint (hooks, RNG state, the extra call), in
-    the units of ``Op.cost``: it makes the solver prefer fewer, larger segments at equal recompute."""
+    the units of ``Op.cost``: it makes the solver prefer fewer, larger segments at equal recompute.
+    """
     offload_cost_per_byte: float | None = None
     """When set, a segment may instead keep its ops and move what they save to host memory and
     back, at this cost per byte; each segment then costs the cheaper of the two. Memory is the
@@ -127,7 +128,8 @@ class Problem:
             or not 0 <= self.segment_overhead < math.inf
         ):
             raise ValueError(
-                f"Problem.segment_overhead must be a finite number >= 0 (got {self.segment_overhead!r})"
+                f"Problem.segment_overhead must be a finite number >= 0 "
+                f"(got {self.segment_overhead!r})"
             )
         per_byte = self.offload_cost_per_byte
         if per_byte is not None and (
@@ -232,7 +234,8 @@ class Index:
     grad_from: tuple[int, ...]
     """Position whose backward creates the gradient (``n`` = backward start, -1 = never)."""
     cum_saved: tuple[int, ...] = ()
-    """``cum_saved[i]`` = output bytes of ops ``0..i-1`` that some op saves (what offload moves)."""
+    """``cum_saved[i]`` = output bytes of ops ``0..i-1`` that some op saves (what offload moves).
+    """
     offload_per_byte: float | None = None
     """:attr:`Problem.offload_cost_per_byte`."""
     overhead: float = 0.0

@@ -90,7 +90,11 @@ def _space(problem: Problem, mode: str) -> Space:
 
 def _check_budget(budget_bytes: object) -> int:
     ok = isinstance(budget_bytes, (int, float)) and not isinstance(budget_bytes, bool)
-    if not ok or not math.isfinite(budget_bytes) or budget_bytes < 0:  # type: ignore[arg-type, operator]
+    if (
+        not ok
+        or not math.isfinite(budget_bytes)  # type: ignore[arg-type]
+        or budget_bytes < 0  # type: ignore[operator]
+    ):
         raise ValueError(f"budget_bytes must be a finite number >= 0 (got {budget_bytes!r})")
     return int(budget_bytes)  # type: ignore[call-overload]
 

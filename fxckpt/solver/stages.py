@@ -91,8 +91,8 @@ def _check_stages(stages: object, n: int, n_allowed: int) -> int:
         )
     if stages - 1 > n_allowed:
         raise ValueError(
-            f"{stages} stages need {stages - 1} cut points but only {n_allowed} positions may be cut "
-            f"(of {n} nodes); use at most {n_allowed + 1} stages"
+            f"{stages} stages need {stages - 1} cut points but only {n_allowed} positions may be "
+            f"cut (of {n} nodes); use at most {n_allowed + 1} stages"
         )
     return stages
 
@@ -130,7 +130,8 @@ def partition(
 
 def _next_layer(points: list[int], prev: list[float], prefix: list[float],
                 first_feasible: int) -> tuple[list[float], list[int]]:
-    """best[k][p] from best[k-1]; ``first_feasible``: the first q index with k-1 stages ending at q."""
+    """best[k][p] from best[k-1]; ``first_feasible``: the first q index with k-1 stages ending at
+    q."""
     inf = math.inf
     out, back = [inf] * len(points), [-1] * len(points)
     for pi in range(first_feasible + 1, len(points)):
@@ -153,7 +154,8 @@ def _crossing(
 
 
 class _Crossing:
-    """A lazy boolean sequence ``prev[q] >= S[p] - S[q]`` (False...False True...True) for bisect."""
+    """A lazy boolean sequence ``prev[q] >= S[p] - S[q]`` (False...False True...True) for bisect.
+    """
 
     def __init__(
         self, prev: list[float], prefix: list[float], points: list[int], end: float
@@ -188,19 +190,22 @@ def check_balance(balance: object, n: int) -> tuple[int, ...]:
     for i, b in enumerate(balance):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(
-                f"balance entries must be integers >= 1, one per stage (got {b!r} for stage {i} in {list(balance)})"
+                f"balance entries must be integers >= 1, one per stage (got {b!r} for stage {i} "
+                f"in {list(balance)})"
             )
     total = sum(balance)
     if total != n:
         raise ValueError(
-            f"balance must sum to the graph's {n} compute node(s) (got {list(balance)}, which sums to {total})"
+            f"balance must sum to the graph's {n} compute node(s) (got {list(balance)}, which "
+            f"sums to {total})"
         )
     return tuple(balance)
 
 
 def partition_from_balance(costs: Sequence[float], balance: object,
                            allowed: Optional[Iterable[int]] = None) -> Partition:
-    """The partition an explicit node-count ``balance`` describes, checked against ``allowed`` cuts."""
+    """The partition an explicit node-count ``balance`` describes, checked against ``allowed``
+    cuts."""
     check_costs(costs)
     sizes = check_balance(balance, len(costs))
     cuts = tuple(sum(sizes[:i + 1]) for i in range(len(sizes) - 1))
@@ -209,7 +214,8 @@ def partition_from_balance(costs: Sequence[float], balance: object,
         bad = [c for c in cuts if c not in legal]
         if bad:
             raise ValueError(
-                f"balance {list(sizes)} cuts at node position(s) {bad}, where a stage may not start "
-                f"(inside a multi-output op or a checkpoint segment); legal positions are {sorted(legal)}"
+                f"balance {list(sizes)} cuts at node position(s) {bad}, where a stage may not "
+                f"start (inside a multi-output op or a checkpoint segment); legal positions are "
+                f"{sorted(legal)}"
             )
     return Partition(n=len(costs), cuts=cuts, costs=stage_costs(costs, cuts))

@@ -1,4 +1,5 @@
-"""``fxckpt.plot_pareto`` (memory vs recompute) and ``plot_schedule`` (the pipeline as a Gantt chart).
+"""``fxckpt.plot_pareto`` (memory vs recompute) and ``plot_schedule`` (the pipeline as a Gantt
+chart).
 
 Pareto: each point is the plan the budget solver picks for one budget, placed by predicted peak
 and recompute cost (a fraction of one forward pass). Plans of transformed modules can be marked
@@ -101,7 +102,8 @@ def _plan_point(module: Any) -> tuple[float, float]:
 
 
 def schedule_bars(chunks: int, stages: int, checkpoint: str) -> list[tuple[str, int, int, bool]]:
-    """Every bar of the chart, ``(phase, micro-batch, stage, recomputed)``; ``_clock`` places it."""
+    """Every bar of the chart, ``(phase, micro-batch, stage, recomputed)``; ``_clock`` places it.
+    """
     from fxckpt.runtime.schedule import checkpoint_stop
 
     stop = checkpoint_stop(chunks, checkpoint)

@@ -20,7 +20,8 @@ from fxckpt.viz.common import PathLike, finish, inspect_module, memory_unit, new
 __all__ = ["plot_memory", "predicted_timelines"]
 
 def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
-    """``(plan simulation, no-checkpoint simulation, reserve bytes)`` of ``module``'s latest plan."""
+    """``(plan simulation, no-checkpoint simulation, reserve bytes)`` of ``module``'s latest plan.
+    """
     from fxckpt.passes.graph_view import to_problem
     from fxckpt.passes.prediction import reserve
     from fxckpt.passes.runs import ranges_of
