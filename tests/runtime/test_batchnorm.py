@@ -3,8 +3,8 @@
 * :class:`DeferredBatchNorm`: micro-batches normalise with their own statistics, the running
   buffers change once per step, to what one full-batch step would leave, and
   ``num_batches_tracked`` counts steps; a recompute in backward records nothing.
-* :func:`fxckpt.runtime.checkpoint.checkpoint`: buffers a segment writes (``_fxckpt_restores``)
-  are put back for the recompute and set to their after-forward values once it is done, so a
+* :func:`fxckpt.runtime.checkpoint.checkpoint`: buffers a segment writes
+  (``Recomputable.restores``) are put back for the recompute and set to their after-forward values once it is done, so a
   training step updates them once. The controls without restores show what goes wrong.
 """
 
@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from fxckpt.runtime.batchnorm import DeferredBatchNorm
 from fxckpt.runtime.checkpoint import checkpoint, is_recomputing
+from fxckpt.runtime.segment import Recomputable
 
 STATS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -131,9 +132,11 @@ class Block(nn.Module):
 
 
 def restoring(module: nn.Module, names: tuple[str, ...]) -> nn.Module:
-    """What lower sets on a segment that writes these buffers."""
-    module.__dict__["_fxckpt_restores"] = names
-    module.__dict__["_fxckpt_name"] = "segment_0"
+    """``module`` as the runtime sees a segment that writes these buffers (a Recomputable)."""
+    module.__class__ = type(f"Recomputable{type(module).__name__}",
+                            (type(module), Recomputable), {})
+    assert isinstance(module, Recomputable)
+    module.name, module.restores = "segment_0", names
     return module
 
 
