@@ -4,8 +4,9 @@
   buffers change once per step, to what one full-batch step would leave, and
   ``num_batches_tracked`` counts steps; a recompute in backward records nothing.
 * :func:`fxckpt.runtime.checkpoint.checkpoint`: buffers a segment writes
-  (``Recomputable.restores``) are put back for the recompute and set to their after-forward values once it is done, so a
-  training step updates them once. The controls without restores show what goes wrong.
+  (``Recomputable.restores``) are put back for the recompute and set to their after-forward values
+  once it is done, so a training step updates them once. The controls without restores show what
+  goes wrong.
 """
 
 from __future__ import annotations
