@@ -130,3 +130,13 @@ def transformer_like(layers: int, extra_views: int = 9, width: int = 64, seq: in
         x = _layer(ops, x, f"h{k}", width, seq, extra_views)
     ops.append(Op(name="loss", out_bytes=4, cost=float(width * seq), inputs=(x,), saves=(x,)))
     return Problem(ops=tuple(ops), outputs=("loss",))
+
+
+def chain4() -> Problem:
+    """x -> a = mm(x) -> b = relu(a) -> c = mm(b) -> d = sum(c); gradients default to out_bytes."""
+    return Problem(ops=(
+        Op(name="a", out_bytes=100, cost=4.0, inputs=("x",), saves=("x",)),
+        Op(name="b", out_bytes=100, cost=1.0, inputs=("a",), saves=("b",)),
+        Op(name="c", out_bytes=50, cost=4.0, inputs=("b",), saves=("b",)),
+        Op(name="d", out_bytes=10, cost=1.0, inputs=("c",)),
+    ), outputs=("d",))

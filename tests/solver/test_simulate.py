@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from solver_oracle import chain4
+
 from fxckpt.solver import Op, Problem, check_segments, peak_bytes, simulate
-
-
-def chain4() -> Problem:
-    """x -> a = mm(x) -> b = relu(a) -> c = mm(b) -> d = sum(c); gradients default to out_bytes."""
-    return Problem(ops=(
-        Op(name="a", out_bytes=100, cost=4.0, inputs=("x",), saves=("x",)),
-        Op(name="b", out_bytes=100, cost=1.0, inputs=("a",), saves=("b",)),
-        Op(name="c", out_bytes=50, cost=4.0, inputs=("b",), saves=("b",)),
-        Op(name="d", out_bytes=10, cost=1.0, inputs=("c",)),
-    ), outputs=("d",))
 
 
 def relu_chain() -> Problem:

@@ -7,7 +7,7 @@ d = sum(c) 10 B, output d; gradients default to the output size.
 from __future__ import annotations
 
 import pytest
-from solver_oracle import random_dag, transformer_like
+from solver_oracle import chain4, random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, simulate
 from fxckpt.solver.problem import Index
@@ -18,15 +18,6 @@ from fxckpt.solver.tables import (
     local_peak,
     recompute_phase,
 )
-
-
-def chain4() -> Problem:
-    return Problem(ops=(
-        Op(name="a", out_bytes=100, cost=4.0, inputs=("x",), saves=("x",)),
-        Op(name="b", out_bytes=100, cost=1.0, inputs=("a",), saves=("b",)),
-        Op(name="c", out_bytes=50, cost=4.0, inputs=("b",), saves=("b",)),
-        Op(name="d", out_bytes=10, cost=1.0, inputs=("c",)),
-    ), outputs=("d",))
 
 
 def test_profiles_of_chain4_by_hand() -> None:
