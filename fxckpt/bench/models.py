@@ -144,6 +144,7 @@ def _bert(s: dict[str, int]) -> Built:
     return BertModel(cfg).train(), (ids,), lambda out: out.last_hidden_state.square().mean()
 
 
+_HF_FULL = {"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128}
 _HF_QUICK = {"layers": 2, "width": 64, "heads": 2, "vocab": 128, "batch": 8, "seq": 32}
 
 MODELS: dict[str, ModelSpec] = {
@@ -168,7 +169,7 @@ MODELS: dict[str, ModelSpec] = {
         build=_gpt2,
         blocks="transformer.h",
         iterated=True,
-        full={"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128},
+        full=_HF_FULL,
         quick=_HF_QUICK,
     ),
     "bert": ModelSpec(
@@ -176,7 +177,7 @@ MODELS: dict[str, ModelSpec] = {
         build=_bert,
         blocks="encoder.layer",
         iterated=True,
-        full={"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128},
+        full=_HF_FULL,
         quick=_HF_QUICK,
     ),
 }
