@@ -166,6 +166,25 @@ class Plan:
     """The budget the plan was solved for (bytes), if any."""
     pipeline: PipelineView | None = None
     """The stages and schedule, when the plan is pipelined."""
+    verified_peak: int | None = None
+    """Peak activation memory of a training step with this plan as executed on fake tensors
+    under a live-storage tracker (bytes): every temporary of backward counted. ``None`` when the
+    plan was not verified."""
+    verified_eager_peak: int | None = None
+    """The same for the unmodified graph (what a fractional budget is a fraction of)."""
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The plan's peak activation memory: the verified figure when there is one, else the
+        predicted. Every view (summary, HTML, pictures, report, CLI) shows this one."""
+        return self.verified_peak if self.verified_peak is not None else self.predicted_peak
+
+    @property
+    def eager_peak_bytes(self) -> int | None:
+        """The unmodified step's peak, measured the same way as :attr:`peak_bytes`."""
+        if self.verified_peak is not None and self.verified_eager_peak is not None:
+            return self.verified_eager_peak
+        return self.eager_peak
 
     @property
     def saved_bytes(self) -> int:
