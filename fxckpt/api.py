@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -34,6 +34,8 @@ def transform(
     plan: Optional[Union[Plan, Mapping[str, Any]]] = None,
     example_inputs: Optional[Sequence[Any]] = None,
     example_kwargs: Optional[Mapping[str, Any]] = None,
+    loss_fn: Optional[Callable[..., torch.Tensor]] = None,
+    verify: Optional[bool] = None,
 ) -> TransformedModule:
     """Return ``model`` rewritten to recompute activations in backward instead of keeping them.
 
@@ -65,6 +67,12 @@ def transform(
             them fxckpt captures at the first training call, once per mode and call structure
             (non-tensor values, dtypes, devices), not per shape.
         example_kwargs: keyword inputs to plan with now.
+        loss_fn: ``loss_fn(output, *args, **kwargs) -> scalar``, the loss the training step
+            computes. A budget counts the loss's saved tensors too (cross-entropy over a large
+            vocabulary keeps its log-probabilities); without it a stand-in loss is assumed.
+        verify: run each training plan once on fake tensors (no memory) and record its verified
+            peak (``fxckpt.inspect(tm).plan.verified_peak``). ``None`` (default): budget plans
+            only, which are tightened until the verified peak fits.
 
     With no strategy nothing is checkpointed, and the plan says so. The result is the model
     itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's
@@ -95,6 +103,8 @@ def transform(
         offload_device=None if offload_device is None else str(offload_device),
         offload_threshold=offload_threshold,
         offload_bandwidth=offload_bandwidth,
+        loss_fn=loss_fn,
+        verify=verify,
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:

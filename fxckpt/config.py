@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
 
@@ -61,6 +61,20 @@ class TransformConfig:
 
     offload_bandwidth: Optional[float] = None
     """Copy bandwidth in bytes/s for ``offload="auto"``; measured when not given."""
+
+    loss_fn: Optional[Callable[..., torch.Tensor]] = None
+    """``loss_fn(output, *args, **kwargs)``: the loss verification runs (its saved tensors count
+    toward the peak); ``None``: a stand-in that makes a full-size gradient per output."""
+
+    verify: Optional[bool] = None
+    """Run each training plan on fake tensors to verify its peak (:mod:`fxckpt.verify`);
+    ``None``: plans made for a budget only."""
+
+    @property
+    def verifies(self) -> bool:
+        """Are training plans of this config verified (never pipelined ones)?"""
+        wanted = self.budget is not None if self.verify is None else self.verify
+        return wanted and not self.pipelined
 
     @classmethod
     def from_options(
@@ -139,6 +153,7 @@ class TransformConfig:
                     f"{max(_depth(deepest), 1)}"
                 )
         _check_force(self.force, model)
+        _check_verify(self)
         if self.pipelined:
             _check_pipeline(self)
         _check_offload(self)
@@ -168,6 +183,16 @@ def _check_force(force: object, model: torch.nn.Module) -> None:
                 f"force names module {path!r}, which the model does not have{hint} "
                 "(paths are as in model.named_modules())"
             )
+
+
+def _check_verify(config: TransformConfig) -> None:
+    if config.verify not in (None, True, False):
+        raise ConfigError(f"verify must be True, False or None (got {config.verify!r})")
+    if config.loss_fn is not None and not callable(config.loss_fn):
+        raise ConfigError(
+            f"loss_fn must be a function loss_fn(output, *args, **kwargs) -> scalar tensor (got "
+            f"{type(config.loss_fn).__name__})"
+        )
 
 
 def _check_pipeline(config: TransformConfig) -> None:

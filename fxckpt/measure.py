@@ -89,10 +89,15 @@ class LiveTensorTracker(TorchDispatchMode):
         with LiveTensorTracker() as t:
             loss = model(x).sum(); loss.backward()
         t.peak_bytes   # most bytes alive at once during the step, beyond what existed before
+
+    With ``fake=True`` it counts the storages of fake tensors too (they live on the meta device
+    and hold no memory): entered inside a ``FakeTensorMode``, it tells what a step *would* hold
+    without holding it (:mod:`fxckpt.verify`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, fake: bool = False) -> None:
         super().__init__()
+        self._fake = fake
         self._lock = threading.RLock()
         self._live: dict[int, tuple[str, int]] = {}
         self._current: dict[str, int] = {}
@@ -137,9 +142,10 @@ class LiveTensorTracker(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        seen = {id(s) for s in map(_storage_of, _tensor_leaves((args, kwargs))) if s is not None}
+        seen = {id(s) for s in (_storage_of(t, self._fake) for t in _tensor_leaves((args, kwargs)))
+                if s is not None}
         for t in _tensor_leaves(out):
-            storage = _storage_of(t)
+            storage = _storage_of(t, self._fake)
             if storage is not None and id(storage) not in seen:
                 self._count(storage, str(t.device))
         return out
@@ -166,9 +172,9 @@ def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
     return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-def _storage_of(t: torch.Tensor) -> Optional[torch.UntypedStorage]:
-    """The storage holding ``t``'s memory; ``None`` for meta and fake tensors and storage-less
-    layouts."""
+def _storage_of(t: torch.Tensor, fake: bool = False) -> Optional[torch.UntypedStorage]:
+    """The storage holding ``t``'s memory; ``None`` for storage-less layouts, and for meta and
+    fake tensors unless ``fake``."""
     if t.layout != torch.strided:
         return None
     try:
@@ -178,7 +184,7 @@ def _storage_of(t: torch.Tensor) -> Optional[torch.UntypedStorage]:
         NotImplementedError,
     ):  # wrapper subclasses without a storage of their own
         return None
-    return None if storage.device.type == "meta" else storage
+    return None if storage.device.type == "meta" and not fake else storage
 
 
 def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1) -> dict[str, Any]:

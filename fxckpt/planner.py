@@ -3,6 +3,7 @@
     model --capture--> GraphModule ............................. (once per mode and call structure)
           --copy--> --annotate--> costed graph --select--> Plan --lower--> rewritten GraphModule
                                                                   (segments call fxckpt.checkpoint)
+                                   (a budget: --fit--> verify on fake tensors, tighten, repeat)
 
 Capture is the slow step (seconds with ``torch.export``) and is shape-free where it can be, so
 the transformed module captures once and plans on copies of the captured graph: once in all,
@@ -23,13 +24,16 @@ from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, FxckptError, PlanError
 from fxckpt.pipeline_build import PipelinedModule, build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
-from fxckpt.passes import annotate, capture, lower, select
+from fxckpt.passes import annotate, capture, select
 from fxckpt.passes.capture import Captured
+from fxckpt.passes.fit import Verify, fit
+from fxckpt.passes.strategies import Fitting
 from fxckpt.passes.graphs import copy_graph_module
 from fxckpt.passes.sharding import full_parameters, recomputable
 from fxckpt.passes.state_guard import hooks_off
 from fxckpt.plan import Plan
 from fxckpt.signature import describe_signature, signature_key
+from fxckpt.verify import fake_step_peak
 
 __all__ = ["Compiled", "capture_for", "build", "first_micro_batch"]
 
@@ -102,11 +106,14 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
     kept = {p for p, m in zip(captured.hooked, hooked) if not recomputable(m)}
     keep = {n.name: str(n.target) for n in gm.graph.nodes
             if n.op == "call_module" and str(n.target) in kept}
-    plan = select(
-        gm, config, capture=captured.method, training=training,
-        signature=describe_signature(args, kwargs), keep=keep,
-    )
-    lower(gm, plan)
+    def choose(fitting: Fitting) -> Plan:
+        return select(gm, config, capture=captured.method, training=training,
+                      signature=describe_signature(args, kwargs), keep=keep, fitting=fitting)
+
+    verify = None
+    if training and config.verifies and not any(captured.sharding):
+        verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model))
+    plan, gm = fit(gm, choose, verify, solved=config.budget is not None)
     pipeline = None
     if config.pipelined:
         pipeline = build_pipeline(
@@ -120,6 +127,16 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
         )
         plan = dataclasses.replace(plan, pipeline=pipeline.view())
     return Compiled(captured, gm, plan, pipeline, signature_key(training, args, kwargs))
+
+
+def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict,
+              hooked: list[torch.nn.Module], device: str) -> Verify:
+    """The verified peak of a training step of a graph for these inputs (:mod:`fxckpt.verify`)."""
+    def verify(gm: torch.fx.GraphModule) -> int:
+        with hooks_off(hooked):
+            return fake_step_peak(gm, lambda a, k: captured.call(gm, a, k), args, kwargs,
+                                  loss_fn=config.loss_fn, device=device)
+    return verify
 
 
 def first_micro_batch(config: TransformConfig, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

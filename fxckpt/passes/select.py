@@ -26,7 +26,7 @@ from fxckpt.passes.graphs import outermost, planned_nodes
 from fxckpt.passes.prediction import predict
 from fxckpt.passes.rates import device_of, offload_cost_per_byte
 from fxckpt.passes.runs import Run
-from fxckpt.passes.strategies import choose
+from fxckpt.passes.strategies import Fitting, choose
 from fxckpt.plan import Plan, Segment
 from fxckpt.strategy import Replay
 
@@ -43,11 +43,13 @@ def select(
     training: bool,
     signature: str,
     keep: Mapping[str, str] = {},
+    fitting: Fitting = Fitting(),
 ) -> Plan:
     """Choose segments for the annotated ``gm`` as ``config`` asks.
 
     ``keep`` maps nodes that must never be recomputed (calls of modules with hooks, which would
-    fire again) to their module paths; they are taken out of every segment.
+    fire again) to their module paths; they are taken out of every segment. ``fitting`` is how
+    verification steers a budget (:mod:`fxckpt.passes.fit`).
     """
     order = planned_nodes(gm.graph)
     problem = problem_of(gm)
@@ -57,7 +59,7 @@ def select(
             config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
         )
         problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
-    chosen = choose(config.strategy, order, problem, dict(config.force))
+    chosen = choose(config.strategy, order, problem, dict(config.force), fitting)
     runs, kept_notes = without_kept(order, list(chosen.runs), keep)
     notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, config.force)]
     prediction = predict(problem, runs)

@@ -32,10 +32,12 @@ from fxckpt.passes.cleanup import apply_force, frees_memory, safe
 from fxckpt.passes.prediction import reserve
 from fxckpt.passes.runs import Run, to_runs
 from fxckpt.plan import Plan, format_bytes
-from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, simulate, solve
+from fxckpt.solver import (
+    BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate, solve,
+)
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
-__all__ = ["Chosen", "choose"]
+__all__ = ["Chosen", "Fitting", "choose"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,21 @@ class Chosen:
     """Why there are no runs, when the pass knows better than "it found none"."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Fitting:
+    """How verification (:mod:`fxckpt.passes.fit`) steers the budget solver."""
+
+    eager_bytes: Optional[int] = None
+    """The verified peak of the unmodified step: what a fractional budget is a fraction of
+    (``None``: the simulated one)."""
+    tighten: int = 0
+    """Bytes taken off the solver's target: what verification found over the budget so far."""
+    minimum: bool = False
+    """Ask for the plan with the smallest simulated peak, whatever it recomputes."""
+
+
 def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
-           force: dict[str, str]) -> Chosen:
+           force: dict[str, str], fitting: Fitting = Fitting()) -> Chosen:
     """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes
     ``order``."""
     if isinstance(strategy, Every):
@@ -62,7 +77,7 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
     if isinstance(strategy, Depth):
         return _cleaned(order, depth(order, strategy.depth), force)
     if isinstance(strategy, Budgeted):
-        solved, limit = budgeted(problem, order, strategy.budget)
+        solved, limit = budgeted(problem, order, strategy.budget, fitting)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Chosen(
             tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit
@@ -147,17 +162,25 @@ def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
 
 
 def budgeted(
-    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget
+    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, fitting: Fitting = Fitting()
 ) -> tuple[list[Run], int]:
-    """Runs with the least recompute whose predicted peak fits ``budget``; and the budget in bytes.
-    """
+    """Runs with the least recompute whose predicted peak fits ``budget`` (less what
+    ``fitting`` tightens); and the budget in bytes."""
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
+    if fitting.eager_bytes is not None:
+        # What the unmodified step held beyond the simulator's figure is the backward
+        # temporaries the simulator does not model: set that much more aside for every plan.
+        extra += max(0, fitting.eager_bytes - eager)
+        eager = fitting.eager_bytes
     limit = budget.resolve(eager)
-    if limit <= extra:
+    if fitting.minimum:
+        return to_runs(problem, min_peak_segments(problem), order), limit
+    target = limit - extra - fitting.tighten
+    if target <= 0:
         raise _infeasible(budget, limit, min_feasible_peak(problem) + extra, eager)
     try:
-        solution = solve(problem, limit - extra)
+        solution = solve(problem, target)
     except BudgetInfeasible as e:
         raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
     log.info(

@@ -15,6 +15,7 @@ from fxckpt.solver.solve import (
     ParetoPoint,
     Solution,
     min_feasible_peak,
+    min_peak_segments,
     pareto,
     solve,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "ParetoPoint",
     "solve",
     "min_feasible_peak",
+    "min_peak_segments",
     "pareto",
     "EXACT_LIMIT",
 ]

@@ -34,7 +34,8 @@ from fxckpt.solver.search import Found, search
 from fxckpt.solver.simulate import peak_bytes
 
 __all__ = [
-    "Solution", "ParetoPoint", "solve", "min_feasible_peak", "pareto", "EXACT_LIMIT",
+    "Solution", "ParetoPoint", "solve", "min_feasible_peak", "min_peak_segments", "pareto",
+    "EXACT_LIMIT",
     "REFINE_LIMIT",
 ]
 
@@ -155,6 +156,11 @@ def min_feasible_peak(problem: Problem, *, mode: Mode = "auto") -> int:
     """The smallest simulated peak any plan reaches (exact in ``mode="exact"``, else an upper
     bound that ``solve`` can always meet)."""
     return _min_peak_plan(problem, mode)[1]
+
+
+def min_peak_segments(problem: Problem, *, mode: Mode = "auto") -> Segments:
+    """The plan whose simulated peak is :func:`min_feasible_peak`."""
+    return _min_peak_plan(problem, mode)[0]
 
 
 def pareto(problem: Problem, points: int = 9, *, mode: Mode = "auto") -> list[ParetoPoint]:

@@ -1,0 +1,140 @@
+"""Fit: select and lower a plan, verify its peak by running it, and tighten until it holds.
+
+    annotated gm --select--> Plan --lower (a copy)--> rewritten gm --verify--> verified peak
+         ^                                                                        |
+         +------------- over the budget: solve again, the overshoot taken off ----+
+
+The simulator plans; execution on fake tensors (:mod:`fxckpt.verify`) checks. A budget is a
+promise about what the step holds, so a budget plan whose verified peak is over the budget is
+solved again with the solver's target lowered by the overshoot, a few times; then the plan with
+the smallest simulated peak is tried, and when even that one's verified peak is over, the budget
+is refused with :class:`~fxckpt.budget.BudgetInfeasibleError` whose ``min_budget`` is that
+verified figure (a budget of ``min_budget`` then fits).
+
+A fraction resolves against the verified peak of the unmodified step, so ``budget=0.3`` means
+0.3 of what the step really holds. Plans without a budget are verified when asked
+(``verify=True``) and only reported. When the step cannot run on fake tensors (a custom
+``autograd.Function`` that reads values, say), the plan keeps its simulated figures and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Optional
+
+import torch.fx
+
+from fxckpt.budget import BudgetInfeasibleError
+from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.passes.lower import lower
+from fxckpt.passes.strategies import Fitting
+from fxckpt.plan import Plan, format_bytes
+from fxckpt.verify import VerifyError
+
+__all__ = ["fit", "ATTEMPTS"]
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 4
+"""Solves (the first included) before the smallest plan is tried."""
+
+Choose = Callable[[Fitting], Plan]
+"""``select`` on the annotated graph with a given :class:`Fitting`."""
+Verify = Callable[[torch.fx.GraphModule], int]
+"""The verified peak of one training step of a graph module (raises ``VerifyError``)."""
+
+
+def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
+        solved: bool = True) -> tuple[Plan, torch.fx.GraphModule]:
+    """The plan for the annotated ``base`` and the rewritten graph that runs it.
+
+    ``base`` is left unlowered when ``verify`` is given (each attempt lowers a copy). Only a
+    ``solved`` plan (``budget=``) is tightened; others (``every=``, a replayed plan) are verified
+    and reported as they are.
+    """
+    if verify is None:
+        plan = choose(Fitting())
+        return plan, lower(base, plan)
+    try:
+        eager = verify(base)
+        if not solved:
+            plan = choose(Fitting())
+            return _verified(base, plan, verify, eager)
+        return _tightened(base, choose, verify, eager)
+    except VerifyError as e:
+        log.warning("fxckpt: %s", e)
+        plan = choose(Fitting())
+        return _note(plan, f"the peak is simulated, not verified: {e}"), lower(base, plan)
+
+
+def _tightened(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
+               eager: int) -> tuple[Plan, torch.fx.GraphModule]:
+    fitting = Fitting(eager_bytes=eager)
+    for attempt in range(ATTEMPTS):
+        try:
+            plan, gm = _verified(base, choose(fitting), verify, eager)
+        except BudgetInfeasibleError:
+            break  # the solver has nothing smaller: try the smallest plan
+        budget = plan.budget
+        assert plan.verified_peak is not None
+        if budget is None or plan.verified_peak <= budget:
+            return _tighten_note(plan, attempt, fitting.tighten), gm
+        log.info("fxckpt: plan verified at %s, over the budget %s; solving again",
+                 format_bytes(plan.verified_peak), format_bytes(budget))
+        fitting = dataclasses.replace(fitting, tighten=_next_tighten(plan, fitting, attempt))
+    return _smallest(base, choose, verify, fitting)
+
+
+def _next_tighten(plan: Plan, fitting: Fitting, attempt: int) -> int:
+    """How much further below the budget the solver aims next.
+
+    Two guesses, the larger wins: this plan's own gap (what its verified peak held beyond its
+    predicted one, less what the calibration already set aside), which fits when the next plan's
+    gap is alike; and the overshoot, at least 1% of the budget, doubled at every attempt, since
+    the verified peak may sit where the simulator's does not, where a small step changes nothing.
+    """
+    assert plan.budget is not None and plan.verified_peak is not None
+    assert plan.predicted_peak is not None and plan.eager_peak is not None
+    calibrated = max(0, (fitting.eager_bytes or 0) - plan.eager_peak)
+    own_gap = plan.verified_peak - plan.predicted_peak - calibrated
+    step = max(plan.verified_peak - plan.budget, plan.budget // 100) << attempt
+    return max(fitting.tighten + step, own_gap)
+
+
+def _smallest(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
+              fitting: Fitting) -> tuple[Plan, torch.fx.GraphModule]:
+    assert fitting.eager_bytes is not None
+    plan, gm = _verified(base, choose(dataclasses.replace(fitting, minimum=True)), verify,
+                         fitting.eager_bytes)
+    assert plan.budget is not None and plan.verified_peak is not None
+    if plan.verified_peak <= plan.budget:
+        return _note(plan, "tightened to the plan with the smallest peak to fit the budget"), gm
+    eager, least = fitting.eager_bytes, plan.verified_peak
+    raise BudgetInfeasibleError(
+        plan.budget,
+        least,
+        f"budget {format_bytes(plan.budget)} ({plan.budget} bytes) cannot be met: the smallest "
+        f"peak activation memory any plan reaches for this model and input is "
+        f"{format_bytes(least)} ({least} bytes, verified by running the plan on fake tensors; "
+        f"{least / eager:.3f} of the unmodified step's {format_bytes(eager)}). Give budget >= "
+        f"{least}, or a smaller batch",
+    )
+
+
+def _verified(base: torch.fx.GraphModule, plan: Plan, verify: Verify,
+              eager: int) -> tuple[Plan, torch.fx.GraphModule]:
+    gm = lower(copy_graph_module(base), plan)
+    peak = verify(gm)
+    return dataclasses.replace(plan, verified_peak=peak, verified_eager_peak=eager), gm
+
+
+def _tighten_note(plan: Plan, attempt: int, tighten: int) -> Plan:
+    if attempt == 0:
+        return plan
+    return _note(plan, f"verification found the first plan over the budget; solved again "
+                       f"{attempt} time(s) with the target lowered by {format_bytes(tighten)}")
+
+
+def _note(plan: Plan, note: str) -> Plan:
+    return dataclasses.replace(plan, notes=(*plan.notes, note))
