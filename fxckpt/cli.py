@@ -37,8 +37,8 @@ EPILOG = """examples:
   fxckpt plan mypkg.models:make_gpt --input-shape 4,512 --dtype int64 --depth 2 --save gpt_ckpt/
   fxckpt plan mypkg.models:make_mlp --input-shape 32,1024 --every 2 --chunks 4 --devices cpu,cpu
 
-budgets: a fraction of the unmodified model's peak activation memory (0.4), a number of bytes
-(2000000000) or a size with a unit (800MB, 1.5GiB)."""
+budgets: a fraction of the unmodified model's peak activation memory (0.4, 1.0), a number of
+bytes (2000000000) or a size with a unit (800MB, 1.5GiB); 1 is refused as ambiguous."""
 
 
 class CliError(Exception):
@@ -232,9 +232,8 @@ def _strategy(args: argparse.Namespace) -> dict[str, Any]:
 
     options: dict[str, Any] = {"every": args.every, "depth": args.depth}
     if args.budget is not None:
-        value = _budget_value(args.budget)
-        parse_budget(value)  # a bad budget fails here, before the model is built
-        options["budget"] = value
+        parse_budget(args.budget)  # a bad budget fails here, before the model is built
+        options["budget"] = args.budget  # read as transform(budget="0.5") reads it
     force = {}
     for item in args.force:
         path, sep, mode = item.partition("=")
@@ -247,15 +246,6 @@ def _strategy(args: argparse.Namespace) -> dict[str, Any]:
     if args.devices:
         options["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]
     return {k: v for k, v in options.items() if v is not None}
-
-
-def _budget_value(text: str) -> Any:
-    text = text.strip().replace("_", "")
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    if re.fullmatch(r"\d*\.\d+|\d+\.\d*", text):
-        return float(text)
-    return text
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fxckpt
 from fxckpt.__main__ import main
@@ -82,6 +83,19 @@ def test_plan_with_stages_draws_the_schedule(
     ).exists()
 
 
+def test_budget_is_read_as_transform_reads_it(in_tests, capsys: pytest.CaptureFixture) -> None:
+    from models import MLP
+
+    assert main(["plan", "models:MLP", "--input-shape", "8,32", "--budget", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    torch.manual_seed(0)  # the CLI's default --seed, for the model and then the input
+    model = MLP()
+    x = torch.randn(8, 32)
+    plan = fxckpt.inspect(fxckpt.transform(model, budget=0.5, example_inputs=(x,))).plan
+    assert plan.budget is not None and plan.budget == plan.eager_peak // 2
+    assert printed.splitlines()[0] == str(plan).splitlines()[0]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -95,6 +109,10 @@ def test_plan_with_stages_draws_the_schedule(
             "budget='2 lightyears' is not valid",
         ),
         (["models:MLP", "--input-shape", "8,32", "--budget", "1.5"], "in (0, 1]"),
+        (
+            ["models:MLP", "--input-shape", "8,32", "--budget", "1"],
+            "budget='1' is ambiguous: as a number of bytes it is one byte",
+        ),
         (["models:MLP", "--input-shape", "8,32", "--dtype", "float33"], "not a torch dtype"),
         (
             ["models:MLP", "--input-shape", "8,32", "--every", "0"],
