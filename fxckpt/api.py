@@ -46,8 +46,10 @@ def transform(
         force: ``{"module.path": "recompute" | "save"}`` pins parts of the model either way;
             applies on top of the strategy, or alone.
         budget: bound on the peak activation memory of a training step: a fraction in (0, 1] of
-            the unmodified model's, a number of bytes, or a size such as ``"1.5GiB"``. The
-            solver picks the segments with the least recompute whose predicted peak fits.
+            the unmodified model's, a number of bytes, or a size such as ``"1.5GiB"`` (a
+            unitless string reads as the number it spells: ``"0.5"`` is a fraction; ``1`` is
+            refused as ambiguous). The solver picks the segments with the least recompute
+            whose predicted peak fits.
         chunks: split each call's batch into this many micro-batches and run them as a GPipe
             pipeline over ``devices`` (one stage per device, balanced by cost).
         devices: the pipeline's devices, one per stage (``["cpu", "cpu"]`` works for testing).

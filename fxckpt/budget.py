@@ -7,7 +7,16 @@ optimizer state are not counted). It can be written as
 * a fraction in (0, 1]: of the unmodified model's peak activation memory for the same inputs;
 * an ``int`` number of bytes;
 * a string with a unit: ``"800MB"``, ``"1.5GiB"``, ``"512 KiB"`` (SI units are powers of 1000,
-  IEC units powers of 1024; a bare number is bytes).
+  IEC units powers of 1024).
+
+A string without a unit (from a config file or the command line) means what the same number
+means written in Python: ``"0.5"`` and ``"1.0"`` are fractions, ``"4096"`` and ``"2_000_000"``
+are bytes, ``"1.5"`` is refused. So ``budget="0.5"``, ``budget=0.5`` and ``--budget 0.5`` agree.
+
+``1`` (an int, or the string ``"1"``) is refused as ambiguous: as bytes it is a budget no model
+fits in, and people who write it mean the whole eager peak (``1.0``) or a size (``"1GiB"``).
+Every value is checked when :func:`parse_budget` runs, which :func:`fxckpt.transform` does
+before it returns.
 """
 
 from __future__ import annotations
@@ -69,19 +78,39 @@ def parse_budget(value: Union[int, float, str]) -> Budget:
     """Parse a user's ``budget=`` value; raise :class:`ConfigError` saying what is accepted."""
     if isinstance(value, bool):
         raise ConfigError(_help(value, "a bool is not a budget"))
-    if isinstance(value, int):
-        if value <= 0:
-            raise ConfigError(_help(value, "a byte count must be positive"))
-        return Budget(bytes=value)
-    if isinstance(value, float):
-        if math.isnan(value) or not 0.0 < value <= 1.0:
-            raise ConfigError(
-                _help(value, "a float budget is a fraction of the eager peak, in (0, 1]")
-            )
-        return Budget(fraction=value)
+    if isinstance(value, (int, float)):
+        return _number(value, value)
     if isinstance(value, str):
+        number = _unitless(value)
+        if number is not None:
+            return _number(number, value)
         return Budget(bytes=_parse_size(value))
     raise ConfigError(_help(value, f"a {type(value).__name__} is not a budget"))
+
+
+def _number(number: Union[int, float], shown: Union[int, float, str]) -> Budget:
+    """``number`` as a budget; errors show the value as the user wrote it (``shown``)."""
+    if isinstance(number, int):
+        if number <= 0:
+            raise ConfigError(_help(shown, "a byte count must be positive"))
+        if number == 1:
+            raise ConfigError(_ambiguous(shown))
+        return Budget(bytes=number)
+    if math.isnan(number) or not 0.0 < number <= 1.0:
+        raise ConfigError(
+            _help(shown, "a float budget is a fraction of the eager peak, in (0, 1]")
+        )
+    return Budget(fraction=number)
+
+
+def _unitless(text: str) -> Union[int, float, None]:
+    """The Python number a unitless string spells: ``"0.5"`` -> 0.5, ``"4_096"`` -> 4096."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None
 
 
 def _parse_size(text: str) -> int:
@@ -91,7 +120,18 @@ def _parse_size(text: str) -> int:
     number = float(match.group(1))
     if not number > 0:
         raise ConfigError(_help(text, "a size must be positive"))
-    return int(number * UNITS[match.group(2).lower()])
+    size = int(number * UNITS[match.group(2).lower()])
+    if size < 1:
+        raise ConfigError(_help(text, "it is less than one byte"))
+    return size
+
+
+def _ambiguous(value: object) -> str:
+    return (
+        f"budget={value!r} is ambiguous: as a number of bytes it is one byte, which no model "
+        "fits in. Write 1.0 for the whole peak activation memory of the unmodified model (a "
+        "fraction), or a size with a unit such as '1GiB'"
+    )
 
 
 def _help(value: object, why: str) -> str:

@@ -37,8 +37,8 @@ EPILOG = """examples:
   fxckpt plan mypkg.models:make_gpt --input-shape 4,512 --dtype int64 --depth 2 --save gpt_ckpt/
   fxckpt plan mypkg.models:make_mlp --input-shape 32,1024 --every 2 --chunks 4 --devices cpu,cpu
 
-budgets: a fraction of the unmodified model's peak activation memory (0.4), a number of bytes
-(2000000000) or a size with a unit (800MB, 1.5GiB)."""
+budgets: a fraction of the unmodified model's peak activation memory (0.4, 1.0), a number of
+bytes (2000000000) or a size with a unit (800MB, 1.5GiB); 1 is refused as ambiguous."""
 
 
 class CliError(Exception):
@@ -210,7 +210,13 @@ def _plan(args: argparse.Namespace) -> int:
         model = load_target(args.target).train(not args.eval)
         progress.step("model built")
         inputs = make_inputs(shapes, dtypes)
-        tm = fxckpt.transform(model, **options, example_inputs=inputs)
+        try:
+            tm = fxckpt.transform(model, **options, example_inputs=inputs)
+        except Exception as e:
+            hint = dtype_hint(model, inputs, args.input_shape)
+            if hint is None:
+                raise
+            raise CliError(hint) from e
         progress.step("planned")
         print(fxckpt.inspect(tm).plan)
         if args.save:
@@ -232,9 +238,8 @@ def _strategy(args: argparse.Namespace) -> dict[str, Any]:
 
     options: dict[str, Any] = {"every": args.every, "depth": args.depth}
     if args.budget is not None:
-        value = _budget_value(args.budget)
-        parse_budget(value)  # a bad budget fails here, before the model is built
-        options["budget"] = value
+        parse_budget(args.budget)  # a bad budget fails here, before the model is built
+        options["budget"] = args.budget  # read as transform(budget="0.5") reads it
     force = {}
     for item in args.force:
         path, sep, mode = item.partition("=")
@@ -247,15 +252,6 @@ def _strategy(args: argparse.Namespace) -> dict[str, Any]:
     if args.devices:
         options["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]
     return {k: v for k, v in options.items() if v is not None}
-
-
-def _budget_value(text: str) -> Any:
-    text = text.strip().replace("_", "")
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    if re.fullmatch(r"\d*\.\d+|\d+\.\d*", text):
-        return float(text)
-    return text
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -294,6 +290,55 @@ def make_inputs(
         torch.randn(s, dtype=d) if d.is_floating_point or d.is_complex else torch.zeros(s, dtype=d)
         for s, d in zip(shapes, dtypes)
     )
+
+
+class _IdsFound(Exception):
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class _IdsWatch(torch.overrides.TorchFunctionMode):
+    """Stops the model at the first embedding lookup whose ids are not integers."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (torch.nn.functional.embedding, torch.embedding, torch.nn.functional.one_hot):
+            ids = args[0] if args else kwargs.get("input")
+            if isinstance(ids, torch.Tensor) and ids.is_floating_point():
+                raise _IdsFound(ids)
+        return func(*args, **kwargs)
+
+
+def dtype_hint(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+               shapes: Sequence[str]) -> Optional[str]:
+    """When the model failed on float inputs that it uses as token ids, the ``--dtype`` to give.
+
+    Runs the model once in eval mode without grad (only after planning failed), stopping at the
+    first embedding lookup of float ids; the input is the one whose storage those ids share.
+    """
+    if not any(t.is_floating_point() for t in inputs):
+        return None
+    training = model.training
+    try:
+        with torch.no_grad(), _IdsWatch():
+            model.eval()(*inputs)
+        return None
+    except _IdsFound as found:
+        ids = found.tensor.untyped_storage().data_ptr()
+        used = [i for i, t in enumerate(inputs) if t.untyped_storage().data_ptr() == ids]
+    except Exception:
+        return None
+    finally:
+        model.train(training)
+    if not used:
+        return None
+    names = ["int64" if i in used else str(t.dtype).removeprefix("torch.")
+             for i, t in enumerate(inputs)]
+    flags = " ".join(f"--dtype {n}" for n in (names[:1] if len(set(names)) == 1 else names))
+    which = ", ".join(f"input {i + 1} (--input-shape {shapes[i]})" for i in used)
+    return (f"{which} is {str(inputs[used[0]].dtype).removeprefix('torch.')} but the model uses "
+            f"it as token ids (an embedding lookup needs integers); pass {flags}")
 
 
 def load_target(text: str) -> torch.nn.Module:

@@ -4,7 +4,10 @@ The demo trains one step of a GPT-style model (plain torch: token and position e
 pre-LayerNorm blocks of causal self-attention and a GELU MLP, dropout) under each strategy and
 reports, against the unmodified model measured in the same run:
 
-* the plan fxckpt chose (one summary line per strategy);
+* the plan fxckpt chose (one summary line per strategy) and the peak it promises;
+* a memory budget (``budget=0.5``: half the unmodified model's peak), the headline feature: the
+  solver picks the segments with the least recompute whose peak fits, and the table shows the
+  plan's peak next to the measured one;
 * peak activation memory of a forward+backward step by the RSS protocol of
   :mod:`fxckpt.measure` (fresh subprocess per configuration, median of several steps), next to
   the live-tensor tracker's count as a cross-check;
@@ -24,15 +27,18 @@ import logging
 import math
 import statistics
 import sys
-from typing import Any, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from fxckpt.plan import Plan
+
 __all__ = [
     "GPTConfig", "GPT", "STRATEGIES", "QUICK", "FULL",
-    "measure_memory", "measure_times", "run_demo", "format_table",
+    "measure_memory", "measure_times", "run_demo", "format_table", "budget_lines",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "none": {},
     "every=2": {"every": 2},
     "depth=2": {"depth": 2},
+    "budget=0.5": {"budget": 0.5},
 }
 """Demo row name -> keyword arguments of :func:`fxckpt.transform` (``none``: the model itself)."""
 
@@ -145,22 +152,20 @@ def _setup(
 
 def _step_for(
     strategy: str, model: GPT, idx: torch.Tensor, targets: torch.Tensor
-) -> tuple[Callable[[], None], str]:
-    """A training step (forward, loss, backward) under ``strategy``, and the plan's summary."""
+) -> tuple[Callable[[], None], Plan]:
+    """A training step (forward, loss, backward) under ``strategy``, and its plan (for ``none``
+    the plan of no checkpointing, which gives the unmodified model's peak; the model runs)."""
     from fxckpt.api import transform
     from fxckpt.inspection import inspect
     from fxckpt.measure import training_step
 
-    run: nn.Module = model
-    summary = "unmodified model (baseline)"
-    if STRATEGIES[strategy]:
-        run = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
-        summary = inspect(run).plan.summary()
+    transformed = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
+    run: nn.Module = transformed if STRATEGIES[strategy] else model
 
     def loss(logits: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    return training_step(run, (idx,), loss), summary
+    return training_step(run, (idx,), loss), inspect(transformed).plan
 
 
 def measure_memory(strategy: str, config: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
@@ -171,8 +176,10 @@ def measure_memory(strategy: str, config: dict[str, Any], repeats: int = 3) -> d
     """
     from fxckpt.measure import step_memory
 
-    step, summary = _step_for(strategy, *_setup(config, threads=1))
-    return {"strategy": strategy, "summary": summary, **step_memory(step, repeats)}
+    step, plan = _step_for(strategy, *_setup(config, threads=1))
+    summary = plan.summary() if STRATEGIES[strategy] else "unmodified model (baseline)"
+    return {"strategy": strategy, "summary": summary, "plan_bytes": plan.peak_bytes,
+            "budget_bytes": plan.budget, **step_memory(step, repeats)}
 
 
 def measure_times(strategies: list[str], config: dict[str, Any], repeats: int = 3,
@@ -206,7 +213,7 @@ def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, 
         rows = list(pool.map(lambda name: run_in_subprocess(
             "fxckpt.demo:measure_memory", {"strategy": name, **common}), STRATEGIES))
     for row in rows:
-        print(f"  {row['strategy']:<8} {row['summary']}", file=out)
+        print(f"  {row['strategy']:<10} {row['summary']}", file=out)
     times = run_in_subprocess(
         "fxckpt.demo:measure_times",
         {"strategies": list(STRATEGIES), "threads": threads, **common},
@@ -215,7 +222,10 @@ def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, 
     for row in rows:
         row["seconds"] = times[row["strategy"]]
     print(file=out)
-    print(format_table(rows), file=out, flush=True)
+    print(format_table(rows), file=out)
+    for line in budget_lines(rows):
+        print(line, file=out)
+    out.flush()
     return rows
 
 
@@ -225,10 +235,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     A tracker count that could not be taken (``None``) shows as ``n/a``.
     """
     base = rows[0]
-    header = ("strategy", "peak activation (RSS)", "vs none", "tracked tensors", "vs none",
-              "step time", "vs none")
+    header = ("strategy", "plan peak", "peak activation (RSS)", "vs none", "tracked tensors",
+              "vs none", "step time", "vs none")
     table = [header] + [
-        (r["strategy"], _bytes(r["rss_bytes"]), _ratio(r["rss_bytes"], base["rss_bytes"]),
+        (r["strategy"], _bytes(r.get("plan_bytes")), _bytes(r["rss_bytes"]),
+         _ratio(r["rss_bytes"], base["rss_bytes"]),
          _bytes(r["tracked_bytes"]), _ratio(r["tracked_bytes"], base["tracked_bytes"]),
          f"{r['seconds'] * 1000:.0f} ms", _ratio(r["seconds"], base["seconds"]))
         for r in rows
@@ -238,6 +249,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                        for i, (c, w) in enumerate(zip(row, widths)))
              for row in table]
     return "\n".join(lines)
+
+
+def budget_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under the table, one line per budgeted row: the budget, the plan's peak and the measured
+    peak, and whether the measured peak kept to the budget."""
+    base = rows[0]
+    lines = []
+    for r in rows[1:]:
+        budget = r.get("budget_bytes")
+        if budget is None:
+            continue
+        kept = "within" if r["rss_bytes"] <= budget else "OVER"
+        lines.append(
+            f"{r['strategy']}: budget {_bytes(budget)} "
+            f"({_ratio(budget, base.get('plan_bytes'))} the unmodified plan peak), plan peak "
+            f"{_bytes(r['plan_bytes'])}, measured peak {_bytes(r['rss_bytes'])}: {kept} "
+            "the budget")
+    return lines
 
 
 def _ratio(value: Optional[float], baseline: Optional[float]) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fxckpt
 from fxckpt.__main__ import main
@@ -82,6 +83,19 @@ def test_plan_with_stages_draws_the_schedule(
     ).exists()
 
 
+def test_budget_is_read_as_transform_reads_it(in_tests, capsys: pytest.CaptureFixture) -> None:
+    from models import MLP
+
+    assert main(["plan", "models:MLP", "--input-shape", "8,32", "--budget", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    torch.manual_seed(0)  # the CLI's default --seed, for the model and then the input
+    model = MLP()
+    x = torch.randn(8, 32)
+    plan = fxckpt.inspect(fxckpt.transform(model, budget=0.5, example_inputs=(x,))).plan
+    assert plan.budget is not None and plan.budget == plan.eager_peak // 2
+    assert printed.splitlines()[0] == str(plan).splitlines()[0]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -95,6 +109,10 @@ def test_plan_with_stages_draws_the_schedule(
             "budget='2 lightyears' is not valid",
         ),
         (["models:MLP", "--input-shape", "8,32", "--budget", "1.5"], "in (0, 1]"),
+        (
+            ["models:MLP", "--input-shape", "8,32", "--budget", "1"],
+            "budget='1' is ambiguous: as a number of bytes it is one byte",
+        ),
         (["models:MLP", "--input-shape", "8,32", "--dtype", "float33"], "not a torch dtype"),
         (
             ["models:MLP", "--input-shape", "8,32", "--every", "0"],
@@ -116,6 +134,63 @@ def test_bad_arguments_are_one_line_and_exit_2(in_tests, argv: list[str], messag
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+TWO_INPUTS = """
+import torch.nn as nn
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, features, ids):
+        return self.fc(features + self.emb(ids.view(-1, ids.shape[-1])))
+"""
+
+
+@pytest.mark.parametrize(
+    "target, shapes, dtypes, message",
+    [
+        ("patterns:Tied", ["4,8"], [], "input 1 (--input-shape 4,8) is float32 but the model "
+         "uses it as token ids (an embedding lookup needs integers); pass --dtype int64"),
+        ("tagger_model:Tagger", ["4,8,16", "4,8"], [], "input 2 (--input-shape 4,8) is float32 "
+         "but the model uses it as token ids (an embedding lookup needs integers); pass "
+         "--dtype float32 --dtype int64"),
+        ("tagger_model:Tagger", ["4,8,16", "4,8"], ["bfloat16"], "input 2 (--input-shape 4,8) "
+         "is bfloat16 but the model uses it as token ids (an embedding lookup needs integers); "
+         "pass --dtype bfloat16 --dtype int64"),
+    ],
+)
+def test_float_token_ids_get_a_dtype_hint(
+        in_tests, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        target: str, shapes: list[str], dtypes: list[str], message: str) -> None:
+    (tmp_path / "tagger_model.py").write_text(TWO_INPUTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["plan", target, "--every", "1"]
+    argv += [a for s in shapes for a in ("--input-shape", s)]
+    argv += [a for d in dtypes for a in ("--dtype", d)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"fxckpt plan: error: {message}\n"
+    fixed = message.rpartition("pass ")[2].split()
+    assert main([a for a in argv if a != "--dtype" and a not in dtypes] + fixed) == 0
+
+
+def test_other_failures_keep_their_own_error(in_tests, capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", "models:MLP", "--input-shape", "8,31", "--every", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fxckpt plan: error: ") and "--dtype" not in err and "31" in err
+
+
+@pytest.mark.slow
+def test_float_token_ids_of_a_hugging_face_model_get_the_hint(
+        in_tests, capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", "models:gpt2", "--input-shape", "2,8", "--every", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "fxckpt plan: error: input 1 (--input-shape 2,8) is float32 but the model uses it as "
+        "token ids (an embedding lookup needs integers); pass --dtype int64\n")
 
 
 def test_python_dash_m_fxckpt_reports_errors_without_a_traceback(tmp_path: Path) -> None:

@@ -62,7 +62,8 @@ def encode(value: Any, where: str, nodes: Optional[NodeNamer] = None) -> Any:
     if callable(value) and nodes is None:
         raise Unencodable(f"{where} holds the function {value!r:.80}, which is not one of the "
                           "functions an export can name (torch tensor functions, operator.*, "
-                          "fxckpt runtime functions)")
+                          "fxckpt runtime functions); use a torch function (F.gelu) or a "
+                          "torch.nn module (nn.GELU(approximate='tanh')) in its place")
     raise Unencodable(f"{where} holds a {type(value).__name__} ({value!r:.80}), which an export "
                       "cannot store")
 
