@@ -61,11 +61,11 @@ class StageView:
     stage: int
     device: str
     nodes: int
-    """Compute nodes the stage runs."""
+    """Nodes of the planned graph the stage runs (a checkpointed segment counts its nodes)."""
     cost: float
     """Predicted cost: forward plus recompute FLOPs (bytes allocated when balanced by memory)."""
     modules: tuple[str, ...]
-    """The outermost module paths the stage's nodes came from."""
+    """The outermost module paths the stage's nodes came from, in the order they run."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
