@@ -15,7 +15,7 @@ import dataclasses
 from typing import Sequence
 
 from fxckpt.passes.runs import Run, to_ranges
-from fxckpt.solver import Problem, simulate
+from fxckpt.solver import Problem, held_at_backward, simulate
 
 __all__ = ["Prediction", "predict", "reserve"]
 
@@ -30,6 +30,11 @@ class Prediction:
     """Cost of recomputing (or offloading) the plan's segments."""
     eager_peak: int
     """Peak activation memory of a training step without checkpointing, reserve included."""
+    forward: float
+    """Cost of one forward pass (the unit ``recompute`` is a share of)."""
+    frees: tuple[int, ...]
+    """Per run: bytes the step would hold from forward to backward that checkpointing the run
+    lets go of (see :attr:`fxckpt.plan.Segment.freed_bytes`)."""
 
 
 def reserve(problem: Problem) -> int:
@@ -41,8 +46,12 @@ def predict(problem: Problem, runs: Sequence[Run]) -> Prediction:
     """Simulate ``runs`` (and no checkpointing) on ``problem``."""
     ranges = to_ranges(problem, runs)
     extra = reserve(problem)
+    eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges)
     return Prediction(
         peak=simulate(problem, ranges).peak_bytes + extra,
         recompute=sum(problem.index.segment_cost(a, b) for a, b in ranges),  # offload-aware
         eager_peak=simulate(problem, ()).peak_bytes + extra,
+        forward=sum(op.cost for op in problem.ops),
+        frees=tuple(sum(max(e - h, 0) for e, h in zip(eager_held[a:b], held[a:b]))
+                    for a, b in ranges),
     )
