@@ -181,8 +181,12 @@ class Plan:
     predicted_recompute: float | None = None
     """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops).
     """
-    forward_cost: float | None = None
-    """Predicted cost of one forward pass, in the units of :attr:`predicted_recompute`."""
+    recompute_share: float | None = None
+    """What recompute adds to a step, as a share of one forward pass: the cost of the ops run
+    again over the cost of all ops, both estimated from FLOPs plus memory traffic (see
+    :mod:`fxckpt.passes.graph_view`), so a dropout or GELU recomputed counts though it does few
+    FLOPs; the fixed per-segment overhead is left out. The one recompute percentage every view
+    shows (summary, HTML, Pareto chart)."""
     budget: int | None = None
     """The budget the plan was solved for (bytes), if any."""
     pipeline: PipelineView | None = None
@@ -206,18 +210,6 @@ class Plan:
         if self.verified_peak is not None and self.verified_eager_peak is not None:
             return self.verified_eager_peak
         return self.eager_peak
-
-    @property
-    def recompute_share(self) -> float | None:
-        """Recompute as a share of one forward pass: ``predicted_recompute / forward_cost``.
-
-        Both are the simulator's cost estimate (FLOPs plus memory traffic, see
-        :mod:`fxckpt.passes.graph_view`), so a dropout or GELU recomputed counts even though it
-        does few FLOPs. The one recompute percentage every view shows (summary, Pareto chart).
-        """
-        if self.predicted_recompute is None or not self.forward_cost:
-            return None
-        return self.predicted_recompute / self.forward_cost
 
     @property
     def micro_batched(self) -> bool:

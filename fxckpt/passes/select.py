@@ -95,7 +95,7 @@ def select(
         eager_peak=prediction.eager_peak,
         predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute,
-        forward_cost=prediction.forward,
+        recompute_share=prediction.share,
         budget=chosen.budget,
     )
     log.info("fxckpt plan: %s", plan.summary())
