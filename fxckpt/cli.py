@@ -38,7 +38,9 @@ EPILOG = """examples:
   fxckpt plan mypkg.models:make_mlp --input-shape 32,1024 --every 2 --chunks 4 --devices cpu,cpu
 
 budgets: a fraction of the unmodified model's peak activation memory (0.4, 1.0), a number of
-bytes (2000000000) or a size with a unit (800MB, 1.5GiB); 1 is refused as ambiguous."""
+bytes (2000000000) or a size with a unit (800MB, 1.5GiB); 1 is refused as ambiguous. With
+--chunks the plan is made for one micro-batch, and its budget and peaks are per micro-batch
+(see docs/pipelines.md)."""
 
 
 class CliError(Exception):
@@ -151,7 +153,9 @@ def add_plan_command(commands: Any) -> None:
         "--depth", type=int, metavar="D", help="each module at nesting depth D is a segment"
     )
     exclusive.add_argument(
-        "--budget", metavar="B", help="bound on peak activation memory: 0.4, 2000000000 or 1.5GiB"
+        "--budget", metavar="B",
+        help="bound on peak activation memory: 0.4, 2000000000 or 1.5GiB (with --chunks: of "
+             "one micro-batch's step)"
     )
     strategy.add_argument("--force", action="append", metavar="PATH=MODE", default=[],
                           help="pin a module: layers.0=save or layers.3=recompute (repeatable)")

@@ -26,13 +26,15 @@ def pareto(
     mode.
 
     Returns points sorted by budget, each ``{"budget": bytes, "predicted_peak": bytes,
-    "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``. A smaller budget
-    never gives a higher predicted peak.
+    "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``: peaks include the
+    reserve and recompute is :func:`fxckpt.passes.prediction.recompute_share`, as in
+    ``Plan.predicted_peak`` and ``Plan.recompute_share``. A smaller budget never gives a higher
+    predicted peak.
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     from fxckpt.passes import annotate, capture
-    from fxckpt.passes.prediction import reserve
+    from fxckpt.passes.prediction import recompute_share, reserve
     from fxckpt.passes.graph_view import problem_of
     from fxckpt.solver import pareto as solve_pareto, simulate
 
@@ -41,9 +43,8 @@ def pareto(
     problem = problem_of(captured.gm)
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
-    forward = sum(op.cost for op in problem.ops) or 1.0
     return [
         {"budget": p.budget + extra, "predicted_peak": p.predicted_peak + extra,
-         "recompute": p.recompute_cost / forward, "eager_peak": eager}
+         "recompute": recompute_share(problem, p.segments), "eager_peak": eager}
         for p in sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
     ]

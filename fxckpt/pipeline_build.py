@@ -74,10 +74,9 @@ class PipelinedModule(nn.Module):
         """The stages and schedule as the plan keeps them (checkpointing as the mode has it)."""
         sp, runner = self.stage_plan, self.pipeline
         stages = tuple(
-            StageView(stage=j, device=str(device), nodes=len(nodes), cost=cost,
-                      modules=tuple(mods))
-            for j, (device, nodes, cost, mods)
-            in enumerate(zip(runner.devices, sp.nodes, sp.costs, sp.module_paths)))
+            StageView(stage=j, device=str(device), nodes=count, cost=cost, modules=tuple(mods))
+            for j, (device, count, cost, mods)
+            in enumerate(zip(runner.devices, sp.planned, sp.costs, sp.module_paths)))
         return PipelineView(stages=stages, chunks=runner.chunks, checkpoint=runner.checkpoint,
                             stop=runner.checkpoint_stop(runner.chunks), method=sp.method,
                             stage_of=dict(sp.stage_of), cost=sp.cost)

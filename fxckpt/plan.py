@@ -10,6 +10,7 @@ and handed back later.
 from __future__ import annotations
 
 import dataclasses
+import html
 from typing import Any
 
 from fxckpt.runtime.schedule import bubble_fraction, checkpoint_stop, schedule_chart
@@ -34,7 +35,12 @@ class Segment:
     saved_bytes: int
     """Bytes of the tensor inputs kept for backward (parameters and buffers excluded)."""
     freed_bytes: int
-    """Bytes of tensors the segment creates and does not keep (dropped until recompute)."""
+    """The "frees" column: bytes an unmodified step would hold from the end of forward until
+    backward reaches the segment, which checkpointing it lets go of (the tensors its nodes save
+    for backward, dropout masks and a leaf module's insides included; its outputs excluded, as
+    the next segment or the loss keeps them). Summed over segments, less what ``saved_bytes`` adds
+    back, it is how much less the step holds between forward and backward; the peak falls by less
+    than that, because backward needs room to recompute one segment."""
     recompute_flops: int
     """FLOPs of running the segment's forward again in backward."""
     restores: tuple[str, ...]
@@ -61,11 +67,11 @@ class StageView:
     stage: int
     device: str
     nodes: int
-    """Compute nodes the stage runs."""
+    """Nodes of the planned graph the stage runs (a checkpointed segment counts its nodes)."""
     cost: float
     """Predicted cost: forward plus recompute FLOPs (bytes allocated when balanced by memory)."""
     modules: tuple[str, ...]
-    """The outermost module paths the stage's nodes came from."""
+    """The outermost module paths the stage's nodes came from, in the order they run."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,16 +106,29 @@ class PipelineView:
         """The forward schedule as ASCII, checkpointed pairs marked."""
         return schedule_chart(self.chunks, len(self.stages), recompute_stop=self.stop)
 
+    def head(self) -> str:
+        return (f"pipeline: {len(self.stages)} stage(s), chunks={self.chunks}, "
+                f"checkpoint={self.checkpoint}, bubble {self.bubble:.0%} ({self.method})")
+
+    def rows(self, width: int = 50) -> list[tuple[str, ...]]:
+        """The stage table: header row, then one row per stage (modules cut to ``width``)."""
+        rows: list[tuple[str, ...]] = [("stage", "device", "nodes", "cost", "modules")]
+        rows += [(str(s.stage), s.device, str(s.nodes), f"{s.cost:,.0f}",
+                  _shorten(", ".join(s.modules) or "-", width)) for s in self.stages]
+        return rows
+
     def lines(self) -> list[str]:
         """The pipeline as text: a head line, the stage table and the schedule chart."""
-        rows = [("stage", "device", "nodes", "cost", "modules")]
-        rows += [(str(s.stage), s.device, str(s.nodes), f"{s.cost:,.0f}",
-                  _shorten(", ".join(s.modules), 50)) for s in self.stages]
+        rows = self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        head = (f"pipeline: {len(self.stages)} stage(s), chunks={self.chunks}, "
-                f"checkpoint={self.checkpoint}, bubble {self.bubble:.0%} ({self.method})")
         table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        return [head, *table, self.schedule]
+        return [self.head(), *table, self.schedule]
+
+    def html(self) -> str:
+        """The same as HTML: head line, stage table (full module lists), schedule chart."""
+        header, *rows = self.rows(width=10_000)
+        return (f"<p>{html.escape(self.head())}</p>{_html_table(header, rows)}"
+                f"<pre>{html.escape(self.schedule)}</pre>")
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -162,6 +181,12 @@ class Plan:
     predicted_recompute: float | None = None
     """Predicted recompute cost (the simulator's cost units: FLOPs, or bytes for memory-bound ops).
     """
+    recompute_share: float | None = None
+    """What recompute adds to a step, as a share of one forward pass: the cost of the ops run
+    again over the cost of all ops, both estimated from FLOPs plus memory traffic (see
+    :mod:`fxckpt.passes.graph_view`), so a dropout or GELU recomputed counts though it does few
+    FLOPs; the fixed per-segment overhead is left out. The one recompute percentage every view
+    shows (summary, HTML, Pareto chart)."""
     budget: int | None = None
     """The budget the plan was solved for (bytes), if any."""
     pipeline: PipelineView | None = None
@@ -187,9 +212,20 @@ class Plan:
         return self.eager_peak
 
     @property
+    def micro_batched(self) -> bool:
+        """Whether the plan is for one micro-batch of a pipelined step (``chunks=``): its peaks
+        and budget are per micro-batch, not per step."""
+        return self.pipeline is not None
+
+    @property
     def saved_bytes(self) -> int:
         """Bytes all segments keep for backward."""
         return sum(s.saved_bytes for s in self.segments)
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes all segments free between forward and backward (see ``Segment.freed_bytes``)."""
+        return sum(s.freed_bytes for s in self.segments)
 
     @property
     def recompute_flops(self) -> int:
@@ -220,20 +256,29 @@ class Plan:
         return cls(**d)
 
     def summary(self) -> str:
-        """One line: strategy, segments, saved bytes, recompute overhead, predicted peak."""
-        overhead = self.recompute_flops / self.total_flops if self.total_flops else 0.0
-        peak = ""
-        if self.predicted_peak is not None and self.eager_peak:
-            peak = (f", predicted peak {format_bytes(self.predicted_peak)} "
-                    f"({self.predicted_peak / self.eager_peak:.0%} of eager)")
-        if self.budget is not None:
-            peak += f" under a budget of {format_bytes(self.budget)}"
+        """One line: strategy, segments, bytes kept and freed, recompute share, peak and budget
+        (per micro-batch for a pipelined plan), all from the plan's own figures."""
+        share = self.recompute_share
+        work = (f"recompute ~{share:.0%} of a forward pass" if share is not None
+                else f"recompute {self.recompute_flops:,} FLOPs")
         return (
             f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
-            f"keeps {format_bytes(self.saved_bytes)} of segment inputs, recomputes "
-            f"{overhead:.0%} of forward FLOPs{peak} ({self.capture}, "
+            f"keeps {format_bytes(self.saved_bytes)} of segment inputs, frees "
+            f"{format_bytes(self.freed_bytes)}, {work}{self._peak_text()} ({self.capture}, "
             f"{'train' if self.training else 'eval'})"
         )
+
+    def _peak_text(self) -> str:
+        per = " per micro-batch" if self.micro_batched else ""
+        peak, eager, text = self.peak_bytes, self.eager_peak_bytes, ""
+        if peak is not None:
+            kind = "verified" if self.verified_peak is not None else "predicted"
+            text = f"; {kind} peak {format_bytes(peak)}{per}"
+            if eager:
+                text += f" ({peak / eager:.0%} of {format_bytes(eager)} eager)"
+        if self.budget is not None:
+            text += f" under a budget of {format_bytes(self.budget)}{per}"
+        return text
 
     def diff(self, other: "Plan") -> str:
         """What changed from this plan to ``other``: segments added, removed, resized; totals."""
@@ -247,24 +292,19 @@ class Plan:
             ("segments", len(self.segments), len(other.segments)),
             ("kept bytes", format_bytes(self.saved_bytes), format_bytes(other.saved_bytes)),
             ("recompute FLOPs", f"{self.recompute_flops:,}", f"{other.recompute_flops:,}"),
-            ("predicted peak", _opt_bytes(self.predicted_peak), _opt_bytes(other.predicted_peak)),
+            ("peak", _opt_bytes(self.peak_bytes), _opt_bytes(other.peak_bytes)),
         ):
             if a != b:
                 lines.append(f"  {label}: {a} -> {b}")
         return "\n".join(lines) if lines else "the plans are the same"
 
     def _repr_html_(self) -> str:
-        import html
-
-        head = "".join(f"<th>{h}</th>" for h in _HEADER)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self._rows()
-        )
+        """The summary, the segment table, the notes and, when pipelined, stages and schedule."""
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
+        pipeline = "" if self.pipeline is None else self.pipeline.html()
         return (f"<div><p><b>fxckpt plan</b>: {html.escape(self.summary())}</p>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                f"{'<ul>' + notes + '</ul>' if notes else ''}</div>")
+                f"{_html_table(_HEADER, self._rows(), _HINTS)}"
+                f"{'<ul>' + notes + '</ul>' if notes else ''}{pipeline}</div>")
 
     def _rows(self) -> list[tuple[str, ...]]:
         return [
@@ -294,6 +334,19 @@ class Plan:
 
 
 _HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
+_HINTS = {
+    "keeps": "segment inputs checkpoint holds for backward",
+    "frees": "what the step no longer holds between forward and backward",
+}
+
+
+def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]],
+                hints: dict[str, str] | None = None) -> str:
+    head = "".join(f'<th title="{html.escape((hints or {}).get(h, ""))}">{html.escape(h)}</th>'
+                   for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _opt_bytes(n: int | None) -> str:

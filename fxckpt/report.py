@@ -1,7 +1,7 @@
 """A plan report on disk: the table, the JSON, the code, the pictures and one HTML page.
 
     out/
-      index.html      summary, plan table, pictures, rewritten code
+      index.html      summary, plan table, stages and schedule, pictures, rewritten code
       plan.txt        str(plan)            plan.json    plan.to_dict()
       code.py         the rewritten forward
       graph.png  memory.png  pareto.png  schedule.png (staged plans)
@@ -108,8 +108,6 @@ def _html(tm: Any, pictures: list[str], skipped: str) -> str:
         for name in pictures
     )
     note = f"<p><i>Pictures skipped: {html.escape(skipped)}</i></p>" if skipped else ""
-    stages = ("" if plan.pipeline is None
-              else f"<h2>Pipeline</h2><pre>{html.escape(str(plan.pipeline))}</pre>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>fxckpt plan report</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}} \
@@ -121,7 +119,6 @@ padding:8px;overflow-x:auto;font-size:12px}}</style></head>
 <p>Inputs: <code>{html.escape(plan.signature)}</code>. Files: <a href="plan.json">plan.json</a>,
 <a href="plan.txt">plan.txt</a>, <a href="code.py">code.py</a>.</p>
 {plan._repr_html_()}
-{stages}
 <h2>Pictures</h2>{note}{images}
 <h2>Rewritten forward</h2><pre>{html.escape(_inspect(tm).code)}</pre>
 </body></html>

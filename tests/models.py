@@ -41,6 +41,19 @@ class MLP(nn.Module):
         return self.head(x)
 
 
+class Shuffled(MLP):
+    """An MLP whose blocks run in the order ``order``, not the order they were registered in."""
+
+    def __init__(self, order: tuple[int, ...] = (3, 1, 0, 2), width: int = 32) -> None:
+        super().__init__(depth=len(order), width=width, p=0.0)
+        self.order = order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in self.order:
+            x = self.layers[i](x)
+        return self.head(x)
+
+
 class ResNet(BenchResNet):
     """The benchmark's ResNet-style CNN (stem, residual blocks with BatchNorm), small by
     default."""

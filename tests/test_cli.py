@@ -70,6 +70,12 @@ def test_plan_prints_the_table_and_writes_a_report(
         and "fxckpt_checkpoint(segment_0, x)" in page
     )
     assert fxckpt.load(tmp_path / "export").plan == plan
+    import html
+
+    # One summary, the plan's own figures, in the terminal, plan.txt and the page.
+    text = (out / "plan.txt").read_text()
+    assert stdout.splitlines()[0] == plan.summary() == text.splitlines()[0]
+    assert html.escape(plan.summary()) in page
 
 
 def test_plan_with_stages_draws_the_schedule(
@@ -77,10 +83,16 @@ def test_plan_with_stages_draws_the_schedule(
 ) -> None:
     assert main(["plan", "models:MLP", "--input-shape", "8x32", "--budget", "0.6", "--chunks", "2",
                  "--devices", "cpu,cpu", "--report", str(tmp_path)]) == 0
-    assert "pipeline: 2 stage(s)" in capsys.readouterr().out
+    stdout = capsys.readouterr().out
+    assert "pipeline: 2 stage(s)" in stdout
     assert (tmp_path / "schedule.png").stat().st_size > 1000 and not (
         tmp_path / "pareto.png"
     ).exists()
+    plan = fxckpt.Plan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
+    assert plan.pipeline is not None and "per micro-batch" in stdout.splitlines()[0]
+    page = (tmp_path / "index.html").read_text()
+    assert page.count(plan.pipeline.schedule.splitlines()[0]) == 1  # stages shown once
+    assert all(f"<td>{', '.join(s.modules)}</td>" in page for s in plan.pipeline.stages)
 
 
 def test_budget_is_read_as_transform_reads_it(in_tests, capsys: pytest.CaptureFixture) -> None:

@@ -82,9 +82,8 @@ def test_forced_leaf_module_becomes_a_segment_and_recomputes() -> None:
     x = torch.randn(2, 6, 16)
     tm = fxckpt.transform(_made(pattern), force={"layers.2": "recompute"}, example_inputs=(x,))
     plan = fxckpt.inspect(tm).plan
-    assert [s.module_paths for s in plan.segments] == [("layers.2",)] and plan.segments[
-        0
-    ].freed_bytes == 0
+    assert [s.module_paths for s in plan.segments] == [("layers.2",)]
+    assert plan.segments[0].freed_bytes > 0  # what the leaf saves inside for backward
     depth = fxckpt.transform(_made(pattern), depth=2, example_inputs=(x,))
     assert len(fxckpt.inspect(depth).plan.segments) == 4
 

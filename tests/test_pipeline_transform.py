@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fxckpt
-from models import MLP, UNet, gpt2
+from models import MLP, Shuffled, UNet, gpt2
 from support import assert_steps_equal, loss_of, run_step
 
 
@@ -147,3 +147,27 @@ def test_graphs_specialised_to_one_batch_size_need_an_even_split() -> None:
     assert tm(torch.randn(8, 4)).shape == (8, 4)
     with pytest.raises(fxckpt.ConfigError, match=message.format(7)):
         tm(torch.randn(7, 4))  # micro-batches of 4 and 3 for a graph made for 4
+
+
+@pytest.mark.parametrize("every", [None, 1])
+def test_stage_table_names_the_modules_each_stage_runs_in_order(every: int | None) -> None:
+    """Blocks called out of order (layers.3 first), with and without lowered segments."""
+    from fxckpt.passes.graphs import outermost
+
+    options = {} if every is None else {"every": every}
+    tm = fxckpt.transform(Shuffled(), **options, chunks=2, devices=["cpu", "cpu"])
+    tm(torch.randn(4, 32)).sum().backward()
+    seen = fxckpt.inspect(tm)
+    plan, view = seen.plan, seen.view
+    assert plan.pipeline is not None
+    stages = plan.pipeline.stages
+    ran = [m for s in stages for m in s.modules]
+    assert ran == ["layers.3", "layers.1", "layers.0", "layers.2", "head"]
+    assert all(s.modules for s in stages)
+    assert sum(s.nodes for s in stages) == plan.node_count
+    ops = sorted((n for n, d in view.nodes(data=True) if d["kind"] == "op"),
+                 key=lambda n: view.nodes[n]["position"])
+    for s in stages:  # the table agrees with the stage every node of the flat graph runs in
+        mine = [view.nodes[n]["module_path"] for n in ops if view.nodes[n]["stage"] == s.stage]
+        assert s.modules == outermost(p for p in mine if p), s.stage
+        assert s.nodes == sum(1 for n in ops if view.nodes[n]["stage"] == s.stage)

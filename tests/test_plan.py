@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import fxckpt
@@ -148,8 +149,78 @@ def test_a_pipelined_plan_prints_its_view_after_the_segments() -> None:
     view = info.plan.pipeline
     assert view is not None and view.chunks == 2 and view.checkpoint == "except_last"
     assert (view.stop, view.devices, view.cost) == (1, ("cpu", "cpu"), "flops")
-    assert [s.stage for s in view.stages] == [0, 1] and sum(s.nodes for s in view.stages) == len(
-        view.stage_of)
+    assert [s.stage for s in view.stages] == [0, 1]
+    assert sum(s.nodes for s in view.stages) == info.plan.node_count  # segments count their nodes
     assert str(info.plan).endswith("\n\n" + str(view))
     assert info.pipeline.describe() == str(view)  # the module's description is the same text
     assert fxckpt.Plan.from_dict(json.loads(json.dumps(info.plan.to_dict()))) == info.plan
+
+
+@pytest.mark.parametrize("p,held", [(0.1, 5), (0.0, 3)])
+def test_frees_is_what_the_step_stops_holding_between_forward_and_backward(
+    p: float, held: int
+) -> None:
+    """MLP blocks are fc -> GELU -> dropout. Each holds until backward the fc output (GELU saves
+    it), and with p > 0 the dropout mask and output (the next fc saves it); with p = 0 dropout is
+    the identity and the next fc saves the GELU output. A segment of two blocks frees all of
+    those 16x32 float tensors but its output, which the next segment keeps as its input."""
+    from fxckpt.passes.graph_view import to_problem
+    from fxckpt.passes.runs import ranges_of
+    from fxckpt.solver import simulate
+
+    tm = fxckpt.transform(MLP(depth=6, p=p), every=2, example_inputs=(torch.randn(16, 32),))
+    seen = fxckpt.inspect(tm)
+    plan = seen.plan
+    assert [s.freed_bytes for s in plan.segments] == [held * 16 * 32 * 4] * 3
+    assert plan.freed_bytes == 3 * held * 16 * 32 * 4
+    problem = to_problem(seen.view)
+    ranges = ranges_of(problem, [s.nodes for s in plan.segments])
+    start = [dict(simulate(problem, r).timeline)["backward start"] for r in ((), ranges)]
+    assert start[0] - start[1] == plan.freed_bytes  # the inputs kept are held eagerly anyway
+    assert plan.eager_peak and plan.predicted_peak
+    assert 0 < plan.eager_peak - plan.predicted_peak <= plan.freed_bytes  # recompute needs room
+
+
+def test_every_view_shows_the_plans_own_figures() -> None:
+    import dataclasses
+
+    from fxckpt.plan import format_bytes
+
+    plan = _plan(every=2)
+    assert plan.peak_bytes == plan.predicted_peak and plan.recompute_share is not None
+    share = f"recompute ~{plan.recompute_share:.0%} of a forward pass"
+    peak = (f"predicted peak {format_bytes(plan.peak_bytes)} ("
+            f"{plan.peak_bytes / plan.eager_peak_bytes:.0%} of "
+            f"{format_bytes(plan.eager_peak_bytes)} eager)")
+    for text in (plan.summary(), str(plan), plan._repr_html_()):
+        assert share in text and peak in text and f"frees {format_bytes(plan.freed_bytes)}" in text
+    verified = dataclasses.replace(plan, verified_peak=1000, verified_eager_peak=4000)
+    assert "verified peak 1000 B (25% of 3.9 KiB eager)" in verified.summary()
+    assert "peak: " in plan.diff(verified) and "-> 1000 B" in plan.diff(verified)
+
+
+def test_a_pipelined_plan_says_its_peak_and_budget_are_per_micro_batch() -> None:
+    x = torch.randn(8, 32)
+    tm = fxckpt.transform(MLP(depth=4), budget="1MiB", chunks=2, devices=["cpu", "cpu"],
+                          example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert plan.micro_batched and plan.pipeline is not None
+    summary = plan.summary()
+    assert "peak" in summary and summary.count("per micro-batch") == 2
+    assert "under a budget of 1.0 MiB per micro-batch" in summary
+    assert any("the budget bounds one micro-batch's step (chunks=2)" in n for n in plan.notes)
+    html = plan._repr_html_()
+    assert plan.pipeline.schedule.splitlines()[0] in html
+    for stage in plan.pipeline.stages:  # the stage table, modules from the stage plan
+        assert f"<td>{', '.join(stage.modules)}</td>" in html
+    assert html.count("<table>") == 2
+
+
+def test_no_strategy_with_chunks_says_the_pipeline_still_recomputes() -> None:
+    tm = fxckpt.transform(MLP(depth=4), chunks=2, devices=["cpu", "cpu"],
+                          example_inputs=(torch.randn(8, 32),))
+    assert fxckpt.inspect(tm).plan.notes == (
+        "no segment is checkpointed within a micro-batch: no strategy was given; the pipeline "
+        "still recomputes each stage of the micro-batches checkpoint='except_last' names",)
+    plain = fxckpt.transform(MLP(depth=4), example_inputs=(torch.randn(8, 32),))
+    assert fxckpt.inspect(plain).plan.notes == ("nothing is checkpointed: no strategy was given",)

@@ -79,7 +79,7 @@ def test_big_graphs_collapse_to_modules_and_keep_every_segment() -> None:
         if c.get_label() and c.get_label()[0] != "_"
     )
     assert boxes <= 12 + 1  # + the graph input
-    assert "collapsed to modules" in fig._suptitle.get_text()
+    assert "collapsed to modules" in fig.axes[0].get_title("left")
     assert (
         _segment_artists(fig) == sorted(s.name for s in fxckpt.inspect(tm).plan.segments)
         and len(fxckpt.inspect(tm).plan.segments) == 8
@@ -99,7 +99,7 @@ def test_show_uses_graphviz_dot_when_installed(
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     fig = fxckpt.show(plain)
-    assert "dot layout" in fig._suptitle.get_text()
+    assert "dot layout" in fig.axes[0].get_title("left")
     assert parse_plain("graph 1 2 2\nnode n0 1.5 2.0 1 1 x\nedge n0 n1", {"n0": "x"}) == {
         "x": (1.5, 2.0)
     }
@@ -111,9 +111,9 @@ def test_plot_memory_predicts_and_measures(plain) -> None:
     fig = fxckpt.plot_memory(plain, inputs=(X,))
     ax = fig.axes[0]
     labels = [line.get_label() for line in ax.get_lines()]
-    assert "predicted, this plan" in labels and "predicted, no checkpointing" in labels
+    assert "simulated, this plan" in labels and "simulated, no checkpointing" in labels
     measured = next(line for line in ax.get_lines() if line.get_label().startswith("measured"))
-    predicted = next(line for line in ax.get_lines() if line.get_label() == "predicted, this plan")
+    predicted = next(line for line in ax.get_lines() if line.get_label() == "simulated, this plan")
     ratio = max(measured.get_ydata()) / max(predicted.get_ydata())
     assert 0.8 <= ratio <= 1.3, (
         ratio
@@ -146,6 +146,14 @@ def test_plot_pareto_draws_the_curve_and_marked_plans(plain) -> None:
         recompute[a] >= recompute[b] for a, b in zip(order, order[1:])
     )  # more memory, less recompute
     assert "every=2" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plan = fxckpt.inspect(plain).plan
+    mark = next(c for c in ax.collections if c.get_gid() == "mark:every=2")
+    scale = 2 ** 10 if "(KiB)" in ax.get_xlabel() else 1  # same units as the curve
+    x, y = mark.get_offsets()[0]
+    assert x == pytest.approx(plan.peak_bytes / scale)  # reserve included, as in the curve
+    assert y == pytest.approx(100 * plan.recompute_share)
+    assert f"recompute ~{y:.0f}% of a forward pass" in plan.summary()  # one unit everywhere
+    assert max(peaks) == pytest.approx(plan.eager_peak_bytes / scale)
 
 
 @pytest.mark.parametrize("mode, hatched", [("except_last", 2), ("always", 4), ("never", 0)])
@@ -182,3 +190,69 @@ def test_missing_matplotlib_says_how_to_install_it(plain, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"pip install 'fxckpt\[viz\]'"):
         fxckpt.show(plain)
+
+
+def _labels(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].texts]
+
+
+def test_show_labels_nodes_with_module_paths_as_the_tables_do(plain) -> None:
+    labels = _labels(fxckpt.show(plain))
+    assert {"layers.0.fc", "layers.0: gelu", "layers.0.drop", "head", "x"} <= set(labels)
+    assert not [t for t in labels if "layers_" in t]
+    modules = {m for s in fxckpt.inspect(plain).plan.segments for m in s.module_paths}
+    assert all(any(t.startswith(m) for t in labels) for m in modules)
+
+
+class _Plumbed(torch.nn.Module):
+    """A model with shape plumbing: chunk (getitem), view and size between two layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(torch.relu(a * b).view(x.size(0), -1))
+
+
+def test_show_hides_shape_plumbing_unless_asked() -> None:
+    tm = fxckpt.transform(_Plumbed(), every=1, example_inputs=(X,))
+    hidden, shown = _labels(fxckpt.show(tm)), _labels(fxckpt.show(tm, plumbing=True))
+    plumbing = {"chunk", "getitem", "getitem_1", "view", "size"}
+    assert plumbing <= set(shown) and not plumbing & set(hidden)
+    assert {"fc1", "mul", "relu", "fc2"} <= set(hidden)
+    title = fxckpt.show(tm).axes[0].get_title("left")
+    assert f"{len(shown) - len(hidden)} plumbing op(s) hidden" in title
+
+
+def test_segment_fills_and_stage_borders_come_from_different_colour_families(staged) -> None:
+    import colorsys
+
+    from fxckpt.viz.common import COOL, WARM
+
+    fig = fxckpt.show(staged)
+    fills, borders = set(), set()
+    for coll in fig.axes[0].collections:
+        if coll.get_label().startswith("segment"):
+            fills |= {tuple(c[:3]) for c in coll.get_facecolors()}
+            borders |= {tuple(c[:3]) for c in coll.get_edgecolors()}
+
+    def hue(rgb: tuple) -> float:  # degrees, rounded: the arcs' ends are in them
+        return round(360 * colorsys.rgb_to_hsv(*rgb)[0], 6) % 360
+
+    assert len(fills) == 3 and len(borders) == 2
+    assert all(hue(c) >= WARM[0] % 360 or hue(c) <= WARM[1] for c in fills)
+    assert all(COOL[0] <= hue(c) <= COOL[1] for c in borders)
+
+
+def test_plot_memory_titles_the_plans_own_peaks(plain) -> None:
+    from fxckpt.plan import format_bytes
+
+    plan = fxckpt.inspect(plain).plan
+    ax = fxckpt.plot_memory(plain).axes[0]
+    assert (f"predicted peak {format_bytes(plan.peak_bytes)} vs "
+            f"{format_bytes(plan.eager_peak_bytes)} eager") in ax.get_title()
+    line = next(line for line in ax.get_lines() if line.get_gid() == "predicted_peak")
+    scale = 2 ** 10 if "(KiB)" in ax.get_ylabel() else 1
+    assert line.get_ydata()[0] == pytest.approx(plan.peak_bytes / scale)

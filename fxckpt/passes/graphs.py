@@ -49,16 +49,19 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def outermost(paths: Iterable[str]) -> tuple[str, ...]:
-    """The outermost of these module paths (``<root>`` for ``""``), shallowest first.
+    """The outermost of these module paths (``<root>`` for ``""``), in the order they first ran.
 
-    ``["layers.0.fc", "layers.0", "head"]`` -> ``("head", "layers.0")``.
+    ``["layers.0.fc", "head", "layers.0"]`` -> ``("layers.0", "head")``: a module is listed where
+    its first node (or a child's) appears, so a table reads in the order the model runs.
     """
-    unique = sorted({p or "<root>" for p in paths}, key=lambda p: (p.count("."), p))
+    ordered = list(dict.fromkeys(p or "<root>" for p in paths))
+    unique = sorted(ordered, key=lambda p: p.count("."))
     kept: list[str] = []
     for p in unique:
         if not any(p == k or p.startswith(k + ".") for k in kept):
             kept.append(p)
-    return tuple(kept)
+    owner = {p: next(k for k in kept if p == k or p.startswith(k + ".")) for p in ordered}
+    return tuple(dict.fromkeys(owner[p] for p in ordered))
 
 
 def compute_nodes(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:

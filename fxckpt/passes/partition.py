@@ -40,6 +40,7 @@ from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.graphs import COMPUTE_OPS, compute_nodes, copy_nodes, is_guard, outermost
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint as _checkpoint_fn
+from fxckpt.runtime.offload import offload_region
 from fxckpt.solver import stages as solver
 
 __all__ = ["StagePlan", "partition", "split_stages", "stage_order", "node_costs", "legal_cuts",
@@ -62,7 +63,11 @@ class StagePlan:
     costs: tuple[float, ...]
     """Predicted cost per stage: forward plus recompute FLOPs (or bytes, for ``cost="memory"``)."""
     module_paths: tuple[tuple[str, ...], ...]
-    """The outermost module paths each stage's nodes came from."""
+    """The outermost module paths each stage's nodes came from, in the order they run (a
+    lowered segment's call names the modules of the nodes inside it)."""
+    planned: tuple[int, ...] = ()
+    """Nodes of the planned graph each stage runs: a lowered segment counts the nodes inside it,
+    so the counts add up to ``Plan.node_count``."""
     method: str
     """``balanced`` (the DP), ``balance=[counts]`` or ``balance=[module paths]``."""
     cost: str = "flops"
@@ -79,7 +84,7 @@ class StagePlan:
     def to_dict(self) -> dict[str, Any]:
         return {"stage_of": dict(self.stage_of), "nodes": [list(n) for n in self.nodes],
                 "costs": list(self.costs), "module_paths": [list(m) for m in self.module_paths],
-                "method": self.method, "cost": self.cost}
+                "method": self.method, "cost": self.cost, "planned": list(self.planned)}
 
     def __str__(self) -> str:
         total = sum(self.costs) or 1.0
@@ -104,6 +109,28 @@ def stage_order(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def _is_checkpoint_call(n: torch.fx.Node) -> bool:
     return n.op == "call_function" and n.target is _checkpoint_fn
+
+
+def _segment_body(gm: torch.fx.GraphModule, n: torch.fx.Node) -> Optional[torch.fx.GraphModule]:
+    """The segment a lowered call runs (``checkpoint(segment_0, ...)``, or an offload region)."""
+    lowered = n.op == "call_function" and n.target in (_checkpoint_fn, offload_region)
+    target = n.args[0] if lowered and n.args else None
+    if not isinstance(target, torch.fx.Node) or target.op != "get_attr":
+        return None
+    sub = getattr(gm, str(target.target), None)
+    return sub if isinstance(sub, torch.fx.GraphModule) else None
+
+
+def _planned(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[torch.fx.Node]:
+    """The planned graph's nodes ``n`` stands for: a lowered segment's body, none for a getitem
+    of its results (their annotations are copies), else ``n`` itself."""
+    body = _segment_body(gm, n)
+    if body is not None:
+        return [m for m in stage_order(body) if has_info(m)]
+    if _is_getitem(n) and isinstance(n.args[0], torch.fx.Node) \
+            and _segment_body(gm, n.args[0]) is not None:
+        return []
+    return [] if is_guard(n) else [n]
 
 
 def _is_getitem(n: torch.fx.Node) -> bool:
@@ -185,7 +212,7 @@ def partition(
             part, method = _from_balance(order, costs, allowed, balance, stages)
     except ValueError as e:
         raise ConfigError(f"partition: {e}") from e
-    return _stage_plan(order, part, method, cost)
+    return _stage_plan(gm, order, part, method, cost)
 
 
 def _from_balance(
@@ -233,18 +260,19 @@ def _counts_from_paths(order: list[torch.fx.Node], paths: list[str]) -> list[int
     return [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
 
 
-def _stage_plan(
-    order: list[torch.fx.Node], part: solver.Partition, method: str, cost: str
-) -> StagePlan:
+def _stage_plan(gm: torch.fx.GraphModule, order: list[torch.fx.Node], part: solver.Partition,
+                method: str, cost: str) -> StagePlan:
     b = part.bounds
     groups = [order[b[s]:b[s + 1]] for s in range(len(b) - 1)]
+    planned = [[m for n in g for m in _planned(gm, n)] for g in groups]
     plan = StagePlan(
         stage_of={n.name: s for s, g in enumerate(groups) for n in g},
         nodes=tuple(tuple(n.name for n in g) for g in groups),
         costs=part.costs,
-        module_paths=tuple(_module_paths(g) for g in groups),
+        module_paths=tuple(_module_paths(p) for p in planned),
         method=method,
         cost=cost,
+        planned=tuple(len(p) for p in planned),
     )
     log.info("fxckpt partition: %s", str(plan).splitlines()[0])
     return plan
@@ -252,8 +280,7 @@ def _stage_plan(
 
 def _module_paths(nodes: list[torch.fx.Node]) -> tuple[str, ...]:
     """The outermost modules a stage's nodes came from (the root's own ops name none)."""
-    return outermost(p for n in nodes if has_info(n) and not is_guard(n)
-                     for p in [info(n).module_path] if p)
+    return outermost(p for n in nodes for p in [info(n).module_path] if p)
 
 
 def pytree_specs(gm: torch.fx.GraphModule) -> Optional[tuple[Any, Any]]:

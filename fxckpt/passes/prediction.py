@@ -15,9 +15,9 @@ import dataclasses
 from typing import Sequence
 
 from fxckpt.passes.runs import Run, to_ranges
-from fxckpt.solver import Problem, simulate
+from fxckpt.solver import Problem, Segments, held_at_backward, simulate
 
-__all__ = ["Prediction", "predict", "reserve"]
+__all__ = ["Prediction", "predict", "predict_ranges", "reserve", "recompute_share"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,11 @@ class Prediction:
     """Cost of recomputing (or offloading) the plan's segments."""
     eager_peak: int
     """Peak activation memory of a training step without checkpointing, reserve included."""
+    share: float
+    """:func:`recompute_share` of the plan."""
+    frees: tuple[int, ...]
+    """Per run: bytes the step would hold from forward to backward that checkpointing the run
+    lets go of (see :attr:`fxckpt.plan.Segment.freed_bytes`)."""
 
 
 def reserve(problem: Problem) -> int:
@@ -37,12 +42,34 @@ def reserve(problem: Problem) -> int:
     return max((op.gradient_bytes for op in problem.ops), default=0)
 
 
+def recompute_share(problem: Problem, ranges: Segments) -> float:
+    """The cost of the ops ``ranges`` run again (or offload), as a share of one forward pass.
+
+    Both in the simulator's units (FLOPs plus memory traffic, see
+    :mod:`fxckpt.passes.graph_view`); the fixed per-segment overhead the solver also weighs is
+    left out, so a share of 100% means "one more forward pass". ``Plan.recompute_share``, the
+    summary and the Pareto chart all use this figure.
+    """
+    ix = problem.index
+    forward = ix.cum_cost[-1]
+    work = sum(ix.segment_cost(a, b) - ix.overhead for a, b in ranges)
+    return work / forward if forward else 0.0
+
+
 def predict(problem: Problem, runs: Sequence[Run]) -> Prediction:
     """Simulate ``runs`` (and no checkpointing) on ``problem``."""
-    ranges = to_ranges(problem, runs)
+    return predict_ranges(problem, to_ranges(problem, runs))
+
+
+def predict_ranges(problem: Problem, ranges: Segments) -> Prediction:
+    """:func:`predict` for segments given as the solver's op ranges."""
     extra = reserve(problem)
+    eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges)
     return Prediction(
         peak=simulate(problem, ranges).peak_bytes + extra,
         recompute=sum(problem.index.segment_cost(a, b) for a, b in ranges),  # offload-aware
         eager_peak=simulate(problem, ()).peak_bytes + extra,
+        share=recompute_share(problem, ranges),
+        frees=tuple(sum(max(e - h, 0) for e, h in zip(eager_held[a:b], held[a:b]))
+                    for a, b in ranges),
     )

@@ -68,8 +68,14 @@ def select(
             f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
             f"{chosen.budget} B"
         )
+    if config.pipelined and chosen.budget is not None:
+        notes.append(
+            f"the budget bounds one micro-batch's step (chunks={config.chunks or 1}): a pipelined "
+            "step also holds what each stage keeps for the other micro-batches (docs/pipelines.md)"
+        )
     prefix = _segment_prefix(gm, len(runs))
-    segments = tuple(_describe(f"{prefix}_{i}", run, config) for i, run in enumerate(runs))
+    segments = tuple(_describe(f"{prefix}_{i}", run, frees, config)
+                     for i, (run, frees) in enumerate(zip(runs, prediction.frees)))
     if config.offload == "auto" and replay is None:
         segments, note = choose_actions(problem, segments, runs)
         notes.append(note)
@@ -77,7 +83,7 @@ def select(
         actions = [s.action for s in replay.plan.segments]
         segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))
     if not segments:
-        notes.append(_why_none(config, chosen.why_none))
+        notes.append(_why_none(config, chosen.why_none, training))
     plan = Plan(
         strategy=config.strategy_name,
         options=config.to_dict(),
@@ -91,6 +97,7 @@ def select(
         eager_peak=prediction.eager_peak,
         predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute,
+        recompute_share=prediction.share,
         budget=chosen.budget,
     )
     log.info("fxckpt plan: %s", plan.summary())
@@ -105,10 +112,15 @@ def select(
     return plan
 
 
-def _why_none(config: TransformConfig, why: Optional[str]) -> str:
+def _why_none(config: TransformConfig, why: Optional[str], training: bool) -> str:
+    what, tail = "nothing is checkpointed", ""
+    if config.pipelined and training and config.checkpoint != "never":
+        what = "no segment is checkpointed within a micro-batch"
+        tail = (f"; the pipeline still recomputes each stage of the micro-batches "
+                f"checkpoint={config.checkpoint!r} names")
     if config.strategy_name == "none":
-        return "nothing is checkpointed: no strategy was given"
-    return why or "nothing is checkpointed: the strategy found no segment"
+        return f"{what}: no strategy was given{tail}"
+    return (why or f"{what}: the strategy found no segment") + tail
 
 
 def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
@@ -120,7 +132,7 @@ def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
     return prefix
 
 
-def _describe(name: str, run: Run, config: TransformConfig) -> Segment:
+def _describe(name: str, run: Run, frees: int, config: TransformConfig) -> Segment:
     members = set(run)
     inputs: list[torch.fx.Node] = []
     for n in run:
@@ -135,7 +147,7 @@ def _describe(name: str, run: Run, config: TransformConfig) -> Segment:
         inputs=tuple(a.name for a in inputs),
         outputs=tuple(n.name for n in outputs),
         saved_bytes=_saved_bytes(inputs),
-        freed_bytes=sum(info(n).new_bytes for n in run if n not in outputs),
+        freed_bytes=frees,
         recompute_flops=sum(info(n).flops for n in run),
         restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
         reason=_reason(run, config),

@@ -20,7 +20,7 @@ from fxckpt.solver.solve import (
     solve,
 )
 from fxckpt.solver.problem import BudgetInfeasible, Op, Problem, Segments, check_segments
-from fxckpt.solver.simulate import Simulation, peak_bytes, simulate
+from fxckpt.solver.simulate import Simulation, held_at_backward, peak_bytes, simulate
 
 __all__ = [
     "Op",
@@ -29,6 +29,7 @@ __all__ = [
     "BudgetInfeasible",
     "check_segments",
     "Simulation",
+    "held_at_backward",
     "simulate",
     "peak_bytes",
     "Solution",

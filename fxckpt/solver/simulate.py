@@ -34,7 +34,7 @@ import dataclasses
 
 from fxckpt.solver.problem import Index, Problem, Segments, check_segments
 
-__all__ = ["Simulation", "simulate", "peak_bytes"]
+__all__ = ["Simulation", "simulate", "peak_bytes", "held_at_backward"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,6 +139,17 @@ def peak_bytes(problem: Problem, segments: object = ()) -> int:
     ix = problem.index
     live = _profile(ix, _schedule(ix.n, check_segments(segments, ix.n)))
     return max(live, default=0)
+
+
+def held_at_backward(problem: Problem, segments: object = ()) -> tuple[int, ...]:
+    """Bytes of each op's forward value still alive when backward starts (0 when freed earlier).
+
+    What a plan holds from forward to backward, op by op: ``held_at_backward(p)`` minus
+    ``held_at_backward(p, segments)`` is what checkpointing those segments lets go of.
+    """
+    ix = problem.index
+    sc = _schedule(ix.n, check_segments(segments, ix.n))
+    return tuple(ix.out[j] if _forward_free(ix, sc, j) >= ix.n else 0 for j in range(ix.n))
 
 
 def _events(problem: Problem, sc: _Schedule) -> list[str]:

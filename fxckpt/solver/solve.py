@@ -80,6 +80,8 @@ class ParetoPoint(NamedTuple):
     """Simulated peak of the plan chosen for it (never above the budget)."""
     recompute_cost: float
     """Recompute cost of that plan."""
+    segments: Segments = ()
+    """That plan's segments."""
 
 
 def _space(problem: Problem, mode: str) -> Space:
@@ -174,12 +176,12 @@ def pareto(problem: Problem, points: int = 9, *, mode: Mode = "auto") -> list[Pa
         raise ValueError(f"points must be a positive int (got {points!r})")
     low, high = min_feasible_peak(problem, mode=mode), peak_bytes(problem, ())
     budgets = sorted({low + (high - low) * k // max(1, points - 1) for k in range(points)})
-    plans: list[tuple[float, int]] = [(0.0, high)]
+    plans: list[tuple[float, int, Segments]] = [(0.0, high, ())]
     for budget in budgets:
         sol = solve(problem, budget, mode=mode)
-        plans.append((sol.recompute_cost, sol.predicted_peak))
+        plans.append((sol.recompute_cost, sol.predicted_peak, sol.segments))
     curve = []
     for budget in budgets:
-        cost, peak = min((c, p) for c, p in plans if p <= budget)
-        curve.append(ParetoPoint(budget, peak, cost))
+        cost, peak, segments = min(plan for plan in plans if plan[1] <= budget)
+        curve.append(ParetoPoint(budget, peak, cost, segments))
     return curve

@@ -2,9 +2,10 @@
 chart).
 
 Pareto: each point is the plan the budget solver picks for one budget, placed by predicted peak
-and recompute cost (a fraction of one forward pass). Plans of transformed modules can be marked
-on the same axes, computed by the same simulator, so "is my every=2 plan far from the curve?"
-has a visible answer.
+(simulated, plus the reserve for backward temporaries: ``Plan.predicted_peak``) and recompute
+cost as a share of one forward pass (``Plan.recompute_share``). Plans of transformed modules are
+marked at the same two figures their summary prints, so "is my every=2 plan far from the curve?"
+has a visible answer; a plan with a verified peak also gets a hollow mark there.
 
 Schedule: GPipe's fill-drain clock, forward then backward, one row per stage::
 
@@ -73,6 +74,7 @@ def plot_pareto(
         label="no checkpointing",
     )
     for i, (label, module) in enumerate((mark or {}).items()):
+        plan = inspect_module(module).plan
         peak, recompute = _plan_point(module)
         ax.scatter(
             [peak / scale],
@@ -82,9 +84,14 @@ def plot_pareto(
             color=f"C{(i + 1) % 10}",
             zorder=4 + i,
             label=label,
+            gid=f"mark:{label}",
         )  # later marks smaller and on top: equal plans stay visible
-    ax.set_xlabel(f"predicted peak activation memory ({unit})")
-    ax.set_ylabel("recompute (% of one forward pass)")
+        if plan.verified_peak is not None:
+            ax.scatter([plan.verified_peak / scale], [100 * recompute], marker="D", s=40,
+                       facecolors="none", edgecolors=f"C{(i + 1) % 10}", zorder=4 + i,
+                       label=f"{label}, verified peak", gid=f"verified:{label}")
+    ax.set_xlabel(f"predicted peak activation memory ({unit}): simulated + reserve")
+    ax.set_ylabel("recompute (% of one forward pass, estimated time)")
     ax.set_title(f"Memory / recompute trade-off: {type(model).__name__}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -92,13 +99,20 @@ def plot_pareto(
 
 
 def _plan_point(module: Any) -> tuple[float, float]:
-    """A transformed (or loaded) module's plan as (simulated peak, recompute / forward cost)."""
+    """A transformed (or loaded) module's plan in the curve's units: ``(Plan.predicted_peak,
+    Plan.recompute_share)``, the figures its summary prints (worked out again for plans saved
+    before they were kept)."""
     from fxckpt.passes.graph_view import to_problem
-    from fxckpt.viz.memory import predicted_timelines
+    from fxckpt.passes.prediction import predict_ranges, recompute_share
+    from fxckpt.passes.runs import ranges_of
 
-    sim, _, _ = predicted_timelines(module)
-    forward = sum(op.cost for op in to_problem(inspect_module(module).view).ops) or 1.0
-    return sim.peak_bytes, sim.recompute_cost / forward
+    seen = inspect_module(module)
+    plan = seen.plan
+    if plan.predicted_peak is not None and plan.recompute_share is not None:
+        return plan.predicted_peak, plan.recompute_share
+    problem = to_problem(seen.view)
+    ranges = ranges_of(problem, [s.nodes for s in plan.segments])
+    return predict_ranges(problem, ranges).peak, recompute_share(problem, ranges)
 
 
 def schedule_bars(chunks: int, stages: int, checkpoint: str) -> list[tuple[str, int, int, bool]]:

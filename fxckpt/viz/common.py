@@ -15,6 +15,7 @@ Every picture is drawn from the same three things, whatever the module is:
 
 from __future__ import annotations
 
+import colorsys
 import io
 import os
 import sys
@@ -113,23 +114,26 @@ def memory_unit(peak: float) -> tuple[str, float]:
     return "bytes", 1.0
 
 
-def segment_colors(names: list[str]) -> dict[str, Any]:
-    """A distinct colour per segment: tab10, tab20 beyond 10 segments, hsv beyond 20."""
-    import matplotlib
-
-    if len(names) <= 10:
-        cmap = matplotlib.colormaps["tab10"]
-        return {name: cmap(i) for i, name in enumerate(names)}
-    if len(names) <= 20:
-        cmap = matplotlib.colormaps["tab20"]
-        return {name: cmap(i) for i, name in enumerate(names)}
-    cmap = matplotlib.colormaps["hsv"]
-    return {name: cmap(i / len(names)) for i, name in enumerate(names)}
+WARM = (-60.0, 50.0)
+"""Hue arc (degrees) of segment fills: magenta through red and orange to amber."""
+COOL = (170.0, 250.0)
+"""Hue arc of stage borders: teal through blue. The two never meet, so a fill is never
+mistaken for a border."""
 
 
-def stage_colors(count: int) -> list[Any]:
-    """Edge colours per pipeline stage (Dark2, repeated)."""
-    import matplotlib
+def _arc(count: int, arc: tuple[float, float]) -> list[float]:
+    lo, hi = arc
+    return [(lo + (hi - lo) * (i / max(count - 1, 1))) % 360.0 for i in range(count)]
 
-    cmap = matplotlib.colormaps["Dark2"]
-    return [cmap(i % 8) for i in range(count)]
+
+def segment_colors(names: list[str]) -> dict[str, tuple[float, float, float]]:
+    """A fill per segment from the warm hue family; neighbours differ in lightness too."""
+    hues = _arc(len(names), WARM)
+    return {name: colorsys.hsv_to_rgb(h / 360.0, 0.75, 0.95 if i % 2 == 0 else 0.7)
+            for i, (name, h) in enumerate(zip(names, hues))}
+
+
+def stage_colors(count: int) -> list[tuple[float, float, float]]:
+    """A border colour per pipeline stage, dark, from the cool hue family."""
+    return [colorsys.hsv_to_rgb(h / 360.0, 0.9, 0.6 if i % 2 == 0 else 0.4)
+            for i, h in enumerate(_arc(count, COOL))]

@@ -1,8 +1,11 @@
 """``fxckpt.show``: the graph the plan was made on, segments filled, stages outlined.
 
     inputs            grey = kept for backward (not in a segment)
-      |               a colour per segment = freed in forward, recomputed in backward
-    [layers.0]  ...   border colour = pipeline stage (when the plan has stages)
+      |               a warm fill per segment = freed in forward, recomputed in backward
+    [layers.0]  ...   a cool border per pipeline stage (when the plan has stages)
+
+Nodes are labelled with module paths, as the plan's tables name them; ops that only reshape or
+index are hidden unless ``plumbing=True``.
 
 Big graphs collapse to module level (see :mod:`fxckpt.viz.layout`). Every segment gets one
 scatter artist labelled with its name, so a test (or a curious user) can count them.
@@ -24,11 +27,13 @@ from fxckpt.viz.common import (
     segment_colors,
     stage_colors,
 )
-from fxckpt.viz.layout import Box, collapse, layout
+from fxckpt.viz.layout import Box, collapse, hide_plumbing, layout
 
 __all__ = ["show"]
 
 MAX_LEGEND = 16
+LEGEND_WIDTH = 2.0
+"""Inches the legend column takes on the right of the figure."""
 
 
 def show(
@@ -38,6 +43,7 @@ def show(
     max_nodes: int = 120,
     layout_engine: str = "auto",
     labels: Optional[bool] = None,
+    plumbing: bool = False,
 ) -> Any:
     """Draw the graph of ``module`` (from ``fxckpt.transform`` or ``fxckpt.load``) with its plan.
 
@@ -46,13 +52,16 @@ def show(
         path: also save the picture there (``.png``, ``.svg``, ``.pdf``).
         max_nodes: above this many ops, runs of ops from one module become one box.
         layout_engine: ``"auto"`` (Graphviz ``dot`` when installed), ``"dot"`` or ``"layered"``.
-        labels: write node names (default: when at most 60 boxes are drawn).
+        labels: write node labels, module paths as the plan tables print them (``layers.0.fc``,
+            ``layers.0: gelu``); default: when at most 60 boxes are drawn.
+        plumbing: also draw ops that only reshape or index (views, ``getitem``, ``size``).
 
     Returns the ``matplotlib.figure.Figure``.
     """
     check_int("max_nodes", max_nodes)
     seen = inspect_module(module)
-    boxes, graph = collapse(seen.view, seen.ops(), max_nodes)
+    view, ops = (seen.view, seen.ops()) if plumbing else hide_plumbing(seen.view, seen.ops())
+    boxes, graph = collapse(view, ops, max_nodes)
     positions, engine = layout(graph, layout_engine)
     rows = Counter(y for _, y in positions.values())
     fig = new_figure(
@@ -71,11 +80,14 @@ def show(
     pipeline = seen.plan.pipeline
     _legend(ax, stages, {} if pipeline is None else {s.stage: s.device for s in pipeline.stages})
     collapsed = " (collapsed to modules)" if any(b.kind == "group" for b in boxes) else ""
-    wrap = int(fig.get_figwidth() * 13)
-    fig.suptitle(
+    hidden = "" if plumbing else f", {len(seen.ops()) - len(ops)} plumbing op(s) hidden"
+    # The title sits over the axes only: the legend has the column on the right to itself.
+    wrap = max(40, int((fig.get_figwidth() - LEGEND_WIDTH) * 14))
+    ax.set_title(
         textwrap.fill(seen.plan.summary(), wrap)
-        + f"\n{len(boxes)} boxes{collapsed}, {engine} layout",
+        + f"\n{len(boxes)} boxes{collapsed}{hidden}, {engine} layout",
         fontsize=8,
+        loc="left",
     )
     ax.set_axis_off()
     return finish(fig, path)

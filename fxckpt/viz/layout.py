@@ -1,5 +1,7 @@
 """Where each box of the graph picture goes, and which ops share a box.
 
+* **Plumbing.** Ops that only reshape or index (views, ``getitem``, ``size``: no bytes, no cost)
+  are left out, their inputs joined to their users, unless asked for.
 * **Collapse.** A picture of a thousand ops is a grey smear. Above ``max_nodes`` ops, runs of
   consecutive ops that come from the same module (at the deepest module depth that still fits),
   the same segment and the same stage become one box. Segments and stages never merge, so the
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import shutil
 import subprocess
 from typing import Optional
 
 import networkx as nx
 
-__all__ = ["Box", "collapse", "layout", "dot_positions", "layered_positions"]
+__all__ = ["Box", "collapse", "layout", "dot_positions", "layered_positions", "op_label",
+           "hide_plumbing"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,8 @@ def collapse(view: nx.DiGraph, ops: list[str], max_nodes: int) -> tuple[list[Box
     ]
     if depth is None:
         boxes += [
-            Box(n, n, [n], view.nodes[n].get("segment"), view.nodes[n].get("stage"), "op")
+            Box(n, op_label(n, view.nodes[n].get("module_path", "")), [n],
+                view.nodes[n].get("segment"), view.nodes[n].get("stage"), "op")
             for n in ops
         ]
     else:
@@ -71,6 +76,40 @@ def collapse(view: nx.DiGraph, ops: list[str], max_nodes: int) -> tuple[list[Box
     graph.add_edges_from((owner[u], owner[v]) for u, v in view.edges()
                          if u in owner and v in owner and owner[u] != owner[v])
     return boxes, graph
+
+
+def op_label(name: str, module_path: str) -> str:
+    """How a node is labelled: by its module path (``layers.0.fc``, as the plan tables name it),
+    an op inside a module as ``layers.0: gelu``, an op of the model's own forward by its name.
+
+    fx names a module call after its path (``layers_0_fc``) and an op after its function, with a
+    counter when it repeats (``gelu_3``), so the counter is dropped where the path says where.
+    """
+    if not module_path:
+        return name
+    flat = module_path.replace(".", "_")
+    if name == flat or re.fullmatch(re.escape(flat) + r"_\d+", name):
+        return module_path
+    base = re.sub(r"_\d+$", "", name)
+    return f"{module_path}: {base}"
+
+
+def hide_plumbing(view: nx.DiGraph, ops: list[str]) -> tuple[nx.DiGraph, list[str]]:
+    """The view without ops that only reshape or index (views, ``getitem``, ``size``: no bytes,
+    no cost), each replaced by edges from its inputs to its users."""
+    plumbing = [n for n in ops if _is_plumbing(view.nodes[n])]
+    if not plumbing:
+        return view, ops
+    view = view.copy()
+    for n in plumbing:
+        view.add_edges_from((p, u) for p in view.predecessors(n) for u in view.successors(n))
+        view.remove_node(n)
+    hidden = set(plumbing)
+    return view, [n for n in ops if n not in hidden]
+
+
+def _is_plumbing(data: dict) -> bool:
+    return not (data.get("out_bytes") or data.get("cost") or data.get("internal"))
 
 
 def _runs(view: nx.DiGraph, ops: list[str], depth: int) -> list[Box]:

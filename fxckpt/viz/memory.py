@@ -1,7 +1,9 @@
 """``fxckpt.plot_memory``: live activation memory over one training step, predicted and measured.
 
-The prediction is the simulator's (:func:`fxckpt.solver.simulate.simulate`) on the graph the
-plan was made on, event by event::
+The curves are the simulator's (:func:`fxckpt.solver.simulate.simulate`) on the graph the plan
+was made on, event by event, and are labelled "simulated"; the title and the dotted line give the
+plan's own peak (``Plan.peak_bytes``: the simulated peak plus a reserve for backward temporaries,
+or the verified figure), the number its summary prints. The events::
 
     forward op 0 .. op n-1 | backward start | (recompute segment) backward ops ... op 0
 
@@ -18,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from fxckpt.viz.common import PathLike, finish, inspect_module, memory_unit, new_figure
 
 __all__ = ["plot_memory", "predicted_timelines"]
+
 
 def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
     """``(plan simulation, no-checkpoint simulation, reserve bytes)`` of ``module``'s latest plan.
@@ -66,35 +69,45 @@ def plot_memory(
             sim.peak_bytes,
             eager_sim.peak_bytes if eager else 0,
             measured.peak_bytes if measured else 0,
-            (plan.predicted_peak or 0),
+            plan.peak_bytes or 0,
         ]
     )
     unit, scale = memory_unit(peak)
     n_forward = sum(1 for event, _ in sim.timeline if event.startswith("forward"))
     _phases(ax, sim.timeline, n_forward)
-    _curve(ax, sim.timeline, scale, "predicted, this plan", "C0", "-", 1.6)
+    _curve(ax, sim.timeline, scale, "simulated, this plan", "C0", "-", 1.6)
     if eager:
-        _curve(ax, eager_sim.timeline, scale, "predicted, no checkpointing", "#7f7f7f", "--", 1.0)
-    if reserve and plan.predicted_peak:
-        ax.axhline(
-            plan.predicted_peak / scale,
-            color="C0",
-            linestyle=":",
-            linewidth=1,
-            label=f"plan's predicted peak (+{_fmt(reserve)} reserve for backward temporaries)",
-        )
+        _curve(ax, eager_sim.timeline, scale, "simulated, no checkpointing", "#7f7f7f", "--", 1.0)
+    _plan_peaks(ax, plan, reserve, scale)
     if measured is not None:
         _measured(ax, measured, n_forward, len(sim.timeline), scale)
     _mark_peak(ax, sim.timeline, scale)
-    _labels(ax, plan, sim.peak_bytes, eager_sim.peak_bytes, unit)
+    _labels(ax, plan, unit)
     return finish(fig, path)
 
 
-def _labels(ax: Any, plan: Any, peak: int, eager_peak: int, unit: str) -> None:
-    staged = " (one micro-batch)" if plan.pipeline is not None else ""
+def _plan_peaks(ax: Any, plan: Any, reserve: int, scale: float) -> None:
+    """Lines at the plan's own peaks: predicted (simulated + reserve) and verified."""
+    if plan.predicted_peak:
+        ax.axhline(plan.predicted_peak / scale, color="C0", linestyle=":", linewidth=1,
+                   label=f"plan's predicted peak (simulated + {_fmt(reserve)} reserve for "
+                         "backward temporaries)", gid="predicted_peak")
+    if plan.verified_peak is not None:
+        ax.axhline(plan.verified_peak / scale, color="C2", linestyle="-.", linewidth=1,
+                   label="plan's verified peak (run on fake tensors)", gid="verified_peak")
+
+
+def _labels(ax: Any, plan: Any, unit: str) -> None:
+    """The title states the plan's peaks as its summary does (``Plan.peak_bytes``)."""
+    staged = " (one micro-batch)" if plan.micro_batched else ""
+    kind = "verified" if plan.verified_peak is not None else "predicted"
+    peaks = ""
+    if plan.peak_bytes is not None and plan.eager_peak_bytes is not None:
+        peaks = (f"; {kind} peak {_fmt(plan.peak_bytes)} vs {_fmt(plan.eager_peak_bytes)} "
+                 "eager")
     ax.set_title(
-        f"Activation memory over one training step{staged}: {plan.strategy}, {len(plan.segments)} "
-        f"segment(s); predicted peak {_fmt(peak)} vs {_fmt(eager_peak)} eager",
+        f"Activation memory over one training step{staged}: {plan.strategy}, "
+        f"{len(plan.segments)} segment(s){peaks}",
         fontsize=9,
     )
     ax.set_xlabel("step events: forward ops, then backward ops (recompute shaded)")

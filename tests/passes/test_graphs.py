@@ -66,7 +66,9 @@ def test_copy_nodes_reads_state_where_it_is_used() -> None:
     torch.testing.assert_close(sub(h), (h * 2.0).sum(-1), rtol=0, atol=0)
 
 
-def test_outermost_drops_nested_paths() -> None:
-    assert outermost(["layers.0.fc", "layers.0", "head"]) == ("head", "layers.0")
+def test_outermost_drops_nested_paths_and_keeps_the_order_they_ran_in() -> None:
+    assert outermost(["layers.0.fc", "layers.0", "head"]) == ("layers.0", "head")
+    assert outermost(["layers.2.fc", "head", "layers.0", "layers.2"]) == (
+        "layers.2", "head", "layers.0")
     assert outermost(["", "a.b"]) == ("<root>", "a.b")
     assert outermost([]) == ()

@@ -10,7 +10,7 @@ import pytest
 
 from solver_oracle import chain4
 
-from fxckpt.solver import Op, Problem, check_segments, peak_bytes, simulate
+from fxckpt.solver import Op, Problem, check_segments, held_at_backward, peak_bytes, simulate
 
 
 def relu_chain() -> Problem:
@@ -191,3 +191,16 @@ def test_lists_are_accepted_and_frozen() -> None:
     assert op.inputs == ("x",) and op.saves == ("x",)
     problem = Problem(ops=[op], outputs=["a"])  # type: ignore[arg-type]
     assert problem.ops == (op,)
+
+
+def test_held_at_backward_is_what_backward_start_holds_op_by_op() -> None:
+    # chain4 without checkpointing holds b (saved by c) and the output d; with segment [b, c]
+    # it holds a (the segment's input) instead of b.
+    assert held_at_backward(chain4()) == (0, 100, 0, 10)
+    assert held_at_backward(chain4(), [(1, 3)]) == (100, 0, 0, 10)
+    for problem, segments in ((chain4(), [(1, 3)]), (relu_chain(), [(0, 3)]),
+                              (residual(), [(1, 5)])):
+        start = {p: dict(simulate(problem, p).timeline)["backward start"]
+                 for p in ((), tuple(segments))}
+        drop = sum(held_at_backward(problem)) - sum(held_at_backward(problem, segments))
+        assert drop == start[()] - start[tuple(segments)]  # gradients at the start are the same
