@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -99,7 +99,8 @@ def _swapped_state(root: torch.nn.Module,
     saved: list[tuple[dict, str, torch.Tensor]] = []
     try:
         for module in root.modules():
-            for table in (module._parameters, module._buffers):
+            tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+            for table in tables:
                 for name, t in list(table.items()):
                     if t is not None:
                         saved.append((table, name, t))
@@ -110,7 +111,7 @@ def _swapped_state(root: torch.nn.Module,
             table[name] = t
 
 
-def _existing_grads(tensors: Sequence[torch.Tensor] | Any) -> None:
+def _existing_grads(tensors: Iterable[torch.Tensor]) -> None:
     """Give every fake leaf that wants a gradient a ``.grad``, so backward accumulates into it
     (the steady state: the weight gradient is a temporary added in place)."""
     for t in tensors:

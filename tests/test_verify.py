@@ -1,4 +1,4 @@
-"""Verified peaks: each budget plan is run once on fake tensors, and the budget holds at every size.
+"""Verified peaks: each budget plan is run once on fake tensors, so the budget holds at any size.
 
 The reference is always the live-tensor tracker on a *real* step (one warm-up step first, so
 gradients exist and backward accumulates into them, as in training).

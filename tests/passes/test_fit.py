@@ -26,7 +26,8 @@ class Scripted:
     from a script: the n-th verified plan (the eager graph first) gets ``peaks[n]``."""
 
     def __init__(self, peaks: list[int], *, minimum: int = 0) -> None:
-        self.peaks, self.minimum, self.fittings = list(peaks), minimum, []  # type: ignore[var-annotated]
+        self.peaks, self.minimum = list(peaks), minimum
+        self.fittings: list[Fitting] = []
 
     def choose(self, fitting: Fitting) -> Plan:
         self.fittings.append(fitting)
@@ -87,5 +88,6 @@ def test_a_step_that_cannot_run_on_fake_tensors_keeps_the_simulated_figures() ->
     s = Scripted([])
     got, gm = fit(_base(), s.choose, fails)
     assert got.verified_peak is None and got.peak_bytes == got.predicted_peak
-    assert got.notes[-1].startswith("the peak is simulated, not verified") and "boom" in got.notes[-1]
+    assert got.notes[-1].startswith("the peak is simulated, not verified")
+    assert "boom" in got.notes[-1]
     assert isinstance(gm, torch.fx.GraphModule)
