@@ -439,3 +439,20 @@ def test_a_peer_shares_a_matched_row_only_if_that_budget_is_not_above_its_peak()
     peaks = {"unmodified": 100, "checkpoint_per_block": 50, "checkpoint_sequential": 49.8}
     memory = {c: {"status": "ok", "rss_bytes": int(peaks[c.label] * MiB)} for c in configs}
     assert [c.budget for c in matched_configs(configs, memory)] == [50 * MiB, int(49.8 * MiB)]
+
+
+def test_large_tier_rows_report_three_peaks_and_check_the_targets() -> None:
+    from fxckpt.bench import large
+    from fxckpt.bench.models import MODELS
+
+    sizes = MODELS["mlp"].quick
+    eager = large.measure_row("mlp", "unmodified", None, repeats=1, sizes=sizes)
+    planned = large.measure_row("mlp", "fxckpt", 0.6, repeats=1, sizes=sizes)
+    assert eager["verified"] > planned["verified"] > 0 and planned["measured"] > 0
+    assert planned["simulated"] > 0 and planned["verified"] <= planned["budget_bytes"]
+    infeasible = large.measure_row("mlp", "fxckpt", 0.01, repeats=1, sizes=sizes)
+    assert infeasible["infeasible"] and infeasible["min_budget"] > 0
+    text = large.report([eager, planned, infeasible])
+    assert "| mlp | fxckpt | 0.6 |" in text and "infeasible: minimum" in text
+    lines = large.checks([eager, planned])
+    assert len(lines) == 3 and all(line.startswith(("- ok", "- MISSED")) for line in lines)
