@@ -111,7 +111,8 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
                       signature=describe_signature(args, kwargs), keep=keep, fitting=fitting)
 
     verify = None
-    if training and config.verifies and not any(captured.sharding):
+    if training and config.verifies and not any(captured.sharding) and not _offloads_in_place(
+            config, model):
         verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model))
     plan, gm = fit(gm, choose, verify, solved=config.budget is not None)
     pipeline = None
@@ -137,6 +138,12 @@ def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: 
             return fake_step_peak(gm, lambda a, k: captured.call(gm, a, k), args, kwargs,
                                   loss_fn=config.loss_fn, device=device)
     return verify
+
+
+def _offloads_in_place(config: TransformConfig, model: torch.nn.Module) -> bool:
+    """Offload to the model's own device (CPU tests of the machinery) saves nothing a tracker
+    of that device could see: such plans keep their simulated figures."""
+    return bool(config.offload) and str(config.offload_device or "cpu") == _device_of(model)
 
 
 def first_micro_batch(config: TransformConfig, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

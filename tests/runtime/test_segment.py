@@ -126,4 +126,4 @@ def test_a_model_with_segment_field_names_keeps_them_and_trains_bit_exact() -> N
     seg = segment_of(info.graph_module, "segment_0")
     assert seg.name == "segment_0" and seg.name_fxckpt is model.name  # renamed in the graph
     assert seg.offloader is None and seg.offloader_fxckpt is model.offloader
-    assert info.plan.segments[0].module_paths == ("<root>", "name", "restores")  # model's names
+    assert info.plan.segments[0].module_paths == ("name", "<root>", "restores")  # in run order
