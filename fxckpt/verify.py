@@ -97,6 +97,11 @@ def _swapped_state(root: torch.nn.Module,
     """Every parameter and buffer of ``root`` replaced by ``convert(t)`` (tied ones by one twin),
     in the modules' own tables, and put back on exit."""
     saved: list[tuple[dict, str, torch.Tensor]] = []
+    # Tensors a forward stores as plain attributes (old-style weight_norm's ``weight``) are put
+    # back too, so no fake tensor outlives the run.
+    for module in root.modules():
+        saved += [(module.__dict__, k, v) for k, v in list(module.__dict__.items())
+                  if isinstance(v, torch.Tensor)]
     try:
         for module in root.modules():
             tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)

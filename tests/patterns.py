@@ -348,8 +348,8 @@ PATTERNS = [
         depth=1,
         error=(CaptureError, r"calls the custom autograd Function\(s\) RoundSTE directly"),
     ),
-    Pattern("buffer_update", DecayNet, _x(4, 16), depth=1),
-    Pattern("buffer_update_export", lambda: ExportOnly(DecayNet()), _x(4, 16)),
+    Pattern("buffer_update", DecayNet, _x(4, 16), depth=1, budget=0.95),
+    Pattern("buffer_update_export", lambda: ExportOnly(DecayNet()), _x(4, 16), budget=0.95),
     Pattern(
         "numpy_random",
         NumpyMask,

@@ -21,6 +21,12 @@ from support import assert_steps_equal, loss_of, run_step
 STRATEGIES = [{}, {"every": 1}, {"every": 2}, {"depth": None}, {"budget": None}]
 
 
+_WEIGHT_NORM = pytest.mark.xfail(strict=True, reason=(
+    "known bug (issue 12 follow-up): weight_norm computes its weight in a forward pre-hook; "
+    "verifying a budget plan on fake tensors fails there ('backward through the graph a second "
+    "time') and the step after it meets a fake tensor (aten.equal on fake)"))
+
+
 def _strategy(pattern: Pattern, strategy: dict) -> dict:
     if "depth" in strategy:
         return {"depth": pattern.depth}
@@ -40,7 +46,9 @@ def _state(model: nn.Module) -> tuple:
 @pytest.mark.parametrize(
     "pattern,strategy",
     [
-        pytest.param(p, s, id=f"{p.name}-{'-'.join(s) or 'none'}")
+        pytest.param(p, s, id=f"{p.name}-{'-'.join(s) or 'none'}",
+                     marks=_WEIGHT_NORM if p.name.startswith("weight_norm") and "budget" in s
+                     else ())
         for p in PATTERNS
         for s in STRATEGIES
     ],

@@ -1,4 +1,4 @@
-"""The "large" tier: does a budget hold on wide layers, where backward's temporaries decide the peak?
+"""The "large" tier: does a budget hold on wide layers, where backward temporaries set the peak?
 
 ``python -m fxckpt.bench.large [--models mlp,gpt2,resnet] [--out docs/large.md]``
 
