@@ -89,10 +89,8 @@ class LiveTensorTracker(TorchDispatchMode):
         with LiveTensorTracker() as t:
             loss = model(x).sum(); loss.backward()
         t.peak_bytes   # most bytes alive at once during the step, beyond what existed before
-
-    With ``fake=True`` it counts the storages of fake tensors too (they live on the meta device
-    and hold no memory): entered inside a ``FakeTensorMode``, it tells what a step *would* hold
-    without holding it (:mod:`fxckpt.verify`).
+    ``fake=True`` counts fake tensors' (meta) storages too: inside a ``FakeTensorMode`` it tells
+    what a step *would* hold, holding nothing (:mod:`fxckpt.verify`).
     """
 
     def __init__(self, *, fake: bool = False) -> None:
@@ -142,8 +140,7 @@ class LiveTensorTracker(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        seen = {id(s) for s in (_storage_of(t, self._fake) for t in _tensor_leaves((args, kwargs)))
-                if s is not None}
+        seen = {id(_storage_of(t, self._fake)) for t in _tensor_leaves((args, kwargs))}
         for t in _tensor_leaves(out):
             storage = _storage_of(t, self._fake)
             if storage is not None and id(storage) not in seen:
@@ -173,8 +170,7 @@ def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
 
 
 def _storage_of(t: torch.Tensor, fake: bool = False) -> Optional[torch.UntypedStorage]:
-    """The storage holding ``t``'s memory; ``None`` for storage-less layouts, and for meta and
-    fake tensors unless ``fake``."""
+    """The storage holding ``t``'s memory; ``None`` without one, and for meta unless ``fake``."""
     if t.layout != torch.strided:
         return None
     try:

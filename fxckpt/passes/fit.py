@@ -96,8 +96,7 @@ def _next_tighten(plan: Plan, fitting: Fitting, attempt: int) -> int:
     """
     assert plan.budget is not None and plan.verified_peak is not None
     assert plan.predicted_peak is not None and plan.eager_peak is not None
-    calibrated = max(0, (fitting.eager_bytes or 0) - plan.eager_peak)
-    own_gap = plan.verified_peak - plan.predicted_peak - calibrated
+    own_gap = plan.verified_peak - plan.predicted_peak - fitting.set_aside(plan.eager_peak)
     step = max(plan.verified_peak - plan.budget, plan.budget // 100) << attempt
     return max(fitting.tighten + step, own_gap)
 

@@ -66,6 +66,11 @@ class Fitting:
     minimum: bool = False
     """Ask for the plan with the smallest simulated peak, whatever it recomputes."""
 
+    def set_aside(self, simulated_eager: int) -> int:
+        """What the verified unmodified step held beyond the simulator's figure for it: the
+        backward temporaries the simulator does not model (0 when not verified)."""
+        return 0 if self.eager_bytes is None else max(0, self.eager_bytes - simulated_eager)
+
 
 def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
            force: dict[str, str], fitting: Fitting = Fitting()) -> Chosen:
@@ -169,9 +174,7 @@ def budgeted(
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
     if fitting.eager_bytes is not None:
-        # What the unmodified step held beyond the simulator's figure is the backward
-        # temporaries the simulator does not model: set that much more aside for every plan.
-        extra += max(0, fitting.eager_bytes - eager)
+        extra += fitting.set_aside(eager)  # set aside for every plan
         eager = fitting.eager_bytes
     limit = budget.resolve(eager)
     if fitting.minimum:
