@@ -159,7 +159,9 @@ def _step_for(
     from fxckpt.inspection import inspect
     from fxckpt.measure import training_step
 
-    transformed = transform(model, **STRATEGIES[strategy], example_inputs=(idx,))
+    # verify=True: every row's plan peak (and the baseline's) is the verified figure, the one a
+    # fractional budget is resolved against.
+    transformed = transform(model, **STRATEGIES[strategy], example_inputs=(idx,), verify=True)
     run: nn.Module = transformed if STRATEGIES[strategy] else model
 
     def loss(logits: torch.Tensor) -> torch.Tensor:

@@ -100,6 +100,10 @@ def _mib(n: Optional[float]) -> str:
     return "-" if n is None else f"{n / 2**20:.1f}"
 
 
+def _over(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b else "-"
+
+
 def checks(rows: list[dict]) -> list[str]:
     """The targets, one line each: ``ok`` or ``MISSED`` and the figures."""
     out = []
@@ -108,6 +112,9 @@ def checks(rows: list[dict]) -> list[str]:
         name = f"{r['model']} {r['method']} {r['budget'] if r['budget'] is not None else ''}"
         if r.get("infeasible"):
             out.append(f"- {name}: infeasible (stated minimum {_mib(r['min_budget'])} MiB)")
+            continue
+        if not r["measured"]:  # an RSS peak that did not rise: the protocol was not followed
+            out.append(f"- MISSED: {name}: no measured peak")
             continue
         ratio = r["verified"] / r["measured"]
         ok = abs(ratio - 1) <= TOLERANCE
@@ -139,7 +146,7 @@ def report(rows: list[dict]) -> str:
             f"| {r['model']} | {r['method']} | {'-' if label is None else label} | "
             f"{_mib(r.get('budget_bytes'))} | {_mib(r.get('simulated'))} | "
             f"{_mib(r['verified'])} | {_mib(r['measured'])} | "
-            f"{r['verified'] / r['measured']:.3f} | {plan_s} |")
+            f"{_over(r['verified'], r['measured'])} | {plan_s} |")
     sizes = "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in s.items())
                       for m, s in SIZES.items())
     spread = [max(r["samples"]) / max(1, min(r["samples"])) for r in rows if "samples" in r]

@@ -100,6 +100,8 @@ def _fxckpt(
     )
     facts = {
         "predicted_peak": plan.predicted_peak,
+        "verified_peak": plan.verified_peak,
+        "plan_peak": plan.peak_bytes,  # the verified figure where there is one
         "eager_predicted": plan.eager_peak,
         "budget_bytes": plan.budget,
         "plan_s": plan_s,
