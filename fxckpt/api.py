@@ -36,6 +36,7 @@ def transform(
     example_kwargs: Optional[Mapping[str, Any]] = None,
     loss_fn: Optional[Callable[..., torch.Tensor]] = None,
     verify: Optional[bool] = None,
+    selective: bool = True,
 ) -> TransformedModule:
     """Return ``model`` rewritten to recompute activations in backward instead of keeping them.
 
@@ -44,7 +45,9 @@ def transform(
         every: checkpoint segments of ``every`` units of work (matmul / convolution nodes).
         depth: make each module at this nesting depth a segment (``layers.3`` has depth 2).
         force: ``{"module.path": "recompute" | "save"}`` pins parts of the model either way;
-            applies on top of the strategy, or alone.
+            applies on top of the strategy, or alone. ``{"op:aten.mm": "save"}`` pins an aten
+            op instead: its outputs inside segments are kept from forward (``"recompute"``:
+            never kept), with any strategy.
         budget: bound on the peak activation memory of a training step: a fraction in (0, 1] of
             the unmodified model's, a number of bytes, or a size such as ``"1.5GiB"`` (a
             unitless string reads as the number it spells: ``"0.5"`` is a fraction; ``1`` is
@@ -75,6 +78,9 @@ def transform(
         verify: run each training plan once on fake tensors (no memory) and record its verified
             peak (``fxckpt.inspect(tm).plan.verified_peak``). ``None`` (default): budget plans
             only, which are tightened until the verified peak fits.
+        selective: with ``budget``, let the solver keep some outputs inside segments (matmuls,
+            attention: costly to run again per byte) instead of recomputing every op of a
+            segment (docs/budget.md, "Selective recompute"). ``False``: whole segments.
 
     With no strategy nothing is checkpointed, and the plan says so. The result is the model
     itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's
@@ -107,6 +113,7 @@ def transform(
         offload_bandwidth=offload_bandwidth,
         loss_fn=loss_fn,
         verify=verify,
+        selective=selective,
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:

@@ -70,6 +70,9 @@ class TransformConfig:
     """Run each training plan on fake tensors to verify its peak (:mod:`fxckpt.verify`);
     ``None``: plans made for a budget only."""
 
+    selective: bool = True
+    """Budget plans may keep costly outputs inside segments (:mod:`fxckpt.solver.selective`)."""
+
     @property
     def verifies(self) -> bool:
         """Are training plans of this config verified (never pipelined ones)?"""
@@ -119,6 +122,8 @@ class TransformConfig:
             "force": dict(self.force),
             "budget": None if self.budget is None else dataclasses.asdict(self.budget),
         }
+        if not self.selective:
+            out["selective"] = False
         if self.offload:
             out.update(
                 offload=self.offload,
@@ -153,6 +158,8 @@ class TransformConfig:
                     f"{max(_depth(deepest), 1)}"
                 )
         _check_force(self.force, model)
+        if not isinstance(self.selective, bool):
+            raise ConfigError(f"selective must be True or False (got {self.selective!r})")
         _check_verify(self)
         if self.pipelined:
             _check_pipeline(self)
@@ -176,13 +183,32 @@ def _check_force(force: object, model: torch.nn.Module) -> None:
             raise ConfigError(
                 f"force[{path!r}] must be one of {FORCE_MODES} (got {mode!r})"
             )
-        if path not in paths:
+        if isinstance(path, str) and path.startswith("op:"):
+            _check_op_pin(path)
+        elif path not in paths:
             close = difflib.get_close_matches(str(path), paths, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ConfigError(
                 f"force names module {path!r}, which the model does not have{hint} "
                 "(paths are as in model.named_modules())"
             )
+
+
+def _check_op_pin(key: str) -> None:
+    """``op:aten.mm`` or ``op:aten.mm.default``: an aten op (packet or overload) torch knows."""
+    name = key[len("op:"):]
+    parts = name.split(".")
+    target: object = torch.ops
+    try:
+        if len(parts) not in (2, 3):
+            raise AttributeError(name)
+        for part in parts:
+            target = getattr(target, part)
+    except (AttributeError, RuntimeError):
+        raise ConfigError(
+            f"force[{key!r}] names no aten op; pin ops as 'op:<namespace>.<op>' or "
+            "'op:<namespace>.<op>.<overload>', e.g. 'op:aten.mm' or 'op:aten.addmm.default'"
+        ) from None
 
 
 def _check_verify(config: TransformConfig) -> None:

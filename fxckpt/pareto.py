@@ -21,6 +21,7 @@ def pareto(
     example_inputs: Sequence[Any] = (),
     example_kwargs: Optional[Mapping[str, Any]] = None,
     points: int = 9,
+    selective: bool = True,
 ) -> list[dict[str, float]]:
     """The predicted memory / recompute trade-off of ``model`` on these inputs, in its current
     mode.
@@ -29,22 +30,33 @@ def pareto(
     "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``: peaks include the
     reserve and recompute is :func:`fxckpt.passes.prediction.recompute_share`, as in
     ``Plan.predicted_peak`` and ``Plan.recompute_share``. A smaller budget never gives a higher
-    predicted peak.
+    predicted peak. With ``selective`` (as ``transform``'s default) each plan may keep costly
+    outputs inside its segments (:mod:`fxckpt.solver.selective`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     from fxckpt.passes import annotate, capture
     from fxckpt.passes.prediction import recompute_share, reserve
     from fxckpt.passes.graph_view import problem_of
+    from fxckpt.passes.graphs import planned_nodes
+    from fxckpt.passes.keeps import choices
     from fxckpt.solver import pareto as solve_pareto, simulate
+    from fxckpt.solver.selective import solve_selective
 
     captured = capture(model, tuple(example_inputs), dict(example_kwargs or {}))
     annotate(captured.gm, captured.graph_args(tuple(example_inputs), dict(example_kwargs or {})))
     problem = problem_of(captured.gm)
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
-    return [
-        {"budget": p.budget + extra, "predicted_peak": p.predicted_peak + extra,
-         "recompute": recompute_share(problem, p.segments), "eager_peak": eager}
-        for p in sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
-    ]
+    curve = sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
+    offered = choices(problem, planned_nodes(captured.gm.graph), {})[0] if selective else []
+    plans = [(recompute_share(problem, p.segments), p.predicted_peak) for p in curve]
+    for p in curve if offered else []:
+        sel = solve_selective(problem, p.budget, offered)
+        plans.append((recompute_share(problem, sel.segments, sel.keep), sel.predicted_peak))
+    out = []
+    for p in curve:  # the cheapest plan found at any budget that fits this one
+        share, peak = min(plan for plan in plans if plan[1] <= p.budget)
+        out.append({"budget": p.budget + extra, "predicted_peak": peak + extra,
+                    "recompute": share, "eager_peak": eager})
+    return out

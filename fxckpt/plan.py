@@ -49,6 +49,15 @@ class Segment:
     """Why the segment exists, e.g. ``every=2: units 4-5`` or ``depth=2: layers.3``."""
     action: str = "recompute"
     """``recompute`` (checkpoint) or ``offload`` (kept, with its saved tensors in host memory)."""
+    keeps: tuple[str, ...] = ()
+    """Nodes of the segment whose outputs are kept from forward, not recomputed (selective
+    recompute: matmuls and the like, see :mod:`fxckpt.passes.keeps`)."""
+    kept_bytes: int = 0
+    """Bytes of the kept outputs, held from forward until the segment's recompute."""
+    kept_ops: tuple[str, ...] = ()
+    """The op kind of each kept node (``addmm``, ``convolution``), for the tables."""
+    recomputed_ops: tuple[str, ...] = ()
+    """The op kind of each node run again in backward (views left out)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -263,10 +272,18 @@ class Plan:
                 else f"recompute {self.recompute_flops:,} FLOPs")
         return (
             f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
-            f"keeps {format_bytes(self.saved_bytes)} of segment inputs, frees "
+            f"keeps {format_bytes(self.saved_bytes)} of segment inputs{self._kept_text()}, frees "
             f"{format_bytes(self.freed_bytes)}, {work}{self._peak_text()} ({self.capture}, "
             f"{'train' if self.training else 'eval'})"
         )
+
+    def _kept_text(self) -> str:
+        kept = [s for s in self.segments if s.keeps]
+        if not kept:
+            return ""
+        count = sum(len(s.keeps) for s in kept)
+        return (f" and {count} output(s) of its ops "
+                f"({format_bytes(sum(s.kept_bytes for s in kept))}, selective)")
 
     def _peak_text(self) -> str:
         per = " per micro-batch" if self.micro_batched else ""
@@ -315,6 +332,8 @@ class Plan:
                 format_bytes(s.saved_bytes),
                 format_bytes(s.freed_bytes),
                 f"{s.recompute_flops:,}" if s.action == "recompute" else "offloaded",
+                _kept_text(s),
+                _shorten(_count_kinds(s.recomputed_ops), 40) if s.action == "recompute" else "-",
                 s.reason,
             )
             for s in self.segments
@@ -333,11 +352,29 @@ class Plan:
         return "\n".join(lines)
 
 
-_HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "why")
+_HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "kept outputs",
+           "recomputes", "why")
 _HINTS = {
     "keeps": "segment inputs checkpoint holds for backward",
+    "kept outputs": "outputs inside the segment kept from forward, not recomputed (selective)",
+    "recomputes": "the ops run again in backward, by kind",
     "frees": "what the step no longer holds between forward and backward",
 }
+
+
+def _count_kinds(kinds: tuple[str, ...]) -> str:
+    """``addmm x2, gelu`` (most frequent first), or ``-``."""
+    counts: dict[str, int] = {}
+    for k in kinds:
+        counts[k] = counts.get(k, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    return ", ".join(k if c == 1 else f"{k} x{c}" for k, c in ranked) or "-"
+
+
+def _kept_text(s: Segment) -> str:
+    if not s.keeps:
+        return "-"
+    return f"{_count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})"
 
 
 def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]],

@@ -69,7 +69,7 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     def no_solving(*args, **kwargs):
         raise AssertionError("replay must not solve")
 
-    monkeypatch.setattr(strategies, "solve", no_solving)
+    monkeypatch.setattr(strategies, "solve_selective", no_solving)
     tm = fxckpt.transform(model, plan=saved, example_inputs=(x,))
     assert [s.nodes for s in fxckpt.inspect(tm).plan.segments] == [
         s.nodes for s in solved.segments

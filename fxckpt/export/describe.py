@@ -282,7 +282,8 @@ def _graph(
              if isinstance(v, pytree.TreeSpec)}
     described: dict[str, Any] = {"class_name": type(gm).__name__, "attrs": {}, "specs": specs}
     if isinstance(gm, Segment):
-        described["segment"] = {"name": gm.name, "restores": list(gm.restores)}
+        described["segment"] = {"name": gm.name, "restores": list(gm.restores),
+                                 "cached": [[op, k] for op, k in gm.cached]}
     return described
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -68,6 +69,10 @@ class NodeInfo:
     """A ``get_attr`` of a parameter or buffer."""
     ops: tuple[str, ...]
     """The aten ops the node ran."""
+    calls: tuple[str, ...] = ()
+    """The aten op overloads the node dispatched (``aten.mm.default``), in order, without those
+    torch's selective checkpoint does not count (``detach``): a segment's policy names the calls
+    to keep by overload and position (:mod:`fxckpt.passes.keeps`)."""
 
 
 def has_info(node: torch.fx.Node) -> bool:
@@ -140,6 +145,11 @@ def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
                 b.copy_(s)
 
 
+_SAC_IGNORED = getattr(
+    torch.utils.checkpoint, "SAC_IGNORED_OPS", {torch.ops.aten.detach.default}
+)
+"""Ops selective checkpoint runs without counting (torch 2.13 names them; else detach)."""
+
 # Ops whose schema does not mark the arguments they write (running statistics), by position.
 _UNMARKED_WRITES = {
     "native_batch_norm": (3, 4),
@@ -154,6 +164,7 @@ class _OpRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[str] = []
+        self.calls: list[str] = []
         self.random = False
         self.written: list[torch.Tensor] = []
 
@@ -161,6 +172,8 @@ class _OpRecorder(TorchDispatchMode):
                            kwargs: Optional[dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         self.ops.append(str(func.overloadpacket.__name__))
+        if func not in _SAC_IGNORED:
+            self.calls.append(str(func))
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.random = True
         hidden = _UNMARKED_WRITES.get(func.overloadpacket.__name__, ())
@@ -315,4 +328,5 @@ class _Annotator(torch.fx.Interpreter):
             is_tensor=bool(tensors),
             is_state=is_state,
             ops=tuple(rec.ops),
+            calls=tuple(rec.calls),
         )

@@ -21,6 +21,7 @@ import torch.fx
 
 from fxckpt.errors import PlanError
 from fxckpt.passes.graphs import copy_nodes
+from fxckpt.passes.keeps import cached_calls
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
@@ -76,7 +77,8 @@ def _lower_segment(
     inputs = [nodes[name] for name in seg.inputs]
     outputs = [nodes[name] for name in seg.outputs]
     body = _extract(gm, members, inputs, outputs)
-    sub = SegmentModule(body, body.graph, name=seg.name, restores=seg.restores)
+    sub = SegmentModule(body, body.graph, name=seg.name, restores=seg.restores,
+                        cached=cached_calls(members, seg.keeps))
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from fxckpt.passes.runs import Run, to_ranges
+from fxckpt.passes.runs import Run, keep_positions, to_ranges
 from fxckpt.solver import Problem, Segments, held_at_backward, simulate
 
 __all__ = ["Prediction", "predict", "predict_ranges", "reserve", "recompute_share"]
@@ -42,7 +42,7 @@ def reserve(problem: Problem) -> int:
     return max((op.gradient_bytes for op in problem.ops), default=0)
 
 
-def recompute_share(problem: Problem, ranges: Segments) -> float:
+def recompute_share(problem: Problem, ranges: Segments, keep: Sequence[int] = ()) -> float:
     """The cost of the ops ``ranges`` run again (or offload), as a share of one forward pass.
 
     Both in the simulator's units (FLOPs plus memory traffic, see
@@ -53,23 +53,25 @@ def recompute_share(problem: Problem, ranges: Segments) -> float:
     ix = problem.index
     forward = ix.cum_cost[-1]
     work = sum(ix.segment_cost(a, b) - ix.overhead for a, b in ranges)
+    work -= sum(ix.cost[j] for j in keep)
     return work / forward if forward else 0.0
 
 
-def predict(problem: Problem, runs: Sequence[Run]) -> Prediction:
-    """Simulate ``runs`` (and no checkpointing) on ``problem``."""
-    return predict_ranges(problem, to_ranges(problem, runs))
+def predict(problem: Problem, runs: Sequence[Run], keeps: Sequence[str] = ()) -> Prediction:
+    """Simulate ``runs`` (and no checkpointing) on ``problem``; ``keeps`` names kept nodes."""
+    return predict_ranges(problem, to_ranges(problem, runs), keep_positions(problem, keeps))
 
 
-def predict_ranges(problem: Problem, ranges: Segments) -> Prediction:
-    """:func:`predict` for segments given as the solver's op ranges."""
+def predict_ranges(problem: Problem, ranges: Segments, keep: Sequence[int] = ()) -> Prediction:
+    """:func:`predict` for segments given as the solver's op ranges (and kept op positions)."""
     extra = reserve(problem)
-    eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges)
+    eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges, keep)
+    sim = simulate(problem, ranges, keep)
     return Prediction(
-        peak=simulate(problem, ranges).peak_bytes + extra,
-        recompute=sum(problem.index.segment_cost(a, b) for a, b in ranges),  # offload-aware
+        peak=sim.peak_bytes + extra,
+        recompute=sim.recompute_cost,  # offload-aware, less what is kept
         eager_peak=simulate(problem, ()).peak_bytes + extra,
-        share=recompute_share(problem, ranges),
+        share=recompute_share(problem, ranges, keep),
         frees=tuple(sum(max(e - h, 0) for e, h in zip(eager_held[a:b], held[a:b]))
                     for a, b in ranges),
     )

@@ -16,7 +16,7 @@ import torch.fx
 from fxckpt.passes.graph_view import SYNTHETIC
 from fxckpt.solver import Problem, Segments
 
-__all__ = ["Run", "to_ranges", "ranges_of", "to_runs"]
+__all__ = ["Run", "to_ranges", "ranges_of", "to_runs", "keep_positions", "kept_names"]
 
 Run = list[torch.fx.Node]
 """A contiguous run of compute nodes, in graph order: one segment."""
@@ -48,3 +48,16 @@ def to_runs(problem: Problem, ranges: Segments, order: Sequence[torch.fx.Node]) 
         if run:
             runs.append(run)
     return runs
+
+
+def keep_positions(problem: Problem, names: Sequence[str]) -> tuple[int, ...]:
+    """Op positions of kept nodes (each with its synthetic op, when it has one)."""
+    position = {op.name: i for i, op in enumerate(problem.ops)}
+    return tuple(sorted(position[m] for name in names for m in (name + SYNTHETIC, name)
+                        if m in position))
+
+
+def kept_names(problem: Problem, positions: Sequence[int]) -> tuple[str, ...]:
+    """Node names of kept op positions (synthetic ops dropped)."""
+    return tuple(problem.ops[j].name for j in sorted(positions)
+                 if not problem.ops[j].name.endswith(SYNTHETIC))

@@ -22,12 +22,14 @@ from fxckpt.passes.actions import choose_actions
 from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.cleanup import force_notes, pinned, without_kept
 from fxckpt.passes.graph_view import problem_of
+from fxckpt.passes.keeps import Groups, choices, module_pins
 from fxckpt.passes.graphs import outermost, planned_nodes
 from fxckpt.passes.prediction import predict
 from fxckpt.passes.rates import device_of, offload_cost_per_byte
-from fxckpt.passes.runs import Run
+from fxckpt.passes.runs import Run, kept_names
 from fxckpt.passes.strategies import Fitting, choose
 from fxckpt.plan import Plan, Segment
+from fxckpt.solver import Problem
 from fxckpt.strategy import Replay
 
 __all__ = ["select"]
@@ -59,10 +61,14 @@ def select(
             config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
         )
         problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
-    chosen = choose(config.strategy, order, problem, dict(config.force), fitting)
+    modules = module_pins(config.force)
+    offered, forced = choices(problem, order, config.force)
+    keepable = (offered if config.selective else [], forced)
+    chosen = choose(config.strategy, order, problem, modules, fitting, keepable)
     runs, kept_notes = without_kept(order, list(chosen.runs), keep)
-    notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, config.force)]
-    prediction = predict(problem, runs)
+    notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, modules)]
+    keeps = _keeps(problem, runs, chosen.keeps, forced, replay)
+    prediction = predict(problem, runs, keeps)
     if chosen.budget is not None and replay is None and prediction.peak > chosen.budget:
         notes.append(
             f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
@@ -74,7 +80,7 @@ def select(
             "step also holds what each stage keeps for the other micro-batches (docs/pipelines.md)"
         )
     prefix = _segment_prefix(gm, len(runs))
-    segments = tuple(_describe(f"{prefix}_{i}", run, frees, config)
+    segments = tuple(_describe(f"{prefix}_{i}", run, frees, config, keeps)
                      for i, (run, frees) in enumerate(zip(runs, prediction.frees)))
     if config.offload == "auto" and replay is None:
         segments, note = choose_actions(problem, segments, runs)
@@ -132,8 +138,20 @@ def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
     return prefix
 
 
-def _describe(name: str, run: Run, frees: int, config: TransformConfig) -> Segment:
+def _keeps(problem: Problem, runs: Sequence[Run], chosen: Sequence[str], forced: Groups,
+           replay: Optional[Replay]) -> tuple[str, ...]:
+    """Nodes kept inside the final runs: the solver's choice, a replayed plan's, the pinned ops."""
+    inside = {n.name for r in runs for n in r}
+    wanted = set(chosen) | set(kept_names(problem, [j for g in forced for j in g]))
+    if replay is not None:
+        wanted = {name for s in replay.plan.segments for name in s.keeps}
+    return tuple(n.name for r in runs for n in r if n.name in wanted and n.name in inside)
+
+
+def _describe(name: str, run: Run, frees: int, config: TransformConfig,
+              keeps: Sequence[str] = ()) -> Segment:
     members = set(run)
+    kept = [n for n in run if n.name in set(keeps)]
     inputs: list[torch.fx.Node] = []
     for n in run:
         for a in n.all_input_nodes:
@@ -148,10 +166,25 @@ def _describe(name: str, run: Run, frees: int, config: TransformConfig) -> Segme
         outputs=tuple(n.name for n in outputs),
         saved_bytes=_saved_bytes(inputs),
         freed_bytes=frees,
-        recompute_flops=sum(info(n).flops for n in run),
+        recompute_flops=sum(info(n).flops for n in run) - sum(info(n).flops for n in kept),
         restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
         reason=_reason(run, config),
+        keeps=tuple(n.name for n in kept),
+        kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept),
+        kept_ops=tuple(_kind(n) for n in kept),
+        recomputed_ops=tuple(k for n in run if n not in kept for k in [_kind(n)] if k),
     )
+
+
+_VIEWS = frozenset({"view", "_unsafe_view", "t", "expand", "reshape", "permute", "transpose",
+                    "unsqueeze", "squeeze", "slice", "select", "alias", "detach", "split",
+                    "as_strided", "unbind", "chunk", "contiguous", "clone", "sym_size"})
+
+
+def _kind(n: torch.fx.Node) -> str:
+    """The op a node is about: its last aten op that is not a view (``""`` for views)."""
+    ops = [op for op in (c.split(".")[1] for c in info(n).calls) if op not in _VIEWS]
+    return ops[-1] if ops else ""
 
 
 def _saved_bytes(inputs: Sequence[torch.fx.Node]) -> int:

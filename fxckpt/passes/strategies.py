@@ -8,7 +8,8 @@ in-place op from its producer, or a multi-output op from its ``getitem``.
 
 ``budget=`` asks the solver (:mod:`fxckpt.solver`) for the op ranges with the least recompute
 whose predicted peak fits, on the networkx/solver view of the graph
-(:mod:`fxckpt.passes.graph_view`).
+(:mod:`fxckpt.passes.graph_view`), and which costly outputs inside them to keep rather than
+recompute (:mod:`fxckpt.solver.selective`, unless ``selective=False``).
 
 ``plan=`` replays a saved plan's segments, which must name this graph's nodes.
 
@@ -30,11 +31,11 @@ from fxckpt.errors import PlanError
 from fxckpt.passes.annotate import info
 from fxckpt.passes.cleanup import apply_force, frees_memory, safe
 from fxckpt.passes.prediction import reserve
-from fxckpt.passes.runs import Run, to_runs
+from fxckpt.passes.keeps import Groups
+from fxckpt.passes.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
-from fxckpt.solver import (
-    BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate, solve,
-)
+from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate
+from fxckpt.solver.selective import solve_selective
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
 __all__ = ["Chosen", "Fitting", "choose"]
@@ -52,6 +53,8 @@ class Chosen:
     """The budget in bytes the runs were solved (or replayed) for."""
     why_none: Optional[str] = None
     """Why there are no runs, when the pass knows better than "it found none"."""
+    keeps: tuple[str, ...] = ()
+    """Nodes inside the runs whose outputs are kept from forward (selective recompute)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,19 +76,22 @@ class Fitting:
 
 
 def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
-           force: dict[str, str], fitting: Fitting = Fitting()) -> Chosen:
+           force: dict[str, str], fitting: Fitting = Fitting(),
+           keepable: tuple[Groups, Groups] = ([], [])) -> Chosen:
     """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes
-    ``order``."""
+    ``order``. ``keepable`` = the groups a budget plan may keep and must keep
+    (:func:`fxckpt.passes.keeps.choices`); ``force`` holds module pins only."""
     if isinstance(strategy, Every):
         runs, notes = every(order, strategy.units)
         return _cleaned(order, runs, force, notes)
     if isinstance(strategy, Depth):
         return _cleaned(order, depth(order, strategy.depth), force)
     if isinstance(strategy, Budgeted):
-        solved, limit = budgeted(problem, order, strategy.budget, fitting)
+        solved, limit, keeps = budgeted(problem, order, strategy.budget, fitting, keepable)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Chosen(
-            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit
+            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit,
+            keeps=keeps,
         )
     if isinstance(strategy, Replay):
         return Chosen(tuple(replayed(order, strategy.plan)), budget=strategy.plan.budget)
@@ -167,10 +173,12 @@ def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
 
 
 def budgeted(
-    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, fitting: Fitting = Fitting()
-) -> tuple[list[Run], int]:
+    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, fitting: Fitting = Fitting(),
+    keepable: tuple[Groups, Groups] = ([], []),
+) -> tuple[list[Run], int, tuple[str, ...]]:
     """Runs with the least recompute whose predicted peak fits ``budget`` (less what
-    ``fitting`` tightens); and the budget in bytes."""
+    ``fitting`` tightens); the budget in bytes; the nodes kept inside the runs, chosen among
+    ``keepable`` (:mod:`fxckpt.solver.selective`)."""
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
     if fitting.eager_bytes is not None:
@@ -178,23 +186,26 @@ def budgeted(
         eager = fitting.eager_bytes
     limit = budget.resolve(eager)
     if fitting.minimum:
-        return to_runs(problem, min_peak_segments(problem), order), limit
+        return to_runs(problem, min_peak_segments(problem), order), limit, ()
     target = limit - extra - fitting.tighten
     if target <= 0:
         raise _infeasible(budget, limit, min_feasible_peak(problem) + extra, eager)
+    offered, forced = keepable
     try:
-        solution = solve(problem, target)
+        solution = solve_selective(problem, target, offered, forced)
     except BudgetInfeasible as e:
         raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
     log.info(
-        "budget %s (%s): %d segment(s), predicted peak %s, recompute cost %.3g",
+        "budget %s (%s): %d segment(s), %d kept op(s), predicted peak %s, recompute cost %.3g",
         budget,
         format_bytes(limit),
         len(solution.segments),
+        len(solution.keep),
         format_bytes(solution.predicted_peak + extra),
         solution.recompute_cost,
     )
-    return to_runs(problem, solution.segments, order), limit
+    runs = to_runs(problem, solution.segments, order)
+    return runs, limit, kept_names(problem, solution.keep)
 
 
 def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:

@@ -13,7 +13,10 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
   recompute reads what the first run read, and a training step updates them once;
 * a recompute whose saved tensors differ from the first run's (shape, dtype, device) raises
   PyTorch's ``CheckpointError``, whose metadata names the segment and the tensor position;
-* in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead.
+* in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead;
+* a segment with ``cached`` calls (selective recompute) keeps those calls' outputs from forward
+  and hands them to the recompute instead of running the op again
+  (:mod:`fxckpt.runtime.selective`); such a segment can be backpropagated through once.
 
     forward:   inputs --segment (no grad, nothing kept)--> outputs        [keeps: inputs, and
                                                                            written buffers' values]
@@ -31,6 +34,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from fxckpt.runtime.segment import Recomputable
+from fxckpt.runtime.selective import keep_contexts
 
 
 __all__ = ["checkpoint", "is_recomputing"]
@@ -130,6 +134,27 @@ class _FirstRun(_Named):
         self.call.before = [b.detach().clone() for b in self.call.buffers]
 
 
+class _Both:
+    """Two context managers entered in order and left in reverse."""
+
+    def __init__(self, outer: Any, inner: Any) -> None:
+        self.outer, self.inner = outer, inner
+
+    def __enter__(self) -> None:
+        self.outer.__enter__()
+        try:
+            self.inner.__enter__()
+        except BaseException:
+            self.outer.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.inner.__exit__(*exc)
+        finally:
+            self.outer.__exit__(*exc)
+
+
 class _SegmentCall:
     """The recompute context of one checkpointed call; re-entrant (``retain_graph`` recomputes
     again).
@@ -145,9 +170,13 @@ class _SegmentCall:
         self.buffers = _restored(segment)
         self.before: list[torch.Tensor] = []
         self.after: list[torch.Tensor] = []
+        self.cached = frozenset(getattr(segment, "cached", ()))
 
-    def contexts(self) -> tuple[_FirstRun, "_SegmentCall"]:
-        return _FirstRun(self), self
+    def contexts(self) -> tuple[Any, Any]:
+        if not self.cached:
+            return _FirstRun(self), self
+        store, reuse = keep_contexts(self.cached, self.name)
+        return _Both(_FirstRun(self), store), _Both(self, reuse)
 
     def __enter__(self) -> None:
         log.debug("recomputing %s", self.name)

@@ -19,6 +19,9 @@ one pass over ops and edges:
 * recomputed value of op ``j`` in segment ``[s, e)``: from its recompute step until its last
   reader in the segment ran again, or until the backward of the first op in the segment that
   saves it.
+* kept value of op ``j`` in a segment (selective recompute, ``keep``): computed once in
+  forward and held until the step its recompute would have made it, then as a recomputed value;
+  the op does not run again, so its cost leaves the recompute cost.
 * gradient of op ``j``: created by the backward of its last reader (by backward start for
   outputs), freed by op ``j``'s own backward. Later readers' contributions are assumed to
   accumulate in place, and backward temporaries are not modelled. Ops without readers that are not
@@ -34,7 +37,8 @@ import dataclasses
 
 from fxckpt.solver.problem import Index, Problem, Segments, check_segments
 
-__all__ = ["Simulation", "simulate", "peak_bytes", "held_at_backward"]
+__all__ = ["Simulation", "simulate", "peak_bytes", "held_at_backward", "check_keep", "profile",
+           "kept_span", "kept_live"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,8 +52,8 @@ class Simulation:
     forward_peak: int
     """Largest live activation memory during the forward pass alone."""
     timeline: tuple[tuple[str, int], ...]
-    """``(event, live_bytes)`` per step: ``forward x``, ``backward start``, ``recompute x``,
-    ``backward x``."""
+    """``(event, live_bytes)`` per step: ``forward x``, ``backward start``, ``recompute x`` (or
+    ``reuse x`` for a kept op), ``backward x``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +114,37 @@ def _recompute_free(ix: Index, sc: _Schedule, j: int) -> int:
     return free
 
 
-def _profile(ix: Index, sc: _Schedule) -> list[int]:
+def check_keep(keep: object, segments: Segments, n: int) -> frozenset[int]:
+    """Validate kept op positions: ints inside the plan's segments."""
+    try:
+        kept: frozenset[int] = frozenset(keep)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(f"keep must be a collection of op positions (got {keep!r})") from None
+    inside = {i for s, e in segments for i in range(s, e)}
+    for i in kept:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n:
+            raise ValueError(f"kept op {i!r} must be an op position in 0..{n - 1}")
+        if i not in inside:
+            raise ValueError(f"kept op {i} is not inside a segment: only recomputed ops are kept")
+    return kept
+
+
+def kept_span(ix: Index, sc: _Schedule, j: int) -> tuple[int, int]:
+    """Steps ``[lo, hi)`` a kept op ``j`` adds its bytes to: from the end of its forward life to
+    its recompute step (empty when forward already holds it until then)."""
+    return _forward_free(ix, sc, j) + 1, sc.recompute[j]
+
+
+def _profile(ix: Index, sc: _Schedule, keep: frozenset[int] = frozenset()) -> list[int]:
     """Live bytes at every step."""
     n = ix.n
     diff = [0] * (sc.steps + 1)
     for j in range(n):
         o = ix.out[j]
-        if o:
+        if o and j in keep:  # one life, forward to the recomputed value's end
+            diff[j] += o
+            diff[max(_forward_free(ix, sc, j), _recompute_free(ix, sc, j)) + 1] -= o
+        elif o:
             diff[j] += o
             diff[_forward_free(ix, sc, j) + 1] -= o
             if sc.seg_start[j] >= 0:
@@ -134,25 +162,57 @@ def _profile(ix: Index, sc: _Schedule) -> list[int]:
     return live
 
 
-def peak_bytes(problem: Problem, segments: object = ()) -> int:
+def peak_bytes(problem: Problem, segments: object = (), keep: object = ()) -> int:
     """The peak of :func:`simulate` without building the timeline (for search loops)."""
     ix = problem.index
-    live = _profile(ix, _schedule(ix.n, check_segments(segments, ix.n)))
+    segs = check_segments(segments, ix.n)
+    live = _profile(ix, _schedule(ix.n, segs), check_keep(keep, segs, ix.n))
     return max(live, default=0)
 
 
-def held_at_backward(problem: Problem, segments: object = ()) -> tuple[int, ...]:
+def profile(problem: Problem, segments: Segments) -> tuple[list[int], "_Schedule"]:
+    """Live bytes per step of ``segments`` (no keeps) and the schedule's steps, for
+    :mod:`fxckpt.solver.selective`, which adds kept values to it span by span."""
+    ix = problem.index
+    sc = _schedule(ix.n, check_segments(segments, ix.n))
+    return _profile(ix, sc), sc
+
+
+def kept_live(problem: Problem, segments: object = (), keep: object = ()) -> list[int]:
+    """Bytes of kept outputs alive at each step of :func:`simulate`'s timeline (for pictures)."""
+    ix = problem.index
+    segs = check_segments(segments, ix.n)
+    kept = check_keep(keep, segs, ix.n)
+    sc = _schedule(ix.n, segs)
+    diff = [0] * (sc.steps + 1)
+    for j in kept:
+        diff[j] += ix.out[j]
+        diff[max(_forward_free(ix, sc, j), _recompute_free(ix, sc, j)) + 1] -= ix.out[j]
+    live, total = [], 0
+    for step in range(sc.steps):
+        total += diff[step]
+        live.append(total)
+    return live
+
+
+def held_at_backward(
+    problem: Problem, segments: object = (), keep: object = ()
+) -> tuple[int, ...]:
     """Bytes of each op's forward value still alive when backward starts (0 when freed earlier).
 
     What a plan holds from forward to backward, op by op: ``held_at_backward(p)`` minus
-    ``held_at_backward(p, segments)`` is what checkpointing those segments lets go of.
+    ``held_at_backward(p, segments)`` is what checkpointing those segments lets go of. A kept op
+    (``keep``) is held.
     """
     ix = problem.index
-    sc = _schedule(ix.n, check_segments(segments, ix.n))
-    return tuple(ix.out[j] if _forward_free(ix, sc, j) >= ix.n else 0 for j in range(ix.n))
+    segs = check_segments(segments, ix.n)
+    kept = check_keep(keep, segs, ix.n)
+    sc = _schedule(ix.n, segs)
+    return tuple(ix.out[j] if j in kept or _forward_free(ix, sc, j) >= ix.n else 0
+                 for j in range(ix.n))
 
 
-def _events(problem: Problem, sc: _Schedule) -> list[str]:
+def _events(problem: Problem, sc: _Schedule, kept: frozenset[int]) -> list[str]:
     n = len(problem.ops)
     names = [op.name for op in problem.ops]
     events = [f"forward {name}" for name in names] + ["backward start"]
@@ -160,23 +220,26 @@ def _events(problem: Problem, sc: _Schedule) -> list[str]:
     for i in range(n):
         events[sc.back[i]] = f"backward {names[i]}"
         if sc.recompute[i] >= 0:
-            events[sc.recompute[i]] = f"recompute {names[i]}"
+            events[sc.recompute[i]] = f"{'reuse' if i in kept else 'recompute'} {names[i]}"
     return events
 
 
-def simulate(problem: Problem, segments: object = ()) -> Simulation:
+def simulate(problem: Problem, segments: object = (), keep: object = ()) -> Simulation:
     """Walk forward then backward of ``problem`` under the plan ``segments``.
 
     ``segments`` are non-overlapping half-open ``(start, end)`` ranges over ``problem.ops``; ops
-    inside them are checkpointed (run without saving, recomputed before their backward).
+    inside them are checkpointed (run without saving, recomputed before their backward), except
+    the ops at the positions ``keep``, whose outputs are kept from forward (selective recompute).
     """
     ix = problem.index
     segs = check_segments(segments, ix.n)
+    kept = check_keep(keep, segs, ix.n)
     sc = _schedule(ix.n, segs)
-    live = _profile(ix, sc)
+    live = _profile(ix, sc, kept)
     return Simulation(
         peak_bytes=max(live, default=0),
-        recompute_cost=sum(ix.segment_cost(s, e) for s, e in segs),
+        recompute_cost=sum(ix.segment_cost(s, e) for s, e in segs)
+        - sum(ix.cost[j] for j in kept),
         forward_peak=max(live[: ix.n], default=0),
-        timeline=tuple(zip(_events(problem, sc), live)),
+        timeline=tuple(zip(_events(problem, sc, kept), live)),
     )

@@ -104,7 +104,7 @@ def _plan_point(module: Any) -> tuple[float, float]:
     before they were kept)."""
     from fxckpt.passes.graph_view import to_problem
     from fxckpt.passes.prediction import predict_ranges, recompute_share
-    from fxckpt.passes.runs import ranges_of
+    from fxckpt.passes.runs import keep_positions, ranges_of
 
     seen = inspect_module(module)
     plan = seen.plan
@@ -112,7 +112,8 @@ def _plan_point(module: Any) -> tuple[float, float]:
         return plan.predicted_peak, plan.recompute_share
     problem = to_problem(seen.view)
     ranges = ranges_of(problem, [s.nodes for s in plan.segments])
-    return predict_ranges(problem, ranges).peak, recompute_share(problem, ranges)
+    keep = keep_positions(problem, [k for s in plan.segments for k in s.keeps])
+    return predict_ranges(problem, ranges, keep).peak, recompute_share(problem, ranges, keep)
 
 
 def schedule_bars(chunks: int, stages: int, checkpoint: str) -> list[tuple[str, int, int, bool]]:

@@ -25,15 +25,23 @@ __all__ = ["plot_memory", "predicted_timelines"]
 def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
     """``(plan simulation, no-checkpoint simulation, reserve bytes)`` of ``module``'s latest plan.
     """
+    sim, eager, reserve, _ = _timelines(module)
+    return sim, eager, reserve
+
+
+def _timelines(module: Any) -> tuple[Any, Any, int, list[int]]:
+    """:func:`predicted_timelines` and the bytes of kept outputs (selective) at each event."""
     from fxckpt.passes.graph_view import to_problem
     from fxckpt.passes.prediction import reserve
-    from fxckpt.passes.runs import ranges_of
-    from fxckpt.solver.simulate import simulate
+    from fxckpt.passes.runs import keep_positions, ranges_of
+    from fxckpt.solver.simulate import kept_live, simulate
 
     seen = inspect_module(module)
     problem = to_problem(seen.view)
     ranges = ranges_of(problem, [seg.nodes for seg in seen.plan.segments])
-    return simulate(problem, ranges), simulate(problem, ()), reserve(problem)
+    keep = keep_positions(problem, [k for seg in seen.plan.segments for k in seg.keeps])
+    return (simulate(problem, ranges, keep), simulate(problem, ()), reserve(problem),
+            kept_live(problem, ranges, keep))
 
 
 def plot_memory(
@@ -61,7 +69,7 @@ def plot_memory(
 
         measured = measure_step(module, tuple(inputs or ()), dict(kwargs or {}), loss)
     plan = inspect_module(module).plan
-    sim, eager_sim, reserve = predicted_timelines(module)
+    sim, eager_sim, reserve, kept = _timelines(module)
     fig = new_figure(10, 4.2)
     ax = fig.add_subplot()
     peak = max(
@@ -76,6 +84,10 @@ def plot_memory(
     n_forward = sum(1 for event, _ in sim.timeline if event.startswith("forward"))
     _phases(ax, sim.timeline, n_forward)
     _curve(ax, sim.timeline, scale, "simulated, this plan", "C0", "-", 1.6)
+    if any(kept):
+        ax.fill_between(range(len(kept)), [k / scale for k in kept], color="C1", alpha=0.35,
+                        linewidth=0, label="of which kept outputs (selective recompute)",
+                        gid="kept")
     if eager:
         _curve(ax, eager_sim.timeline, scale, "simulated, no checkpointing", "#7f7f7f", "--", 1.0)
     _plan_peaks(ax, plan, reserve, scale)

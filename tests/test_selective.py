@@ -1,0 +1,206 @@
+"""Selective recompute end to end: kept outputs inside segments are bit-exact (dropout masks,
+BatchNorm statistics, autocast), really not recomputed (FLOPs), shown in the plan, pinned by op,
+saved and replayed."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import fxckpt
+from fxckpt.errors import ConfigError
+from tests.models import ResNet
+from tests.support import assert_steps_equal, loss_of, run_step
+
+
+class Blocks(nn.Module):
+    """Pre-norm MLP blocks with dropout: matmuls worth keeping, dropout that must replay."""
+
+    def __init__(self, depth: int = 6, width: int = 128) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(),
+                          nn.Dropout(0.1), nn.Linear(2 * width, width))
+            for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(64, 128, requires_grad=True)
+
+
+def _kept(tm: torch.nn.Module) -> list[str]:
+    return [k for s in fxckpt.inspect(tm).plan.segments for k in s.keeps]
+
+
+def _step_flops(module: nn.Module, x: torch.Tensor) -> int:
+    counter = FlopCounterMode(display=False)
+    torch.manual_seed(0)
+    with counter:
+        loss_of(module(x)).backward()
+    return counter.get_total_flops()
+
+
+def test_a_budget_plan_keeps_matmuls_is_exact_and_does_not_run_them_again() -> None:
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, budget=0.7, example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    kept = [s for s in plan.segments if s.keeps]
+    assert kept, str(plan)
+    assert all(k == "addmm" for s in kept for k in s.kept_ops)
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(eager, (x,), {}))
+    # Recompute happened, and only of what the plan says: kept matmuls are not run again.
+    extra = _step_flops(tm, x.detach().requires_grad_()) - _step_flops(eager, x.detach())
+    assert extra == plan.recompute_flops > 0
+    whole = fxckpt.transform(Blocks().train(), every=1, example_inputs=(x,))
+    assert fxckpt.inspect(whole).plan.segments  # a plan without keeps recomputes matmuls
+    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget
+
+
+def test_selective_false_recomputes_whole_segments_and_costs_more() -> None:
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    on = fxckpt.inspect(fxckpt.transform(model, budget=0.7, example_inputs=(x,))).plan
+    off = fxckpt.inspect(
+        fxckpt.transform(model, budget=0.7, selective=False, example_inputs=(x,))).plan
+    assert not any(s.keeps for s in off.segments) and any(s.keeps for s in on.segments)
+    assert on.recompute_share < off.recompute_share
+    assert off.options.get("selective") is False
+
+
+def test_pinned_ops_are_kept_in_every_segment_and_batchnorm_updates_once() -> None:
+    torch.manual_seed(0)
+    model, x = ResNet().train(), torch.randn(2, 3, 8, 8, requires_grad=True)
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, depth=2, force={"op:aten.convolution": "save"},
+                          example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    convs = [k for s in plan.segments for k in s.kept_ops]
+    assert convs and set(convs) == {"convolution"}
+    assert not any("convolution" in s.recomputed_ops for s in plan.segments)
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(eager, (x,), {}))
+    assert_steps_equal(run_step(tm, (x,), {}, seed=3), run_step(eager, (x,), {}, seed=3))
+
+
+def test_an_op_pinned_to_recompute_is_never_kept() -> None:
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    tm = fxckpt.transform(model, budget=0.7, force={"op:aten.addmm": "recompute"},
+                          example_inputs=(x,))
+    assert _kept(tm) == []
+
+
+def test_gpt2_with_dropout_keeps_exact_grads_and_never_keeps_random_ops() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=3, n_embd=128, n_head=4, n_positions=64, vocab_size=64,
+                     bos_token_id=0, eos_token_id=0, use_cache=False, attn_pdrop=0.1,
+                     resid_pdrop=0.1, embd_pdrop=0.1)
+    model = GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 64, (4, 64))
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, budget=0.6, example_inputs=(ids,))
+    plan = fxckpt.inspect(tm).plan
+    assert any(s.keeps for s in plan.segments), str(plan)
+    assert not {"bernoulli_", "native_dropout"} & {k for s in plan.segments for k in s.kept_ops}
+    assert_steps_equal(run_step(tm, (ids,), {}), run_step(eager, (ids,), {}))
+
+
+def test_autocast_is_re_entered_for_kept_and_recomputed_ops() -> None:
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, force={"op:aten.addmm": "save"}, every=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = run_step(tm, (x,), {})
+        b = run_step(eager, (x,), {})
+    assert _kept(tm)
+    assert_steps_equal(a, b)
+
+
+def test_the_plan_shows_what_each_segment_keeps_and_recomputes() -> None:
+    torch.manual_seed(0)
+    tm = fxckpt.transform(Blocks().train(), force={"op:aten.addmm": "save"}, every=2,
+                          example_inputs=(_x(),))
+    plan = fxckpt.inspect(tm).plan
+    text = str(plan)
+    assert "kept outputs" in text and "recomputes" in text
+    first = plan.segments[0]
+    assert first.kept_ops.count("addmm") == len(first.keeps) >= 2
+    assert f"addmm x{len(first.keeps)}" in text and "gelu" in text
+    assert "output(s) of its ops" in plan.summary() and "selective" in plan.summary()
+    assert first.kept_bytes == len(first.keeps) * 64 * 256 * 4 or first.kept_bytes > 0
+    assert "kept outputs" in plan._repr_html_()
+
+
+def test_a_saved_selective_module_and_a_replayed_plan_keep_the_same_calls(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, budget=0.7, example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    path = os.path.join(tmp_path, "m")
+    fxckpt.save(tm, path)
+    loaded = fxckpt.load(path)
+    cached = {n: m.cached for n, m in fxckpt.inspect(tm).graph_module.named_children()
+              if n.startswith("segment")}
+    assert any(cached.values())
+    assert cached == {n: m.cached for n, m in fxckpt.inspect(loaded).graph_module
+                      .named_children() if n.startswith("segment")}
+    assert_steps_equal(run_step(loaded, (x,), {}), run_step(eager, (x,), {}))
+    replayed = fxckpt.transform(copy.deepcopy(eager), plan=plan, example_inputs=(x,))
+    assert _kept(replayed) == [k for s in plan.segments for k in s.keeps]
+
+
+@pytest.mark.parametrize("force, message", [
+    ({"op:aten.no_such_op": "save"}, "names no aten op"),
+    ({"op:mm": "save"}, "'op:aten.mm'"),
+    ({"op:aten.mm": "keep"}, "must be one of"),
+])
+def test_bad_op_pins_are_refused(force: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        fxckpt.transform(Blocks(), every=1, force=force)
+
+
+def test_selective_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="selective must be True or False"):
+        fxckpt.transform(Blocks(), budget=0.5, selective="yes")  # type: ignore[arg-type]
+
+
+def test_plot_memory_shades_the_kept_outputs_and_pareto_counts_them() -> None:
+    pytest.importorskip("matplotlib")
+    from fxckpt.passes.graph_view import to_problem
+    from fxckpt.passes.runs import keep_positions, ranges_of
+    from fxckpt.solver.simulate import kept_live
+    from fxckpt.viz.common import inspect_module
+
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    tm = fxckpt.transform(model, force={"op:aten.addmm": "save"}, every=2, example_inputs=(x,))
+    fig = fxckpt.plot_memory(tm)
+    band = next(c for c in fig.axes[0].collections if c.get_gid() == "kept")
+    top = max(v[1] for path in band.get_paths() for v in path.vertices)
+    seen = inspect_module(tm)
+    problem = to_problem(seen.view)
+    segs = seen.plan.segments
+    live = kept_live(problem, ranges_of(problem, [s.nodes for s in segs]),
+                     keep_positions(problem, [k for s in segs for k in s.keeps]))
+    assert max(live) == sum(s.kept_bytes for s in segs)  # every kept matmul alive at once
+    assert top * 2**10 == pytest.approx(max(live), rel=1e-6)  # the picture is in KiB
+    on = fxckpt.pareto(model, example_inputs=(x,), points=3)
+    off = fxckpt.pareto(model, example_inputs=(x,), points=3, selective=False)
+    assert [p["budget"] for p in on] == [p["budget"] for p in off]
+    assert all(a["recompute"] <= b["recompute"] for a, b in zip(on, off))
+    assert any(a["recompute"] < b["recompute"] for a, b in zip(on, off))
