@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS
+from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS, PEERS
 from fxckpt.bench.models import MODEL_NAMES, spec_for
 
 __all__ = ["BenchOptions", "Config", "configurations", "run_bench", "label", "matched_configs",
@@ -206,7 +206,7 @@ def _add_ratios(rows: list[Row]) -> None:
             row["predicted_over_measured"] = row["predicted_peak"] / row["rss_bytes"]
 
 
-PEER_METHODS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
+PEER_METHODS = PEERS
 
 
 def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:

@@ -41,6 +41,8 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+from fxckpt.bench.methods import PEERS
+
 __all__ = ["Check", "check_targets", "timing_noise", "memory_noise", "noise_summary", "BUDGET_TOL",
            "PREDICT_TOL", "SOLVE_LIMIT_S", "MAX_SLOPE", "PEERS"]
 
@@ -48,7 +50,6 @@ BUDGET_TOL = 0.05
 PREDICT_TOL = 0.10
 SOLVE_LIMIT_S = 1.0
 MAX_SLOPE = 1.2
-PEERS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
 
 Row = dict[str, Any]
 MiB = 2**20
