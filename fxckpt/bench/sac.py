@@ -5,14 +5,16 @@ Both wrap every block as ``checkpoint(block, ..., use_reentrant=False, context_f
 ``context_fn`` returning ``create_selective_checkpoint_contexts(policy)``; the policy sees every
 aten op the block runs, in forward and again in the recompute, and says ``MUST_SAVE`` (kept from
 the forward) or ``PREFER_RECOMPUTE``. Each call of a block gets a fresh policy, whose counters
-are kept apart for the forward and the recompute (``ctx.is_recompute``), so the recompute of a
-block makes the same decision for its n-th matmul as its forward did.
+are kept apart for the forward and the recompute (``ctx.is_recompute``, as torchtitan does), so a
+torch that asks the policy again in the recompute meets the forward's decisions (torch 2.13 asks
+only in the forward and replays its decisions).
 
 * ``sac_ops`` (torchtitan's op-level selective AC, ``_op_sac_save_list``): save the output of
   every attention kernel (``aten._scaled_dot_product_*_attention``, each variant this torch has)
   and of every other matmul: counting ``aten.mm`` and ``aten.addmm`` calls separately within one
   block call, the 1st, 3rd, 5th... of each are saved and the 2nd, 4th... recomputed; every other
-  op is recomputed. (A Llama block's seven ``mm`` keep q, v, gate and down.)
+  op is recomputed. (A Llama block's seven ``mm`` keep q, v, gate and down; on CPU its attention
+  kernel is ``_scaled_dot_product_flash_attention_for_cpu``.)
 * ``sac_megatron`` (Megatron-LM's ``--recompute-granularity selective``, which checkpoints only
   the "core attention": scores, mask, softmax, dropout, probabilities x values): the attention
   core is recomputed and every other op's output is saved. The core is an attention kernel
