@@ -2,8 +2,9 @@
 
 For each model (a 24-layer GELU MLP, a ResNet-style CNN with BatchNorm; GPT-2, BERT and a
 Llama-style decoder from Hugging Face configs with random weights) and each budget fraction
-(0.25 / 0.5 / 0.75; the Llama-style model also 0.66 for fxckpt), every method runs in its own subprocesses and reports measured peak activation memory, the live-tensor
-tracker's count and the median step time, next to fxckpt's predicted peak and solve time:
+(0.25 / 0.5 / 0.75; the Llama-style model also 0.66 for fxckpt), every method runs in its own
+subprocesses and reports measured peak activation memory, the live-tensor tracker's count and the
+median step time, next to fxckpt's predicted peak and solve time:
 
     parent ──run_in_subprocess──▶ memory child (MALLOC_MMAP_THRESHOLD_, 1 thread):
                                       build, transform/wrap/compile, warm-up step,
