@@ -38,7 +38,8 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from fxckpt.bench.models import ModelSpec
 from fxckpt.bench.sac import POLICIES, wrap
 
-__all__ = ["METHODS", "BUDGETED", "PEERS", "NotApplicable", "prepare", "solve_seconds", "COMPILE_BACKEND"]
+__all__ = ["METHODS", "BUDGETED", "PEERS", "NotApplicable", "prepare", "solve_seconds",
+           "COMPILE_BACKEND"]
 
 METHODS = ("unmodified", "fxckpt", "checkpoint_per_block", "checkpoint_sequential", "sac_ops",
            "sac_megatron", "compile")

@@ -158,6 +158,7 @@ def llama_config(s: dict[str, int]) -> Any:
     """A ``LlamaConfig`` for the size dict ``s`` (``sdpa`` attention, no dropout, no cache)."""
     from transformers import LlamaConfig
 
+    attention: dict[str, Any] = {"attn_implementation": "sdpa"}  # a kwarg the stubs do not list
     return LlamaConfig(
         vocab_size=s["vocab"],
         hidden_size=s["width"],
@@ -169,7 +170,7 @@ def llama_config(s: dict[str, int]) -> Any:
         attention_dropout=0.0,
         tie_word_embeddings=False,
         use_cache=False,
-        attn_implementation="sdpa",
+        **attention,
     )
 
 

@@ -117,7 +117,10 @@ def megatron_policy() -> Policy:
     return policy
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {"sac_ops": ops_policy, "sac_megatron": megatron_policy}
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "sac_ops": ops_policy,
+    "sac_megatron": megatron_policy,
+}
 """Method name -> a maker of fresh policies (one per block call)."""
 
 
