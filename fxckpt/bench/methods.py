@@ -155,7 +155,7 @@ def _selective(model: nn.Module, spec: ModelSpec, method: str) -> tuple[nn.Modul
                             f"attention")
     _, _, blocks = _blocks(model, spec)
     for block in blocks:
-        wrap(block, POLICIES[method])
+        wrap(block, method)
     return model, {"detail": f"{len(blocks)} blocks, each under checkpoint(use_reentrant=False, "
                              f"context_fn=selective contexts of the {method} policy)"}
 

@@ -17,35 +17,42 @@ only in the forward and replays its decisions).
   kernel is ``_scaled_dot_product_flash_attention_for_cpu``.)
 * ``sac_megatron`` (Megatron-LM's ``--recompute-granularity selective``, which checkpoints only
   the "core attention": scores, mask, softmax, dropout, probabilities x values): the attention
-  core is recomputed and every other op's output is saved. The core is an attention kernel
-  (``_scaled_dot_product_*``: fused attention saves nothing large, so this peer saves little
-  there), or, where attention is decomposed into ``bmm``/``baddbmm`` (the math path of ``sdpa``
-  that GPT-2's and BERT's attention dropout select on CPU, or eager attention), every op from
-  the score ``bmm`` (an odd-numbered one within the block call) up to and including the next,
-  the probabilities x values ``bmm``. Outside the core, views, in-place ops and tensor factories
-  (``empty_like``, ``ones``...) are recomputed too: they cost nothing and store nothing of their
-  own (saving an output that a later in-place op changes is also what the contexts refuse).
-  A policy sees ops, not autograd's needs, so it saves some outputs autograd would have freed
-  (a residual sum, a RoPE intermediate): the cost of stating Megatron's choice through these
-  contexts, which is how a PyTorch user would state it.
+  core is recomputed; outside it, what autograd would have kept is kept. The core is an
+  attention kernel (``_scaled_dot_product_*``: a fused kernel keeps only q, k, v, its output and
+  log-sum-exp, which autograd needs anyway, so this peer saves little there), or, where
+  attention is decomposed into ``bmm``/``baddbmm`` (the math path of ``sdpa`` that GPT-2's and
+  BERT's attention dropout select on CPU, or eager attention), every op from the score ``bmm``
+  (an odd-numbered one within the block call) up to and including the next, the probabilities
+  x values ``bmm``. Outside the core an op's output is saved when autograd saves it (found once
+  per block by :func:`autograd_saved`, a first forward with ``saved_tensors_hooks``) or when it
+  is a matmul; everything else (pointwise ops whose outputs autograd frees, views, in-place ops,
+  factories) is recomputed, which is cheap. Why not simply save every op outside the core: the
+  contexts keep every saved output until the backward, also those autograd would have freed
+  (RoPE's intermediates, a norm's mean), which made this peer use 1.15-1.4x the unmodified
+  model's memory on the Llama-style model. Why save every matmul: the recompute replays the
+  whole block, so a matmul whose output autograd frees (q before RoPE, the output projection)
+  would run again, which Megatron never does.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
+from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
     CheckpointPolicy,
     SelectiveCheckpointContext,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
 
-__all__ = ["ATTENTION_OPS", "MATMUL_OPS", "SCORE_OPS", "Policy", "ops_policy", "megatron_policy",
-           "context_fn", "POLICIES"]
+__all__ = ["ATTENTION_OPS", "MATMUL_OPS", "SCORE_OPS", "Policy", "Key", "ops_policy",
+           "megatron_policy", "autograd_saved", "POLICIES", "PROFILED", "Selective", "wrap"]
 
 aten = torch.ops.aten
 Op = torch._ops.OpOverload
@@ -100,38 +107,109 @@ def _free(op: Op) -> bool:
     return op.is_view or op._schema.is_mutable or op._opname in _FACTORIES
 
 
-def megatron_policy() -> Policy:
-    """Megatron-style: recompute the attention core only, save every other op's output."""
+Key = tuple[Op, int]
+"""An op and how many times it ran before in the same block call: the same in every call."""
+
+
+def megatron_policy(saved: frozenset[Key]) -> Policy:
+    """Megatron-style: recompute the attention core; outside it, save each matmul and each op
+    whose output autograd saves (``saved``, from :func:`autograd_saved`), recompute the rest."""
     scores: collections.Counter[bool] = collections.Counter()
+    seen: collections.Counter[tuple[bool, Op]] = collections.Counter()
 
     def policy(ctx: SelectiveCheckpointContext, op: Op, *args: Any, **kwargs: Any
                ) -> CheckpointPolicy:
         mode = ctx.is_recompute
+        key = (op, seen[mode, op])
+        seen[mode, op] += 1
         if op in SCORE_OPS:
             scores[mode] += 1  # odd: the core starts here; even: it ends here
             return RECOMPUTE
         if op in ATTENTION_OPS or scores[mode] % 2 == 1 or _free(op):
             return RECOMPUTE
-        return SAVE
+        return SAVE if op in MATMUL_OPS or key in saved else RECOMPUTE
 
     return policy
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "sac_ops": ops_policy,
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class _Producers(TorchDispatchMode):
+    """Remembers which op (and its occurrence) last wrote each storage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[Op] = collections.Counter()
+        self.by_storage: dict[int, Key] = {}
+
+    def __torch_dispatch__(self, func: Op, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in SAC_IGNORED_OPS:  # the selective contexts never show these to a policy
+            return out
+        key = (func, self.counts[func])
+        self.counts[func] += 1
+        if not _free(func):
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.by_storage[_storage(t)] = key
+        return out
+
+
+def autograd_saved(forward: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> frozenset[Key]:
+    """The ops of one ``forward(*args, **kwargs)`` whose outputs autograd saves for backward.
+
+    Runs it once with grad (the RNG state is put back after, so dropout draws the same masks
+    in the real call); a saved tensor is traced to the last op that wrote its storage (a view
+    to the op whose output it views)."""
+    producers, saved = _Producers(), set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = producers.by_storage.get(_storage(t))
+        if key is not None:
+            saved.add(key)
+        return t
+
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with saved_tensors_hooks(pack, lambda t: t), producers:
+            forward(*args, **kwargs)
+    return frozenset(saved)
+
+
+POLICIES: dict[str, Callable[[frozenset[Key]], Policy]] = {
+    "sac_ops": lambda saved: ops_policy(),
     "sac_megatron": megatron_policy,
 }
-"""Method name -> a maker of fresh policies (one per block call)."""
+"""Method name -> a maker of fresh policies (one per block call), given what autograd saves."""
+
+PROFILED = frozenset({"sac_megatron"})
+"""Policies that need :func:`autograd_saved` of the block first."""
 
 
-def context_fn(make_policy: Callable[[], Policy]) -> Callable[[], Any]:
-    """``checkpoint``'s ``context_fn``: the selective contexts of a fresh policy per call."""
-    return lambda: create_selective_checkpoint_contexts(make_policy())
+class Selective:
+    """A block's ``forward`` under ``checkpoint`` with a policy's selective contexts; for a
+    :data:`PROFILED` policy, the first call with grad first finds what autograd saves."""
+
+    def __init__(self, forward: Callable[..., Any], method: str) -> None:
+        self.forward, self.method = forward, method
+        self.saved: frozenset[Key] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.method in PROFILED and self.saved is None and torch.is_grad_enabled():
+            self.saved = autograd_saved(self.forward, args, kwargs)
+        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=self.contexts,
+                          **kwargs)
+
+    def contexts(self) -> Any:
+        """``checkpoint``'s ``context_fn``: the contexts of a fresh policy (one per call)."""
+        policy = POLICIES[self.method](self.saved or frozenset())
+        return create_selective_checkpoint_contexts(policy)
 
 
-def wrap(block: torch.nn.Module, make_policy: Callable[[], Policy]) -> None:
-    """Make ``block(...)`` run its ``forward`` under ``checkpoint`` with the policy's contexts
-    (an instance attribute shadows the class's ``forward``; ``__call__`` uses it)."""
-    block.forward = functools.partial(  # type: ignore[method-assign]
-        checkpoint, block.forward, use_reentrant=False, context_fn=context_fn(make_policy)
-    )
+def wrap(block: torch.nn.Module, method: str) -> None:
+    """Make ``block(...)`` run its ``forward`` through :class:`Selective` (an instance attribute
+    shadows the class's ``forward``; ``__call__`` uses it)."""
+    block.forward = Selective(block.forward, method)  # type: ignore[method-assign]

@@ -39,21 +39,40 @@ def test_the_op_policy_saves_attention_and_every_other_matmul_of_each_kind() -> 
     assert {FLASH, aten._scaled_dot_product_efficient_attention.default} <= sac.ATTENTION_OPS
 
 
-def test_the_megatron_policy_recomputes_the_attention_core_only() -> None:
-    bmm = aten.bmm.default
-    decomposed = [aten.addmm.default, aten.view.default, aten.mul.Scalar, aten.clone.default,
-                  bmm, aten.add.Tensor, aten._safe_softmax.default, aten.empty_like.default,
+def test_the_megatron_policy_recomputes_the_core_and_what_autograd_does_not_keep() -> None:
+    bmm, add, clone = aten.bmm.default, aten.add.Tensor, aten.clone.default
+    decomposed = [aten.addmm.default, aten.view.default, aten.mul.Scalar, clone,
+                  bmm, add, aten._safe_softmax.default, aten.empty_like.default,
                   aten.bernoulli_.float, aten.mul.Tensor, bmm,
-                  aten.clone.default, aten.addmm.default, aten.native_layer_norm.default,
-                  aten.gelu.default, aten.empty_like.default, aten.div_.Scalar, aten.add.Tensor]
-    expect = [S, R, S, S,
-              R, R, R, R, R, R, R,  # score bmm ... probabilities x values bmm
-              S, S, S, S, R, R, S]  # outside: views, factories, in-place ops are free
-    policy = sac.megatron_policy()
+                  clone, aten.addmm.default, aten.native_layer_norm.default,
+                  aten.gelu.default, aten.empty_like.default, aten.div_.Scalar, add, add]
+    expect = [S, R, R, S,
+              R, R, R, R, R, R, R,  # score bmm ... probabilities x values bmm: the core
+              R, S, S, S, R, R, R, S]  # outside: kept if autograd keeps it, or a matmul
+    saved = frozenset({(clone, 0), (aten.native_layer_norm.default, 0),
+                       (aten.gelu.default, 0), (add, 2), (bmm, 0), (add, 0)})
+    policy = sac.megatron_policy(saved)
     assert _decide(policy, decomposed) == expect
     assert _decide(policy, decomposed, RECOMPUTE) == expect
     fused = [aten.mm.default, aten.cat.default, FLASH, aten.transpose.int, aten.mm.default]
-    assert _decide(sac.megatron_policy(), fused) == [S, S, R, R, S]
+    assert _decide(sac.megatron_policy(frozenset()), fused) == [S, R, R, R, S]
+
+
+def test_autograd_saved_names_the_ops_whose_outputs_backward_needs() -> None:
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        h = x.mm(w)  # mm saves x (an input) and w (a leaf): no op of ours
+        # sin saves h; dropout's mask is saved, but made by empty_like + bernoulli_: ops that
+        # cost nothing to recompute (the RNG is replayed), so no op to keep
+        g = torch.nn.functional.dropout(h.sin(), 0.5)
+        return g.add(1).tanh()  # add saves nothing; tanh saves its output
+
+    state = torch.get_rng_state()
+    got = sac.autograd_saved(forward, (x,), {})
+    assert torch.equal(torch.get_rng_state(), state)  # dropout drew from a forked RNG
+    assert {(op._opname, n) for op, n in got} == {("mm", 0), ("tanh", 0)}
 
 
 def test_op_level_peers_are_peers_of_the_benchmark() -> None:
@@ -65,9 +84,9 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str, Che
     """Record every decision of the two policies (method, recompute?, op, decision)."""
     log: list[tuple[str, bool, str, CheckpointPolicy]] = []
 
-    def logging(method: str, make: Callable[[], sac.Policy]) -> Callable[[], sac.Policy]:
-        def made() -> sac.Policy:
-            policy = make()
+    def logging(method: str, make: Callable[..., sac.Policy]) -> Callable[..., sac.Policy]:
+        def made(saved: frozenset[sac.Key]) -> sac.Policy:
+            policy = make(saved)
 
             def decide(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
                 got = policy(ctx, op, *args, **kwargs)
@@ -78,9 +97,8 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str, Che
 
         return made
 
-    monkeypatch.setitem(sac.POLICIES, "sac_ops", logging("sac_ops", sac.ops_policy))
-    monkeypatch.setitem(sac.POLICIES, "sac_megatron",
-                        logging("sac_megatron", sac.megatron_policy))
+    for method, make in list(sac.POLICIES.items()):
+        monkeypatch.setitem(sac.POLICIES, method, logging(method, make))
     return log
 
 
@@ -137,6 +155,8 @@ def test_op_level_peers_keep_the_models_gradients_and_recompute_what_they_say(
             "bert": {"bmm": 2, "_safe_softmax": 1}}[name]
     for op, count in core.items():
         assert said["sac_megatron"][op] == extra["sac_megatron"][op] == layers * count, op
+    if name == "llama":  # RoPE's rotate_half: autograd keeps no cat, so it is recomputed
+        assert said["sac_megatron"]["cat"] == extra["sac_megatron"]["cat"] == 2 * layers
 
 
 def test_op_level_peers_do_not_apply_to_models_without_attention() -> None:
