@@ -57,6 +57,8 @@ def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> No
             "--quick",
             "--models",
             "mlp",
+            "--methods",  # the op-level peers are n/a for the MLP (tests/bench/test_bench_sac.py)
+            "fxckpt,checkpoint_per_block,checkpoint_sequential,compile",
             "--scaling-layers",
             "",
             "--repeats",

@@ -1,9 +1,10 @@
 """``python -m fxckpt.bench``: fxckpt's memory budget measured against PyTorch's own tools.
 
-For each model (a 24-layer GELU MLP, a ResNet-style CNN with BatchNorm, GPT-2 and BERT from
-Hugging Face configs with random weights) and each budget fraction (0.25 / 0.5 / 0.75), every
-method runs in its own subprocesses and reports measured peak activation memory, the live-tensor
-tracker's count and the median step time, next to fxckpt's predicted peak and solve time:
+For each model (a 24-layer GELU MLP, a ResNet-style CNN with BatchNorm; GPT-2, BERT and a
+Llama-style decoder from Hugging Face configs with random weights) and each budget fraction
+(0.25 / 0.5 / 0.75; the Llama-style model also 0.66 for fxckpt), every method runs in its own
+subprocesses and reports measured peak activation memory, the live-tensor tracker's count and the
+median step time, next to fxckpt's predicted peak and solve time:
 
     parent ──run_in_subprocess──▶ memory child (MALLOC_MMAP_THRESHOLD_, 1 thread):
                                       build, transform/wrap/compile, warm-up step,
@@ -12,6 +13,7 @@ tracker's count and the median step time, next to fxckpt's predicted peak and so
                                       method and a copy of the unmodified model timed by turns
            ──run_in_subprocess──▶ scaling child: fxckpt.solver.solve alone on 12/48/192-layer GPT-2
            ──▶ docs/benchmarks.md (tables, machine, targets PASS/FAIL) + docs/benchmarks.json
+               + docs/pareto_<model>.png (memory against time, every method's points)
 
 Why this protocol: a CPU has no ``max_memory_allocated``. With ``MALLOC_MMAP_THRESHOLD_=65536``
 every tensor-sized allocation is an ``mmap`` returned to the OS when freed, so the resident-memory

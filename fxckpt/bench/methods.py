@@ -12,6 +12,11 @@
   the last segment un-checkpointed). Hugging Face blocks take extra arguments (attention mask,
   ...): the container of blocks is replaced by one module that closes over them, so the model's own
   loop calls it once.
+* ``sac_ops`` / ``sac_megatron``: every block under ``checkpoint(..., use_reentrant=False,
+  context_fn=...)`` with torch's selective-checkpoint contexts and an op policy: torchtitan's
+  (save attention kernels and every other matmul) or Megatron-LM's selective recompute (recompute
+  the attention core only); see :mod:`fxckpt.bench.sac`. Only for models whose blocks hold
+  attention (``ModelSpec.attention``); elsewhere the row says not applicable.
 * ``compile``: ``torch.compile(model)`` with its default backend, inductor (what a user of
   ``torch.compile`` runs; on CPU it generates C++ kernels), and
   ``torch._functorch.config.activation_memory_budget = b`` (set before the first, compiling step).
@@ -31,11 +36,17 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from fxckpt.bench.models import ModelSpec
+from fxckpt.bench.sac import POLICIES, wrap
 
-__all__ = ["METHODS", "BUDGETED", "NotApplicable", "prepare", "solve_seconds", "COMPILE_BACKEND"]
+__all__ = ["METHODS", "BUDGETED", "PEERS", "NotApplicable", "prepare", "solve_seconds",
+           "COMPILE_BACKEND"]
 
-METHODS = ("unmodified", "fxckpt", "checkpoint_per_block", "checkpoint_sequential", "compile")
+METHODS = ("unmodified", "fxckpt", "checkpoint_per_block", "checkpoint_sequential", "sac_ops",
+           "sac_megatron", "compile")
 """Every method, in report order."""
+
+PEERS = ("checkpoint_per_block", "checkpoint_sequential", "sac_ops", "sac_megatron", "compile")
+"""The methods fxckpt is compared with (targets, ``fxckpt @peer`` rows, the Pareto plot)."""
 
 BUDGETED = frozenset({"fxckpt", "compile"})
 """Methods run once per budget; the others once per model."""
@@ -75,6 +86,8 @@ def prepare(
         return _per_block(model, spec)
     if method == "checkpoint_sequential":
         return _sequential(model, spec)
+    if method in POLICIES:
+        return _selective(model, spec, method)
     if method == "compile":
         return _compile(model, float(_need(budget, method)), compile_backend)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -134,6 +147,17 @@ def _per_block(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, Facts]:
             checkpoint, block.forward, use_reentrant=False
         )
     return model, {"detail": f"{len(blocks)} blocks, each under checkpoint(use_reentrant=False)"}
+
+
+def _selective(model: nn.Module, spec: ModelSpec, method: str) -> tuple[nn.Module, Facts]:
+    if not spec.attention:
+        raise NotApplicable(f"{method} is an attention policy and {spec.name}'s blocks hold no "
+                            f"attention")
+    _, _, blocks = _blocks(model, spec)
+    for block in blocks:
+        wrap(block, method)
+    return model, {"detail": f"{len(blocks)} blocks, each under checkpoint(use_reentrant=False, "
+                             f"context_fn=selective contexts of the {method} policy)"}
 
 
 def _call_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], x: Any) -> Any:

@@ -1,5 +1,12 @@
 """The benchmark's models, defined here (the package never imports ``tests/``).
 
+The transformers are GPT-2 and BERT (learned positions, multi-head attention, GELU MLP) and a
+Llama-style decoder (RoPE, grouped-query attention: fewer key/value heads than query heads,
+SwiGLU MLP, RMSNorm, no biases, no dropout), all from Hugging Face configs with ``sdpa``
+attention. Llama's attention has no dropout, so on CPU its ``sdpa`` runs the fused
+``_scaled_dot_product_flash_attention_for_cpu`` kernel (GPT-2's and BERT's dropout sends
+theirs through the decomposed math path), which the op-level peers treat as one op.
+
 Each :class:`ModelSpec` builds a model with random weights, its inputs and its loss, and names
 the *blocks* (the repeated layers) that the ``torch.utils.checkpoint`` peers wrap. Full sizes make
 one training step take roughly 50-500 ms on one thread of the benchmark machine; quick sizes
@@ -16,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelSpec", "MODELS", "MODEL_NAMES", "BenchMLP", "BenchResNet", "spec_for", "Built"]
+__all__ = ["ModelSpec", "MODELS", "MODEL_NAMES", "BenchMLP", "BenchResNet", "spec_for", "Built",
+           "llama_config"]
 
 
 class BenchMLP(nn.Module):
@@ -87,6 +95,8 @@ class ModelSpec:
     iterated: bool
     """True when ``forward`` iterates the container (``for b in self.h``); False when it calls it.
     """
+    attention: bool = False
+    """True when the blocks hold attention (the op-level peers apply only then)."""
 
     def describe(self, quick: bool) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in (self.quick if quick else self.full).items())
@@ -144,8 +154,42 @@ def _bert(s: dict[str, int]) -> Built:
     return BertModel(cfg).train(), (ids,), lambda out: out.last_hidden_state.square().mean()
 
 
+def llama_config(s: dict[str, int]) -> Any:
+    """A ``LlamaConfig`` for the size dict ``s`` (``sdpa`` attention, no dropout, no cache)."""
+    from transformers import LlamaConfig
+
+    attention: dict[str, Any] = {"attn_implementation": "sdpa"}  # a kwarg the stubs do not list
+    return LlamaConfig(
+        vocab_size=s["vocab"],
+        hidden_size=s["width"],
+        intermediate_size=s["ffn"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        max_position_embeddings=s["seq"],
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+        use_cache=False,
+        **attention,
+    )
+
+
+def _llama(s: dict[str, int]) -> Built:
+    from transformers import LlamaForCausalLM
+
+    ids = torch.randint(s["vocab"], (s["batch"], s["seq"]))
+    return (
+        LlamaForCausalLM(llama_config(s)).train(),
+        (ids,),
+        lambda out: F.cross_entropy(out.logits.flatten(0, 1), ids.flatten()),
+    )
+
+
 _HF_FULL = {"layers": 12, "width": 128, "heads": 4, "vocab": 512, "batch": 4, "seq": 128}
 _HF_QUICK = {"layers": 2, "width": 64, "heads": 2, "vocab": 128, "batch": 8, "seq": 32}
+# SwiGLU's three matrices of ~8/3 x width hold as many weights as GPT-2's two of 4 x width.
+_LLAMA_FULL = dict(_HF_FULL, heads=4, kv_heads=2, ffn=352)
+_LLAMA_QUICK = dict(_HF_QUICK, heads=4, kv_heads=2, ffn=176)
 
 MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec(
@@ -169,6 +213,7 @@ MODELS: dict[str, ModelSpec] = {
         build=_gpt2,
         blocks="transformer.h",
         iterated=True,
+        attention=True,
         full=_HF_FULL,
         quick=_HF_QUICK,
     ),
@@ -177,8 +222,18 @@ MODELS: dict[str, ModelSpec] = {
         build=_bert,
         blocks="encoder.layer",
         iterated=True,
+        attention=True,
         full=_HF_FULL,
         quick=_HF_QUICK,
+    ),
+    "llama": ModelSpec(
+        name="llama",
+        build=_llama,
+        blocks="model.layers",
+        iterated=True,
+        attention=True,
+        full=_LLAMA_FULL,
+        quick=_LLAMA_QUICK,
     ),
 }
 """The benchmark models, in report order."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fxckpt.bench.models import spec_for
+from fxckpt.bench.plot import write_plots
 from fxckpt.bench.runner import NOISE_GROUPS
 from fxckpt.bench.targets import Check, noise_summary
 
@@ -41,6 +42,13 @@ they are allocated during warm-up and are not part of the step) of each model un
 * `checkpoint_sequential`: `torch.utils.checkpoint.checkpoint_sequential` over the blocks with
   round(sqrt(n)) segments (torch does not checkpoint the last segment); for the Hugging Face models
   the block list is replaced by one module that runs the blocks through it;
+* `sac_ops`: each block under `checkpoint(use_reentrant=False, context_fn=...)` with torch's
+  selective-checkpoint contexts and torchtitan's op policy: save every attention kernel's output
+  and every other matmul (`mm` / `addmm`, counted per block call), recompute the rest;
+* `sac_megatron`: the same contexts with Megatron-LM's selective recompute: recompute only the
+  attention core (scores, mask, softmax, dropout, probabilities x values, or the fused attention
+  kernel), save every other op's output (see `fxckpt/bench/sac.py`); both op-level peers apply to
+  the transformers only;
 * `compile b=…`: `torch.compile(model)` with its default backend, inductor (C++ kernels on this
   CPU), and `torch._functorch.config.activation_memory_budget = b`; the compiling step is a
   warm-up step, outside the measured ones. (Earlier versions of this benchmark used the debugging
@@ -74,7 +82,15 @@ the *memory noise* only (the larger spread, max - min, of the RSS samples of the
 compared; no other tolerance), and its time ratio is at most the peer's x (1 + the model's timing
 noise). Among fxckpt's points that meet the memory condition the fastest is compared; anything
 else is a FAIL. A difference within the timing noise counts as a tie and the target's detail says
-"equal within the noise"; fxckpt is called faster only beyond it.
+"equal within the noise"; fxckpt is called faster only beyond it. Each model's picture
+(`pareto_<model>.png`) shows every measured point: peak memory against step time (as a ratio to
+the unmodified model's), fxckpt's points joined by a line, each peer its own marker.
+
+**Issue 13's targets.** On GPT-2, BERT and the Llama-style model, at each peer's measured peak
+(per-block, `checkpoint_sequential`, `compile b=0.5`, the two op-level peers), fxckpt's step time
+is at most 0.95 x the peer's at a peak of at most 1.05 x the peer's; and at 0.66 of the unmodified
+peak on the Llama-style model (`fxckpt b=0.66`, run for that model only) its step time is at most
+1.10 x the unmodified model's.
 """
 
 
@@ -189,13 +205,15 @@ def _table(header: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def _model_section(model: str, rows: list[Row], quick: bool) -> list[str]:
+def _model_section(model: str, rows: list[Row], quick: bool, plot: Optional[str]) -> list[str]:
     mine = [r for r in rows if r["model"] == model]
+    picture = [f"![{model}: measured peak memory against step time, every method]({plot})", ""]
     return [
         f"### {spec_for(model).describe(quick)}",
         "",
         *_table(_COLUMNS, [_cells(r) for r in mine]),
         "",
+        *(picture if plot else []),
     ]
 
 
@@ -248,15 +266,18 @@ def render_markdown(result: dict[str, Any], checks: list[Check]) -> str:
         "## Results per model",
         "",
     ]
+    plots = result.get("plots") or {}
     for model in dict.fromkeys(r["model"] for r in result["rows"]):
-        lines += _model_section(model, result["rows"], opts["quick"])
+        lines += _model_section(model, result["rows"], opts["quick"], plots.get(model))
     lines += _scaling_section(result["scaling"]) + _targets_section(checks, result["rows"])
     return "\n".join(lines)
 
 
 def write_report(result: dict[str, Any], checks: list[Check], out: Path) -> tuple[Path, Path]:
-    """Write ``benchmarks.md`` and ``benchmarks.json`` into ``out``; returns both paths."""
+    """Write ``benchmarks.md``, ``benchmarks.json`` and the Pareto pictures
+    (``pareto_<model>.png``, linked from the markdown) into ``out``; returns the first two."""
     out.mkdir(parents=True, exist_ok=True)
+    result = dict(result, plots=write_plots(result["rows"], out))
     md, js = out / "benchmarks.md", out / "benchmarks.json"
     md.write_text(render_markdown(result, checks))
     payload = dict(

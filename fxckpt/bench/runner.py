@@ -32,8 +32,9 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS
+from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS, PEERS
 from fxckpt.bench.models import MODEL_NAMES, spec_for
+from fxckpt.bench.targets import LLAMA_FRACTION
 
 __all__ = ["BenchOptions", "Config", "configurations", "run_bench", "label", "matched_configs",
            "minimum_configs", "NOISE_GROUPS"]
@@ -70,6 +71,9 @@ class BenchOptions:
     """Budget fraction the solver-scaling measurement solves for."""
     match_peers: bool = True
     """Also run fxckpt with each peer's measured peak as its budget in bytes."""
+    extra_budgets: tuple[tuple[str, float], ...] = (("llama", LLAMA_FRACTION),)
+    """``(model, fraction)``: fxckpt-only budgets on top of the grid, for targets that name one
+    (the Llama-style model at 0.66 of its unmodified peak)."""
     timeout: float = 900.0
     """Seconds before a child is abandoned (its row becomes an error)."""
 
@@ -79,8 +83,10 @@ class BenchOptions:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
-        if any(not 0.0 < b <= 1.0 for b in self.budgets) or not self.budgets:
-            raise ValueError(f"budgets must be fractions in (0, 1] (got {self.budgets})")
+        extra = tuple(b for _, b in self.extra_budgets)
+        if any(not 0.0 < b <= 1.0 for b in self.budgets + extra) or not self.budgets:
+            raise ValueError(f"budgets must be fractions in (0, 1] (got {self.budgets}, "
+                             f"extra_budgets {self.extra_budgets})")
         if self.repeats < 1 or self.jobs < 1:
             raise ValueError(
                 f"repeats and jobs must be positive (got {self.repeats}, {self.jobs})"
@@ -121,7 +127,14 @@ def configurations(opts: BenchOptions) -> list[Config]:
     methods = ["unmodified"] + [m for m in METHODS if m in opts.methods and m != "unmodified"]
     return [Config(model, method, budget)
             for model in opts.models for method in methods
-            for budget in (opts.budgets if method in BUDGETED else (None,))]
+            for budget in _budgets(opts, model, method)]
+
+
+def _budgets(opts: BenchOptions, model: str, method: str) -> tuple[Optional[float], ...]:
+    if method not in BUDGETED:
+        return (None,)
+    extra = [b for m, b in opts.extra_budgets if m == model and method == "fxckpt"]
+    return tuple(sorted(set(opts.budgets) | set(extra)))
 
 
 def _child(function: str, kwargs: dict[str, Any], *, mmap: bool, timeout: float) -> Row:
@@ -206,7 +219,7 @@ def _add_ratios(rows: list[Row]) -> None:
             row["predicted_over_measured"] = row["predicted_peak"] / row["rss_bytes"]
 
 
-PEER_METHODS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
+PEER_METHODS = PEERS
 
 
 def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:

@@ -26,6 +26,13 @@
   FAIL, whatever the reason: no point at or below the peer's memory, or slower beyond the noise.
   A time difference within the noise counts as equal (a tie), and the detail says so; "faster"
   is said only beyond the noise.
+* **speed at the peer's peak** (issue 13) on GPT-2, BERT and the Llama-style model, for each
+  peer point (per-block checkpoint, ``checkpoint_sequential``, the two op-level policies, and
+  ``compile`` at budget 0.5): among fxckpt's measured points with peak <= 1.05 x the peer's
+  measured peak (the ``fxckpt @peer`` row is made for this), the fastest has step-time ratio
+  <= 0.95 x the peer's. No noise allowance: the thresholds are the issue's.
+* **Llama at 0.66** (issue 13): ``fxckpt b=0.66`` on the Llama-style model (a budget the runner
+  adds to the grid for it) has step-time ratio <= 1.10 x the unmodified model's.
 * **solve time**: the solver alone under 1 s on the 12-layer GPT-2 graph (every budget of the
   benchmark's GPT-2, and the scaling run's 12-layer graph).
 * **scaling**: solver time grows roughly linearly with graph size: the log-log slope of seconds
@@ -41,14 +48,25 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+from fxckpt.bench.methods import PEERS
+
 __all__ = ["Check", "check_targets", "timing_noise", "memory_noise", "noise_summary", "BUDGET_TOL",
-           "PREDICT_TOL", "SOLVE_LIMIT_S", "MAX_SLOPE", "PEERS"]
+           "PREDICT_TOL", "SOLVE_LIMIT_S", "MAX_SLOPE", "PEERS", "PEER_SPEED", "PEER_MEMORY",
+           "SPEED_MODELS", "LLAMA_FRACTION", "LLAMA_TIME_LIMIT"]
 
 BUDGET_TOL = 0.05
 PREDICT_TOL = 0.10
 SOLVE_LIMIT_S = 1.0
 MAX_SLOPE = 1.2
-PEERS = ("checkpoint_per_block", "checkpoint_sequential", "compile")
+PEER_SPEED = 0.95
+"""fxckpt's step time at most this x the peer's ..."""
+PEER_MEMORY = 1.05
+"""... at a peak of at most this x the peer's."""
+SPEED_MODELS = ("gpt2", "bert", "llama")
+SPEED_COMPILE_BUDGET = 0.5
+"""The one ``compile`` point the speed target compares with."""
+LLAMA_FRACTION = 0.66
+LLAMA_TIME_LIMIT = 1.10
 
 Row = dict[str, Any]
 MiB = 2**20
@@ -231,6 +249,56 @@ def _dominance(peer: Row, ours: list[Row], noise: Optional[tuple[float, int]]) -
     return Check("Pareto dominance", subject, speed <= 1 + tn, detail)
 
 
+def _speed(peer: Row, ours: list[Row]) -> Check:
+    subject = f"{peer['model']} {peer['label']}"
+    target = "speed at the peer's peak"
+    if not _ok(peer) or peer.get("time_ratio") is None:
+        why = peer.get("error") or peer.get("time_error")
+        return Check(target, subject, None, f"peer not measured: {why}")
+    limit = PEER_MEMORY * peer["rss_bytes"]
+    fit = [r for r in ours if _ok(r) and r.get("time_ratio") is not None
+           and r["rss_bytes"] <= limit]
+    if not fit:
+        return Check(target, subject, False, f"no timed fxckpt point at or below {PEER_MEMORY:.2f}"
+                     f" x the peer's peak {_mib(peer['rss_bytes'])} = {_mib(limit)}")
+    best = min(fit, key=lambda r: r["time_ratio"])
+    speed = best["time_ratio"] / peer["time_ratio"]
+    return Check(target, subject, speed <= PEER_SPEED,
+                 f"{best['label']}: {_mib(best['rss_bytes'])} "
+                 f"({best['rss_bytes'] / peer['rss_bytes']:.3f}x the peer's "
+                 f"{_mib(peer['rss_bytes'])}), {best['time_ratio']:.2f}x time vs the peer's "
+                 f"{peer['time_ratio']:.2f}x: fxckpt/peer time = {speed:.3f} "
+                 f"(limit {PEER_SPEED:.2f})")
+
+
+def _speed_checks(rows: list[Row], model: str) -> list[Check]:
+    if model not in SPEED_MODELS:
+        return []
+    ours = [r for r in rows if r["model"] == model and r["method"] == "fxckpt"]
+    return [_speed(p, ours) for p in rows if p["model"] == model and p["method"] in PEERS
+            and (p["method"] != "compile" or p["budget"] == SPEED_COMPILE_BUDGET)]
+
+
+def _llama_check(rows: list[Row]) -> list[Check]:
+    """fxckpt at 0.66 of the Llama-style model's unmodified peak: step time <= 1.10x."""
+    mine = [r for r in rows if r["model"] == "llama"]
+    if not mine:
+        return []
+    target, subject = f"time at {LLAMA_FRACTION:g}", f"llama fxckpt b={LLAMA_FRACTION:g}"
+    row = next((r for r in mine if r["method"] == "fxckpt" and r["budget"] == LLAMA_FRACTION
+                and not r.get("match") and not r.get("minimum_of")), None)
+    if row is None:
+        return [Check(target, subject, None, "not run")]
+    if not _ok(row) or row.get("time_ratio") is None:
+        why = f"{row.get('status')}: {row.get('error') or row.get('time_error')}"
+        return [Check(target, subject, False, f"no timed measurement: {why}")]
+    ratio, peak = row["time_ratio"], row.get("peak_ratio")
+    memory = f"peak {peak:.3f}x the unmodified model's" if peak else "peak ratio not measured"
+    return [Check(target, subject, ratio <= LLAMA_TIME_LIMIT,
+                  f"step time {ratio:.3f}x the unmodified model's (limit "
+                  f"{LLAMA_TIME_LIMIT:.2f}); {memory}")]
+
+
 def _solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
     checks = [
         Check(
@@ -301,4 +369,7 @@ def check_targets(rows: list[Row], scaling: list[Row]) -> list[Check]:
             for p in rows
             if p["model"] == model and p["method"] in PEERS
         ]
+    for model in models:
+        checks += _speed_checks(rows, model)
+    checks += _llama_check(rows)
     return checks + _solve_checks(rows, scaling) + _scaling_check(scaling)
