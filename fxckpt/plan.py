@@ -9,6 +9,7 @@ and handed back later.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import html
 from typing import Any
@@ -364,17 +365,12 @@ _HINTS = {
 
 def _count_kinds(kinds: tuple[str, ...]) -> str:
     """``addmm x2, gelu`` (most frequent first), or ``-``."""
-    counts: dict[str, int] = {}
-    for k in kinds:
-        counts[k] = counts.get(k, 0) + 1
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    ranked = collections.Counter(kinds).most_common()
     return ", ".join(k if c == 1 else f"{k} x{c}" for k, c in ranked) or "-"
 
 
 def _kept_text(s: Segment) -> str:
-    if not s.keeps:
-        return "-"
-    return f"{_count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})"
+    return f"{_count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})" if s.keeps else "-"
 
 
 def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]],
