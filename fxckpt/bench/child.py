@@ -115,7 +115,7 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
 
 
 def solve_scaling(layers: list[int], budgets: list[float], repeats: int = 3) -> Result:
-    """``fxckpt.solver.solve`` wall time on GPT-2 graphs with each layer count (tiny width:
+    """The budget solver's wall time on GPT-2 graphs with each layer count (tiny width:
     the graph's size is what the solver's time depends on). Pure Python: threads do not matter,
     and it also runs inside the test process, whose settings it must leave alone."""
     sizes = {"width": 32, "heads": 2, "vocab": 64, "batch": 2, "seq": 32}

@@ -201,7 +201,9 @@ def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..
 
 def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budget],
                   repeats: int = 1) -> list[Facts]:
-    """Wall time of ``fxckpt.solver.solve`` alone, per budget fraction, after capture + annotate.
+    """Wall time of the budget solver alone (``fxckpt.solver.selective.solve_selective`` with the
+    outputs the planner offers it, as ``transform`` runs it), per budget fraction, after capture
+    and annotate.
 
     The budget in bytes (an ``int`` as given, a ``float`` as that fraction of the predicted eager
     peak) minus the reserve is what the solver gets, as in ``transform``. Each timing gets a fresh
@@ -209,17 +211,26 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
     """
     from fxckpt.passes import annotate, capture
     from fxckpt.passes.graph_view import problem_of
+    from fxckpt.passes.graphs import planned_nodes
+    from fxckpt.passes.keeps import choices
 
     captured = capture(model, inputs, {})
     annotate(captured.gm, captured.graph_args(inputs, {}))
-    return [_time_solve(lambda: problem_of(captured.gm), b, repeats) for b in budgets]
+    order = planned_nodes(captured.gm.graph)
+
+    def make() -> tuple[Any, Any]:
+        problem = problem_of(captured.gm)
+        return problem, choices(problem, order, {})[0]
+
+    return [_time_solve(make, b, repeats) for b in budgets]
 
 
 def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
     from fxckpt.passes.prediction import reserve
-    from fxckpt.solver import BudgetInfeasible, simulate, solve
+    from fxckpt.solver import BudgetInfeasible, simulate
+    from fxckpt.solver.selective import solve_selective
 
-    problem = make()
+    problem, _ = make()
     extra = reserve(problem)
     total = (
         budget
@@ -229,10 +240,10 @@ def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
     limit = total - extra
     times, feasible = [], True
     for _ in range(repeats):
-        problem = make()
+        problem, offered = make()
         start = time.perf_counter()
         try:
-            solve(problem, max(limit, 0))
+            solve_selective(problem, max(limit, 0), offered)
         except BudgetInfeasible:
             feasible = False
         times.append(time.perf_counter() - start)
