@@ -30,7 +30,7 @@ from fxckpt.passes.fit import Verify, fit
 from fxckpt.passes.strategies import Fitting
 from fxckpt.passes.graphs import copy_graph_module
 from fxckpt.passes.sharding import full_parameters, recomputable
-from fxckpt.passes.state_guard import hooks_off
+from fxckpt.passes.state_guard import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.signature import describe_signature, signature_key
 from fxckpt.verify import fake_step_peak
@@ -134,7 +134,7 @@ def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: 
               hooked: list[torch.nn.Module], device: str) -> Verify:
     """The verified peak of a training step of a graph for these inputs (:mod:`fxckpt.verify`)."""
     def verify(gm: torch.fx.GraphModule) -> int:
-        with hooks_off(hooked):
+        with hooks_off(hooked, keep=weight_computing_hooks()):
             return fake_step_peak(gm, lambda a, k: captured.call(gm, a, k), args, kwargs,
                                   loss_fn=config.loss_fn, device=device)
     return verify

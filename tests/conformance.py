@@ -20,9 +20,7 @@ from support import run_step
 from zoo import ZooCase
 
 STRATEGIES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("every=2", {"every": 2}), ("depth", {}), ("budget=0.6", {"budget": 0.6, "verify": False}))
-# verify=False: verified budgets are not yet run over the zoo (audio models use weight_norm,
-# whose verification is a known bug, see test_fidelity's _WEIGHT_NORM).
+    ("every=2", {"every": 2}), ("depth", {}), ("budget=0.6", {"budget": 0.6}))
 
 
 @dataclasses.dataclass
@@ -80,7 +78,7 @@ def _run(name: str, model: torch.nn.Module, reference: torch.nn.Module, options:
         tm = fxckpt.transform(model, **options, example_inputs=args, example_kwargs=kwargs)
     except fxckpt.BudgetInfeasibleError as e:  # a tiny model: ask for the smallest feasible budget
         tm = fxckpt.transform(
-            model, budget=e.min_budget, verify=False, example_inputs=args, example_kwargs=kwargs
+            model, budget=e.min_budget, example_inputs=args, example_kwargs=kwargs
         )
         note = f"0.6 infeasible; min_budget {e.min_budget} B used"
     info = fxckpt.inspect(tm)

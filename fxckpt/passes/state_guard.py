@@ -181,6 +181,15 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def weight_computing_hooks() -> tuple[type, ...]:
+    """torch's own forward pre-hooks that compute a weight from parameters every call (old-style
+    ``weight_norm``): a run on fake tensors needs them, or it reads the weight the last real
+    forward left behind, with that forward's autograd graph."""
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    return (WeightNorm,)
+
+
 @contextlib.contextmanager
 def preserved_tensors(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
     """Put the values of ``tensors`` back on exit (buffers a forward writes in place)."""
@@ -194,12 +203,15 @@ def preserved_tensors(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def hooks_off(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
-    """Switch off the modules' own hooks for the duration (they are put back on exit)."""
+def hooks_off(modules: Iterable[torch.nn.Module],
+              keep: tuple[type, ...] = ()) -> Iterator[None]:
+    """Switch off the modules' own hooks for the duration (they are put back on exit), except
+    hooks that are instances of ``keep``."""
     saved = [(m, {t: m.__dict__[t] for t in _HOOK_TABLES}) for m in modules]
-    for m, _ in saved:
+    for m, tables in saved:
         for table in _HOOK_TABLES:
-            m.__dict__[table] = type(m.__dict__[table])()
+            m.__dict__[table] = type(tables[table])(
+                (k, h) for k, h in tables[table].items() if isinstance(h, keep))
     try:
         yield
     finally:
