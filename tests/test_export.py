@@ -627,7 +627,7 @@ def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> No
     legacy = {"program": "programs/v0/segment_0.json", "attrs": {
         "_fxckpt_name": encode("segment_0", "name"),
         "_fxckpt_restores": encode(("bn.running_mean",), "restores")}}
-    assert _segment_fields(legacy) == ("segment_0", ("bn.running_mean",))
+    assert _segment_fields(legacy) == ("segment_0", ("bn.running_mean",), 0)  # none kept
     assert _segment_fields({"program": "p", "attrs": {}}) is None
     with pytest.raises(ExportError, match="a graph module has no saved attribute 'code'"):
         _segment_fields({"program": "p", "attrs": {"code": "x"}})
@@ -636,3 +636,14 @@ def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> No
     with pytest.raises(ExportError, match="is not a name an export may use"):
         _segment_fields({"program": "p", "attrs": {},
                          "segment": {"name": "s", "restores": ["a b"]}})
+
+
+def test_a_segments_kept_count_must_be_a_non_negative_int() -> None:
+    from fxckpt.export.rebuild import _segment_fields
+
+    entry = {"program": "p", "attrs": {}, "segment": {"name": "segment_0", "restores": []}}
+    assert _segment_fields({**entry, "segment": {**entry["segment"], "kept": 3}}) == (
+        "segment_0", (), 3)
+    for bad in (-1, "2", True, 1.5):
+        with pytest.raises(ExportError, match="kept count must be an int >= 0"):
+            _segment_fields({**entry, "segment": {**entry["segment"], "kept": bad}})

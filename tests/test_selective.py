@@ -111,10 +111,14 @@ def test_gpt2_with_dropout_keeps_exact_grads_and_never_keeps_random_ops() -> Non
     model = GPT2LMHeadModel(cfg).train()
     ids = torch.randint(0, 64, (4, 64))
     eager = copy.deepcopy(model)
-    tm = fxckpt.transform(model, budget=0.6, example_inputs=(ids,))
+    # addmm pinned (so the test does not hang on the solver's choice); dropout pinned too, and
+    # refused: a random op is never kept, or the recompute would draw other masks.
+    tm = fxckpt.transform(model, budget=0.6, example_inputs=(ids,), force={
+        "op:aten.addmm": "save", "op:aten.bernoulli_": "save", "op:aten.native_dropout": "save"})
     plan = fxckpt.inspect(tm).plan
-    assert any(s.keeps for s in plan.segments), str(plan)
-    assert not {"bernoulli_", "native_dropout"} & {k for s in plan.segments for k in s.kept_ops}
+    kinds = {k for s in plan.segments for k in s.kept_ops}
+    assert "addmm" in kinds, str(plan)
+    assert not {"bernoulli_", "native_dropout", "dropout", "mul"} & kinds
     assert_steps_equal(run_step(tm, (ids,), {}), run_step(eager, (ids,), {}))
 
 
@@ -154,11 +158,14 @@ def test_a_saved_selective_module_and_a_replayed_plan_keep_the_same_calls(tmp_pa
     path = os.path.join(tmp_path, "m")
     fxckpt.save(tm, path)
     loaded = fxckpt.load(path)
-    cached = {n: m.cached for n, m in fxckpt.inspect(tm).graph_module.named_children()
-              if n.startswith("segment")}
-    assert any(cached.values())
-    assert cached == {n: m.cached for n, m in fxckpt.inspect(loaded).graph_module
-                      .named_children() if n.startswith("segment")}
+    kept = {n: (m.kept, m.code.count("fxckpt_keep_begin("))
+            for n, m in fxckpt.inspect(tm).graph_module.named_children()
+            if n.startswith("segment")}
+    assert sum(k for k, _ in kept.values()) == len(_kept(tm)) > 0
+    assert all(k == calls for k, calls in kept.values())
+    assert kept == {n: (m.kept, m.code.count("fxckpt_keep_begin("))
+                    for n, m in fxckpt.inspect(loaded).graph_module.named_children()
+                    if n.startswith("segment")}
     assert_steps_equal(run_step(loaded, (x,), {}), run_step(eager, (x,), {}))
     replayed = fxckpt.transform(copy.deepcopy(eager), plan=plan, example_inputs=(x,))
     assert _kept(replayed) == [k for s in plan.segments for k in s.keeps]

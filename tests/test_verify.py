@@ -65,12 +65,14 @@ def test_a_budget_between_simulated_and_verified_is_tightened() -> None:
     model, x = Wide(), torch.randn(256, 256)
     eager = _tracked(copy.deepcopy(model), x)
     budget = int(0.75 * eager)
+    # Whole segments (selective=False): the premise below is built for that plan.
     unverified = fxckpt.inspect(fxckpt.transform(
-        model, budget=budget, verify=False, example_inputs=(x,))).plan
+        model, budget=budget, verify=False, selective=False, example_inputs=(x,))).plan
     replayed = fxckpt.inspect(fxckpt.transform(
         model, plan=unverified, verify=True, loss_fn=_square, example_inputs=(x,))).plan
     assert unverified.predicted_peak <= budget < replayed.verified_peak, "the premise"
-    tm = fxckpt.transform(model, budget=budget, loss_fn=_square, example_inputs=(x,))
+    tm = fxckpt.transform(model, budget=budget, loss_fn=_square, selective=False,
+                          example_inputs=(x,))
     plan = fxckpt.inspect(tm).plan
     assert plan.verified_peak <= budget
     assert plan.segments != unverified.segments

@@ -282,8 +282,9 @@ def _graph(
              if isinstance(v, pytree.TreeSpec)}
     described: dict[str, Any] = {"class_name": type(gm).__name__, "attrs": {}, "specs": specs}
     if isinstance(gm, Segment):
-        described["segment"] = {"name": gm.name, "restores": list(gm.restores),
-                                 "cached": [[op, k] for op, k in gm.cached]}
+        described["segment"] = {"name": gm.name, "restores": list(gm.restores)}
+        if gm.kept:
+            described["segment"]["kept"] = gm.kept
     return described
 
 

@@ -105,7 +105,7 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
         fields = _segment_fields(e)
         if fields is not None:
             return Segment(torch.nn.Module(), torch.fx.Graph(), name=fields[0],
-                           restores=fields[1], cached=fields[2])
+                           restores=fields[1], kept=fields[2])
         return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
     raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")
 
@@ -130,8 +130,8 @@ def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) ->
 
 def _segment_fields(
     e: dict[str, Any]
-) -> Optional[tuple[str, tuple[str, ...], tuple[tuple[str, int], ...]]]:
-    """A segment's ``(name, restores, cached)`` if the graph entry is a lowered segment, else
+) -> Optional[tuple[str, tuple[str, ...], int]]:
+    """A segment's ``(name, restores, kept)`` if the graph entry is a lowered segment, else
     None."""
     where = e.get("program")
     attrs = e.get("attrs", {})
@@ -149,19 +149,15 @@ def _segment_fields(
         raise ExportError(f"{where}: a segment needs a name and a list of buffers to restore "
                           f"(got {str(fields)[:80]})")
     return (name, tuple(check_name(n, f"{where}: a buffer to restore") for n in restores),
-            _cached(fields.get("cached", ()), str(where)))
+            _kept(fields.get("kept", 0), str(where)))
 
 
-def _cached(value: Any, where: str) -> tuple[tuple[str, int], ...]:
-    """A segment's kept calls: ``[["aten.mm.default", 0], ...]`` (names only; never resolved)."""
-    ok = isinstance(value, (list, tuple)) and all(
-        isinstance(c, (list, tuple)) and len(c) == 2 and isinstance(c[0], str)
-        and len(c[0]) < 200 and isinstance(c[1], int) and not isinstance(c[1], bool)
-        and c[1] >= 0 for c in value)
-    if not ok:
-        raise ExportError(f"{where}: a segment's kept calls must be [op name, position] pairs "
+def _kept(value: Any, where: str) -> int:
+    """How many nodes a segment keeps (selective recompute)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ExportError(f"{where}: a segment's kept count must be an int >= 0 "
                           f"(got {str(value)[:80]})")
-    return tuple((c[0], c[1]) for c in value)
+    return value
 
 
 def _link(mod: torch.nn.Module, e: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[Slot]:

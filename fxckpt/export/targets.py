@@ -93,10 +93,13 @@ def _runtime_functions() -> dict[str, Any]:
 
     from fxckpt.runtime.checkpoint import checkpoint
     from fxckpt.runtime.offload import offload_region
+    from fxckpt.runtime.selective import keep_begin, keep_end
 
     higher_order = torch.ops.higher_order
     return {
         "fxckpt.checkpoint": checkpoint,
+        "fxckpt.keep_begin": keep_begin,
+        "fxckpt.keep_end": keep_end,
         "fxckpt.runtime.offload.offload_region": offload_region,
         "torch._assert": torch._assert,
         "torch._check": torch._check,

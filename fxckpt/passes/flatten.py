@@ -23,6 +23,7 @@ import torch.fx
 
 from fxckpt.errors import PlanError
 from fxckpt.plan import Plan
+from fxckpt.runtime.selective import keep_begin, keep_end
 
 __all__ = ["flatten", "graph_view", "segment_call_name"]
 
@@ -80,7 +81,9 @@ def _inline(flat: torch.fx.Graph, sub: torch.nn.Module, inputs: list[Any]) -> An
         if n.op == "output":
             out = n.args[0]
             return tuple(env[o] for o in out) if isinstance(out, (tuple, list)) else env[out]
-        if n.op != "placeholder":
+        if n.op == "call_function" and n.target is keep_end:  # selective recompute's brackets
+            env[n] = env[n.args[1]]
+        elif n.op != "placeholder" and not (n.op == "call_function" and n.target is keep_begin):
             env[n] = flat.node_copy(n, lambda a: env[a])
     raise PlanError("flatten: segment graph has no output")
 

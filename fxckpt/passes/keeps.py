@@ -3,11 +3,9 @@ their outputs again.
 
 A segment normally runs every node again in backward. With selective recompute the planner keeps
 some nodes' outputs from forward instead (:mod:`fxckpt.solver.selective` chooses which); the
-runtime (:mod:`fxckpt.runtime.selective`) works as torch's selective checkpoint does: it sees
-aten calls, not fx nodes. So each kept node is named to the runtime by the call that makes its
-output, as annotate saw it: the overload and its position among the segment's calls of that
-overload (``("aten.mm.default", 2)``: the segment's third ``mm``). Forward and recompute make
-those calls in the same order, so the position is stable; node names do not matter.
+runtime (:mod:`fxckpt.runtime.selective`) works as torch's selective checkpoint does, below
+autograd, on the aten calls of each kept node, which lowering brackets with
+``fxckpt_keep_begin(i)`` / ``fxckpt_keep_end(i, value)``.
 
 A node may be kept when keeping it cannot change what the step computes:
 
@@ -22,8 +20,6 @@ every ``mm`` inside a segment (any strategy), ``"recompute"`` never keeps it.
 
 from __future__ import annotations
 
-import functools
-from collections import defaultdict
 from typing import Mapping, Optional, Sequence
 
 import torch
@@ -33,7 +29,7 @@ from fxckpt.passes.annotate import info
 from fxckpt.passes.graph_view import SYNTHETIC
 from fxckpt.solver import Problem
 
-__all__ = ["OP_PREFIX", "op_pins", "module_pins", "Groups", "choices", "cached_calls"]
+__all__ = ["OP_PREFIX", "op_pins", "module_pins", "Groups", "choices"]
 
 OP_PREFIX = "op:"
 """``force`` keys starting with this pin an aten op (``op:aten.mm`` or ``op:aten.mm.default``)."""
@@ -94,46 +90,3 @@ def choices(problem: Problem, order: Sequence[torch.fx.Node],
         elif info(n).flops > 0:
             offered.append(group)
     return offered, forced
-
-
-@functools.lru_cache(maxsize=None)
-def _is_view(call: str) -> bool:
-    """Whether the aten overload ``call`` (``aten.view.default``) returns a view."""
-    namespace, _, rest = call.partition(".")
-    name, _, overload = rest.rpartition(".")
-    try:
-        op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    except (AttributeError, RuntimeError):
-        return False
-    return bool(getattr(op, "is_view", False))
-
-
-_CONVERSIONS = frozenset({"_to_copy", "clone", "contiguous", "copy_", "lift_fresh"})
-"""Calls that convert or copy: autocast casts differ between forward and recompute (the forward
-may reuse a cached cast), so they are never the call a kept node is found by."""
-
-
-def _main_call(calls: Sequence[str]) -> Optional[int]:
-    """Index of the call making the node's output: its last call that is not a view or a copy."""
-    for k in range(len(calls) - 1, -1, -1):
-        if not _is_view(calls[k]) and calls[k].split(".")[1] not in _CONVERSIONS:
-            return k
-    return None
-
-
-def cached_calls(members: Sequence[torch.fx.Node],
-                 keeps: Sequence[str]) -> tuple[tuple[str, int], ...]:
-    """The aten calls of a segment whose outputs the runtime keeps: each kept node's main call
-    (:func:`_main_call`), as ``(overload, position among the segment's calls of it)``."""
-    if not keeps:  # (a hand-made plan may lower an unannotated graph)
-        return ()
-    kept, counts = set(keeps), defaultdict(int)  # type: ignore[var-annotated]
-    out = []
-    for n in members:
-        calls = info(n).calls
-        main = _main_call(calls) if n.name in kept else None
-        for k, call in enumerate(calls):
-            if k == main:
-                out.append((call, counts[call]))
-            counts[call] += 1
-    return tuple(out)

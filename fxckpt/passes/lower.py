@@ -21,11 +21,11 @@ import torch.fx
 
 from fxckpt.errors import PlanError
 from fxckpt.passes.graphs import copy_nodes
-from fxckpt.passes.keeps import cached_calls
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
 from fxckpt.runtime.segment import Segment as SegmentModule
+from fxckpt.runtime.selective import keep_begin, keep_end
 
 __all__ = ["lower"]
 
@@ -76,9 +76,9 @@ def _lower_segment(
     member_set = set(members)
     inputs = [nodes[name] for name in seg.inputs]
     outputs = [nodes[name] for name in seg.outputs]
-    body = _extract(gm, members, inputs, outputs)
+    body = _extract(gm, members, inputs, outputs, seg.keeps)
     sub = SegmentModule(body, body.graph, name=seg.name, restores=seg.restores,
-                        cached=cached_calls(members, seg.keeps))
+                        kept=len(seg.keeps))
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)
 
@@ -114,20 +114,33 @@ def _lower_segment(
     )
 
 
+def _bracket(graph: torch.fx.Graph, node: torch.fx.Node, index: int) -> None:
+    """``keep_begin(i)``; the node; ``node = keep_end(i, node)`` for every later use."""
+    with graph.inserting_before(node):
+        graph.call_function(keep_begin, (index,))
+    with graph.inserting_after(node):
+        end = graph.call_function(keep_end, (index, node))
+    end.meta = dict(node.meta)
+    node.replace_all_uses_with(end, delete_user_cb=lambda user: user is not end)
+
+
 def _extract(
     gm: torch.fx.GraphModule,
     members: list[torch.fx.Node],
     inputs: list[torch.fx.Node],
     outputs: list[torch.fx.Node],
+    keeps: tuple[str, ...] = (),
 ) -> torch.fx.GraphModule:
-    """A GraphModule computing ``outputs`` of ``members`` from ``inputs``, sharing ``gm``'s state.
-    """
+    """A GraphModule computing ``outputs`` of ``members`` from ``inputs``, sharing ``gm``'s state;
+    each node named in ``keeps`` bracketed by the runtime's keep calls (selective recompute)."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in inputs:
         env[n] = graph.placeholder(n.name)
         env[n].meta = dict(n.meta)
     copy_nodes(graph, members, env)
+    for index, name in enumerate(keeps):
+        _bracket(graph, next(env[m] for m in members if m.name == name), index)
     result = tuple(env[o] for o in outputs)
     graph.output(result[0] if len(result) == 1 else result)
     graph.lint()

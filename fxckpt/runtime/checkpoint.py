@@ -14,9 +14,9 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
 * a recompute whose saved tensors differ from the first run's (shape, dtype, device) raises
   PyTorch's ``CheckpointError``, whose metadata names the segment and the tensor position;
 * in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead;
-* a segment with ``cached`` calls (selective recompute) keeps those calls' outputs from forward
-  and hands them to the recompute instead of running the op again
-  (:mod:`fxckpt.runtime.selective`); such a segment can be backpropagated through once.
+* a segment with kept nodes (selective recompute) keeps their outputs from forward and hands them
+  to the recompute instead of running their main op again (:mod:`fxckpt.runtime.selective`);
+  such a segment can be backpropagated through once.
 
     forward:   inputs --segment (no grad, nothing kept)--> outputs        [keeps: inputs, and
                                                                            written buffers' values]
@@ -34,7 +34,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from fxckpt.runtime.segment import Recomputable
-from fxckpt.runtime.selective import keep_contexts
+from fxckpt.runtime.selective import Keeper
 
 
 __all__ = ["checkpoint", "is_recomputing"]
@@ -132,27 +132,13 @@ class _FirstRun(_Named):
     def __enter__(self) -> None:
         super().__enter__()
         self.call.before = [b.detach().clone() for b in self.call.buffers]
-
-
-class _Both:
-    """Two context managers entered in order and left in reverse."""
-
-    def __init__(self, outer: Any, inner: Any) -> None:
-        self.outer, self.inner = outer, inner
-
-    def __enter__(self) -> None:
-        self.outer.__enter__()
-        try:
-            self.inner.__enter__()
-        except BaseException:
-            self.outer.__exit__(None, None, None)
-            raise
+        if self.call.keeper is not None:
+            self.call.keeper.enter("forward")
 
     def __exit__(self, *exc: Any) -> None:
-        try:
-            self.inner.__exit__(*exc)
-        finally:
-            self.outer.__exit__(*exc)
+        if self.call.keeper is not None:
+            self.call.keeper.leave()
+        super().__exit__(*exc)
 
 
 class _SegmentCall:
@@ -170,13 +156,10 @@ class _SegmentCall:
         self.buffers = _restored(segment)
         self.before: list[torch.Tensor] = []
         self.after: list[torch.Tensor] = []
-        self.cached = frozenset(getattr(segment, "cached", ()))
+        self.keeper = Keeper(self.name) if getattr(segment, "kept", 0) else None
 
-    def contexts(self) -> tuple[Any, Any]:
-        if not self.cached:
-            return _FirstRun(self), self
-        store, reuse = keep_contexts(self.cached, self.name)
-        return _Both(_FirstRun(self), store), _Both(self, reuse)
+    def contexts(self) -> tuple[_FirstRun, "_SegmentCall"]:
+        return _FirstRun(self), self
 
     def __enter__(self) -> None:
         log.debug("recomputing %s", self.name)
@@ -185,8 +168,12 @@ class _SegmentCall:
         _local.depth = getattr(_local, "depth", 0) + 1
         # Left set on exit: torch compares the recomputed tensors' metadata right after this.
         _local.segment = self.name
+        if self.keeper is not None:
+            self.keeper.enter("recompute")
 
     def __exit__(self, *exc: Any) -> None:
+        if self.keeper is not None:
+            self.keeper.leave()
         _local.depth -= 1
         _put(self.buffers, self.after)
         self.after = []

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Recomputable", "Segment", "SEGMENT_FIELDS", "segment_of"]
 
-SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "cached")
+SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept")
 """Attribute names a :class:`Segment` owns (a model's attribute of that name is renamed)."""
 
 
@@ -56,25 +56,23 @@ class Segment(torch.fx.GraphModule, Recomputable):
     offloader: Optional["Offloader"] = None
     """Set for a segment the plan offloads: its forward runs under these saved-tensor hooks."""
 
-    cached: tuple[tuple[str, int], ...] = ()
-    """Aten calls whose outputs are kept from forward, not recomputed (selective recompute), as
-    ``(overload, position among the segment's calls of that overload)``:
-    ``("aten.mm.default", 1)`` is the segment's second ``mm``."""
+    kept: int = 0
+    """How many nodes of the segment keep their output from forward (selective recompute: their
+    code is bracketed by ``fxckpt_keep_begin`` / ``fxckpt_keep_end``)."""
 
     def __init__(self, root: nn.Module, graph: torch.fx.Graph, *, name: str,
-                 restores: tuple[str, ...] = (),
-                 cached: tuple[tuple[str, int], ...] = ()) -> None:
+                 restores: tuple[str, ...] = (), kept: int = 0) -> None:
         super().__init__(root, graph, class_name="Segment")
         self.name = name
         self.restores = tuple(restores)
-        self.cached = tuple((str(op), int(k)) for op, k in cached)
+        self.kept = int(kept)
 
     def __deepcopy__(self, memo: dict[int, object]) -> "Segment":
         if self.offloader is not None:  # a policy object with streams and a pool: shared
             memo[id(self.offloader)] = self.offloader
         res = super().__deepcopy__(memo)
         assert isinstance(res, Segment)  # GraphModule.__deepcopy__ makes an instance of our class
-        res.name, res.restores, res.cached = self.name, self.restores, self.cached
+        res.name, res.restores, res.kept = self.name, self.restores, self.kept
         res.offloader = self.offloader
         return res
 

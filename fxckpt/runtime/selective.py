@@ -1,102 +1,150 @@
-"""Selective recompute at run time: keep some aten calls' outputs from a segment's forward and
-hand them to its recompute instead of running those calls again.
+"""Selective recompute at run time: keep some nodes' outputs from a segment's forward and hand
+them to its recompute instead of running those nodes' main op again.
 
-A segment lowered with ``cached`` calls (``("aten.addmm.default", 1)``: its second ``addmm``)
-runs its forward under :class:`_Store` and its recompute under :class:`_Reuse`. Both sit below
-autograd (torch dispatch modes), as torch's own selective checkpoint does: autograd records the
-op and what its backward saves as usual, and only the kernel is skipped in the recompute.
+The lowered segment brackets each kept node with two calls::
 
-Why not ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` itself: its recompute
-refuses any call the forward did not make the same number of times. Under autocast the two runs
-differ in calls we never keep (the forward reuses autocast's cached bf16 weight casts; the
-recompute, in a fresh autocast region, casts again), and torch's contexts then fail. Here calls
-are counted per overload, so a kept ``addmm`` is found by its place among the ``addmm`` calls
-whatever else differs, and every call not kept simply runs. As in torch, a kept tensor written in
-place between forward and recompute is an error, and a region can be recomputed once.
+    fxckpt_keep_begin(0)
+    addmm = torch.ops.aten.addmm.default(bias, x, weight)
+    addmm_kept = fxckpt_keep_end(0, addmm)
+
+Between them a torch dispatch mode sits below autograd, as in torch's own selective checkpoint
+(autograd records the op and what its backward saves as usual; only the kernel is skipped):
+
+* in the segment's first run (:class:`Keeper` in its forward phase) it runs every call and keeps
+  the output of the node's *main* call: its last call that is not a view or a copy (``addmm``,
+  not the ``t`` before it nor a cast);
+* in the recompute it runs every call but the main one, whose kept output it returns.
+
+The mode is active for the kept node only (one or a few aten calls), not for the whole segment:
+a mode over every call of a segment cost about 8% of a GPT-2 step on this CPU. Calls are counted
+per node, so the two runs may differ in calls that are never kept (autocast's cached weight
+casts). Outside a checkpointed run (eval, ``no_grad``, ``torch.compile``) the brackets do
+nothing. As in torch, a kept tensor written in place before the recompute is an error, and a
+segment with kept outputs can be backpropagated through once.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Optional
 
 import torch
 import torch.utils._pytree as pytree
-import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["keep_contexts", "IGNORED"]
+__all__ = ["Keeper", "keep_begin", "keep_end", "active"]
 
-IGNORED = frozenset(str(op) for op in getattr(
-    torch_checkpoint, "SAC_IGNORED_OPS", {torch.ops.aten.detach.default}))
-"""Calls not counted (``detach``, which checkpoint itself adds in different numbers), the same
-set annotate leaves out when it records a node's calls."""
+_local = threading.local()
+_COPIES = frozenset({"_to_copy", "clone", "contiguous", "copy_", "lift_fresh", "detach"})
 
 
-class _Counted(TorchDispatchMode):
-    def __init__(self, store: dict[tuple[str, int], Any], name: str) -> None:
+def _is_main_candidate(func: Any) -> bool:
+    """Calls that can make a node's output: not views, not copies or casts."""
+    return not getattr(func, "is_view", False) and func.overloadpacket.__name__ not in _COPIES
+
+
+class _Record(TorchDispatchMode):
+    """Forward: run the node's calls; remember the last candidate's output and its position."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.store, self.name = store, name
-        self.seen: dict[str, int] = {}
-
-    def _key(self, func: Any) -> Optional[tuple[str, int]]:
-        op = str(func)
-        if op in IGNORED:
-            return None
-        k = self.seen.get(op, 0)
-        self.seen[op] = k + 1
-        return op, k
-
-
-class _Store(_Counted):
-    """Forward: run every call; keep the outputs of the calls named ``cached`` (detached, with
-    their version counters)."""
-
-    def __init__(self, store: dict[tuple[str, int], Any], cached: frozenset[tuple[str, int]],
-                 name: str) -> None:
-        super().__init__(store, name)
-        self.cached = cached
+        self.count = 0
+        self.last: Optional[tuple] = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        key = self._key(func)
-        if key in self.cached:
+        if _is_main_candidate(func):
             leaves, spec = pytree.tree_flatten(out)
             leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
             versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
-            self.store[key] = (leaves, versions, spec)
+            self.last = (self.count, str(func), leaves, versions, spec)
+            self.count += 1
         return out
 
 
-class _Reuse(_Counted):
-    """Recompute: a kept call returns its stored output (once); every other call runs."""
+class _Replay(TorchDispatchMode):
+    """Recompute: run the node's calls, but return the kept output for its main call."""
 
-    def __enter__(self) -> Any:
-        self.seen = {}  # counted afresh for each recompute
-        return super().__enter__()
+    def __init__(self, kept: tuple, where: str) -> None:
+        super().__init__()
+        self.kept, self.where, self.count = kept, where, 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
-        key = self._key(func)
-        if key is None or key not in self.store:
+        if not _is_main_candidate(func):
             return func(*args, **(kwargs or {}))
-        kept = self.store.pop(key)
-        if kept is None:
-            raise RuntimeError(
-                f"{self.name}: backward ran through a segment with kept outputs a second time; "
-                "selective recompute keeps each output for one backward (use selective=False "
-                "for retain_graph=True)")
-        self.store[key] = None
-        leaves, versions, spec = kept
+        k, self.count = self.count, self.count + 1
+        position, name, leaves, versions, spec = self.kept
+        if k != position or str(func) != name:
+            return func(*args, **(kwargs or {}))
         for t, version in zip(leaves, versions):
             if isinstance(t, torch.Tensor) and t._version != version:
                 raise RuntimeError(
-                    f"{self.name}: the output of {key[0]} (call {key[1]}) kept for the "
-                    "recompute was written in place after the forward; its value would be wrong")
+                    f"{self.where}: the output of {name} kept for the recompute was written in "
+                    "place after the forward; its value would be wrong")
         return pytree.tree_unflatten(leaves, spec)
 
 
-def keep_contexts(cached: frozenset[tuple[str, int]], name: str) -> tuple[_Store, _Reuse]:
-    """The forward and recompute modes of one checkpointed call of a segment."""
-    store: dict[tuple[str, int], Any] = {}
-    return _Store(store, cached, name), _Reuse(store, name)
+class Keeper:
+    """The kept outputs of one checkpointed call of a segment, and the phase it is in."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.phase = "idle"
+        self.kept: dict[int, Optional[tuple]] = {}
+        self.mode: Optional[TorchDispatchMode] = None
+
+    def enter(self, phase: str) -> None:
+        self.outer, self.phase = getattr(_local, "keeper", None), phase
+        _local.keeper = self
+
+    def leave(self) -> None:
+        if self.mode is not None:  # a node raised between its brackets
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+        _local.keeper, self.phase = self.outer, "idle"
+
+    def begin(self, index: int) -> None:
+        if self.phase == "forward":
+            self.mode = _Record()
+        else:
+            kept = self.kept.get(index)
+            if kept is None:
+                raise RuntimeError(
+                    f"{self.name}: backward ran through a segment with kept outputs a second "
+                    "time; selective recompute keeps each output for one backward (use "
+                    "selective=False for retain_graph=True)")
+            self.kept[index] = None
+            self.mode = _Replay(kept, self.name)
+        self.mode.__enter__()
+
+    def end(self, index: int) -> None:
+        mode, self.mode = self.mode, None
+        assert mode is not None
+        mode.__exit__(None, None, None)
+        if isinstance(mode, _Record) and mode.last is not None:
+            self.kept[index] = mode.last
+
+
+def active() -> Optional[Keeper]:
+    """The keeper of the segment run in progress on this thread, if any."""
+    return getattr(_local, "keeper", None)
+
+
+def keep_begin(index: int) -> None:
+    """Generated code calls this just before a kept node (see the module docstring)."""
+    keeper = active()
+    if keeper is not None:
+        keeper.begin(index)
+
+
+def keep_end(index: int, value: Any) -> Any:
+    """Generated code calls this just after a kept node, with the node's value; returns it."""
+    keeper = active()
+    if keeper is not None:
+        keeper.end(index)
+    return value
+
+
+keep_begin.__module__ = keep_end.__module__ = "fxckpt"

@@ -13,7 +13,7 @@ ops whose output is written in place are left out by the bridge). Here:
 * :func:`keep_within` fills a segment plan's memory slack under the budget with kept groups,
   most recompute cost saved per byte first (a greedy knapsack over the live-bytes profile: each
   group adds its bytes to a span of steps, checked against the budget span by span). On small
-  plans (at most :data:`EXACT_CHOICES` groups inside the segments) every subset is tried.
+  problems with few candidates (:data:`EXACT_CHOICES`) every subset is tried.
 * :func:`solve_selective` runs it on the solver's plan for the budget and on plans solved for
   tighter budgets (more recompute, more slack to keep the expensive ops in), and returns the
   cheapest. The segment-only plan is one of the candidates, so it is never worse than it.
@@ -25,23 +25,29 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Sequence
+from typing import Optional, Sequence
 
 from fxckpt.solver.problem import Index, Problem, Segments, check_segments
 from fxckpt.solver.simulate import kept_span, peak_bytes, profile
-from fxckpt.solver.solve import Mode, min_feasible_peak, solve
+from fxckpt.solver.solve import Mode, min_feasible_peak, min_peak_segments, solve
 
 __all__ = ["Selection", "keep_within", "solve_selective", "EXACT_CHOICES", "TIGHTER"]
 
 EXACT_CHOICES = 10
-"""At most this many candidate groups inside a plan's segments: every subset is tried."""
+"""At most this many candidate groups inside a plan's segments of a small problem (at most
+:data:`LOCAL_LIMIT` ops): every subset is tried (each one a full simulation: on a 600-op graph
+that took seconds, so larger problems always use the greedy fill)."""
 
-TIGHTER = (0.5, 0.0)
-"""Segment plans tried with keeping free, at ``low + f * (budget - low)`` (``low`` = the
-smallest feasible peak): tighter plans leave more room to keep their expensive ops in. On
-transformer-like problems of 158-1562 ops at budgets 0.3-0.9 of the eager peak, ``f = 0`` gave
-the cheapest plan in 10 of 12 cases and ``0.5`` in the others (``1.0``, ``0.75``, ``0.25``
-never did better)."""
+TIGHTER = (0.0,)
+"""Tighter segment plans tried besides the budget's own, at ``low + f * (budget - low)``
+(``low`` = the smallest feasible peak): they leave more room to keep their expensive ops in.
+``f = 0`` is the smallest-peak plan (already solved for every budget plan). On
+transformer-like problems of 158-1562 ops at budgets 0.3-0.9 of the eager peak it gave the
+cheapest plan in 10 of 12 cases, ``f = 0.5`` (with keeping made free) in the others, by under
+1% of a forward pass; that search took seconds on a 615-op GPT-2, so large problems skip it."""
+
+TIGHTER_SMALL = (0.5, 0.0)
+""":data:`TIGHTER` for problems of at most :data:`LOCAL_LIMIT` ops."""
 
 LOCAL_LIMIT = 48
 """Problems with at most this many ops are also improved by local search (:func:`_improve`)."""
@@ -94,7 +100,7 @@ def keep_within(problem: Problem, segments: object, budget: int,
     groups = sorted((g for g in choices if g and set(g) <= inside and _gain(ix, g) > 0
                      and not set(g) & pinned), key=lambda g: -_density(ix, g))
     base = sum(ix.segment_cost(s, e) for s, e in segs)
-    if len(groups) <= EXACT_CHOICES:
+    if len(groups) <= EXACT_CHOICES and ix.n <= LOCAL_LIMIT:
         keep = _best_subset(problem, segs, budget, groups, pinned)
     else:
         keep = _greedy(problem, segs, budget, groups, pinned)
@@ -158,7 +164,7 @@ def _free_keeps(problem: Problem, choices: Choices) -> Problem:
 
 def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,
                     forced: Choices = (), *, mode: Mode = "auto",
-                    tighter: Sequence[float] = TIGHTER) -> Selection:
+                    tighter: Optional[Sequence[float]] = None) -> Selection:
     """The cheapest segments-plus-kept-ops plan found whose simulated peak fits the budget.
 
     Candidates: the segment-only plan for the budget, and the plans for the budget and tighter
@@ -170,14 +176,17 @@ def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,
     found = [keep_within(problem, first.segments, budget_bytes, choices, forced)]
     if not choices:
         return found[0]
+    if tighter is None:
+        tighter = TIGHTER_SMALL if problem.index.n <= LOCAL_LIMIT else TIGHTER
     free = _free_keeps(problem, [*choices, *forced])
-    low = min_feasible_peak(free, mode=mode)
+    low = min_feasible_peak(problem, mode=mode)
     tried = {first.segments}
     for f in tighter:
         target = int(low + f * (budget_bytes - low))
         if target > budget_bytes:
             continue
-        segments = solve(free, target, mode=mode).segments
+        segments = (min_peak_segments(problem, mode=mode) if f == 0
+                    else solve(free, target, mode=mode).segments)
         if segments not in tried:
             tried.add(segments)
             found.append(keep_within(problem, segments, budget_bytes, choices, forced))
