@@ -211,3 +211,13 @@ def test_plot_memory_shades_the_kept_outputs_and_pareto_counts_them() -> None:
     assert [p["budget"] for p in on] == [p["budget"] for p in off]
     assert all(a["recompute"] <= b["recompute"] for a, b in zip(on, off))
     assert any(a["recompute"] < b["recompute"] for a, b in zip(on, off))
+
+
+def test_a_second_backward_through_kept_outputs_says_to_use_selective_false() -> None:
+    torch.manual_seed(0)
+    model, x = Blocks().train(), _x()
+    tm = fxckpt.transform(model, force={"op:aten.addmm": "save"}, every=2, example_inputs=(x,))
+    loss = loss_of(tm(x))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="selective=False for retain_graph=True"):
+        loss.backward()
