@@ -70,9 +70,9 @@ class NodeInfo:
     ops: tuple[str, ...]
     """The aten ops the node ran."""
     calls: tuple[str, ...] = ()
-    """The aten op overloads the node dispatched (``aten.mm.default``), in order, without those
-    torch's selective checkpoint does not count (``detach``): a segment's policy names the calls
-    to keep by overload and position (:mod:`fxckpt.passes.keeps`)."""
+    """The aten op overloads the node dispatched (``aten.mm.default``), in order, without
+    bookkeeping ops that make no value (``detach``, ``prim.device``): what ``force``'s op pins
+    match (:mod:`fxckpt.passes.keeps`) and the plan tables name."""
 
 
 def has_info(node: torch.fx.Node) -> bool:
@@ -148,7 +148,8 @@ def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
 _SAC_IGNORED = getattr(
     torch.utils.checkpoint, "SAC_IGNORED_OPS", {torch.ops.aten.detach.default}
 )
-"""Ops selective checkpoint runs without counting (torch 2.13 names them; else detach)."""
+"""Bookkeeping ops left out of ``NodeInfo.calls`` (torch 2.13's list for selective checkpoint;
+else ``detach``)."""
 
 # Ops whose schema does not mark the arguments they write (running statistics), by position.
 _UNMARKED_WRITES = {

@@ -135,6 +135,12 @@ def kept_span(ix: Index, sc: _Schedule, j: int) -> tuple[int, int]:
     return _forward_free(ix, sc, j) + 1, sc.recompute[j]
 
 
+def _kept_free(ix: Index, sc: _Schedule, j: int) -> int:
+    """Last step a kept op's value is alive: one life from forward to the recomputed value's end.
+    """
+    return max(_forward_free(ix, sc, j), _recompute_free(ix, sc, j))
+
+
 def _profile(ix: Index, sc: _Schedule, keep: frozenset[int] = frozenset()) -> list[int]:
     """Live bytes at every step."""
     n = ix.n
@@ -143,7 +149,7 @@ def _profile(ix: Index, sc: _Schedule, keep: frozenset[int] = frozenset()) -> li
         o = ix.out[j]
         if o and j in keep:  # one life, forward to the recomputed value's end
             diff[j] += o
-            diff[max(_forward_free(ix, sc, j), _recompute_free(ix, sc, j)) + 1] -= o
+            diff[_kept_free(ix, sc, j) + 1] -= o
         elif o:
             diff[j] += o
             diff[_forward_free(ix, sc, j) + 1] -= o
@@ -187,7 +193,7 @@ def kept_live(problem: Problem, segments: object = (), keep: object = ()) -> lis
     diff = [0] * (sc.steps + 1)
     for j in kept:
         diff[j] += ix.out[j]
-        diff[max(_forward_free(ix, sc, j), _recompute_free(ix, sc, j)) + 1] -= ix.out[j]
+        diff[_kept_free(ix, sc, j) + 1] -= ix.out[j]
     live, total = [], 0
     for step in range(sc.steps):
         total += diff[step]
