@@ -6,10 +6,11 @@
 One subcommand per task, each a small function taking the parsed arguments
 (``python -m fxckpt`` calls :func:`main`).
 
-``TARGET`` is ``module:callable``; the callable (a function or a class) is called with no
-arguments and must return an ``nn.Module``. The current directory is importable, as with
-``python -m``. Random inputs of the given shapes and dtypes stand for a batch (integer inputs
-are zeros: valid token ids for any vocabulary).
+``TARGET`` is ``module:callable`` (called with no arguments, it returns an ``nn.Module``) or a
+Hugging Face ``config.json``; see :mod:`fxckpt.model_source`. Random inputs of the given shapes
+and dtypes stand for a batch (integer inputs are zeros: valid token ids for any vocabulary).
+``--meta`` builds the model and its inputs on the meta device: a plan for a model larger than
+the machine's memory.
 
 A command line is used by people, so a mistake is one line on stderr that says what was wrong
 and exits with code 2 (``-v`` shows the traceback), never a traceback by default.
@@ -18,9 +19,8 @@ and exits with code 2 (``-v`` shows the traceback), never a traceback by default
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
 import logging
-import os
 import re
 import sys
 from typing import Any, NoReturn, Optional, Sequence
@@ -28,7 +28,7 @@ from typing import Any, NoReturn, Optional, Sequence
 import torch
 
 __all__ = ["main", "build_parser", "CliError", "OneLineParser", "add_plan_command",
-           "add_demo_command", "positive_int", "load_target", "parse_shape", "make_inputs"]
+           "add_demo_command", "positive_int", "parse_shape", "make_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ EPILOG = """examples:
   fxckpt plan torchvision.models:resnet18 --input-shape 8,3,224,224 --budget 0.5 --report out/
   fxckpt plan mypkg.models:make_gpt --input-shape 4,512 --dtype int64 --depth 2 --save gpt_ckpt/
   fxckpt plan mypkg.models:make_mlp --input-shape 32,1024 --every 2 --chunks 4 --devices cpu,cpu
+  fxckpt plan llama-7b/config.json --meta --input-shape 1,4096 --dtype int64 --budget 16GiB \
+      --plan-out plan.json
 
 budgets: a fraction of the unmodified model's peak activation memory (0.4, 1.0), a number of
 bytes (2000000000) or a size with a unit (800MB, 1.5GiB); 1 is refused as ambiguous. With
@@ -129,7 +131,17 @@ def add_plan_command(commands: Any) -> None:
     p.add_argument(
         "target",
         metavar="TARGET",
-        help="module:callable returning an nn.Module (e.g. mypkg.models:make_model)",
+        help="module:callable returning an nn.Module (e.g. mypkg.models:make_model), or a "
+             "Hugging Face config.json (or a directory holding one): built with random weights",
+    )
+    p.add_argument(
+        "--meta", action="store_true",
+        help="build the model and inputs on the meta device: plans without memory for "
+             "parameters or activations (a 70B config on a laptop); replay the plan with plan=",
+    )
+    p.add_argument(
+        "--model-dtype", metavar="DTYPE",
+        help="dtype of the model's floating parameters (default: a config's dtype, else as built)",
     )
     p.add_argument(
         "--input-shape",
@@ -180,6 +192,10 @@ def add_plan_command(commands: Any) -> None:
         "--save", metavar="DIR", help="also export the transformed module (fxckpt.save)"
     )
     out.add_argument(
+        "--plan-out", metavar="FILE",
+        help="write the plan as JSON, to replay with transform(model, plan=json.load(f))",
+    )
+    out.add_argument(
         "--seed", type=int, default=0, help="seed for the model and the inputs (default: 0)"
     )
     p.set_defaults(run=run_plan)
@@ -188,10 +204,11 @@ def add_plan_command(commands: Any) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     """The ``plan`` subcommand; returns the exit code."""
     from fxckpt.errors import FxckptError
+    from fxckpt.model_source import SourceError
 
     try:
         return _plan(args)
-    except (CliError, FxckptError, ValueError, TypeError) as e:
+    except (CliError, SourceError, FxckptError, ValueError, TypeError) as e:
         if getattr(args, "verbose", False):
             raise
         text = str(e).strip().splitlines() or [type(e).__name__]
@@ -204,16 +221,22 @@ def _plan(args: argparse.Namespace) -> int:
     import fxckpt
     from fxckpt.report import Progress
 
+    from fxckpt.model_source import build_model
+
     options = _strategy(args)
     shapes = [parse_shape(s) for s in args.input_shape]
     dtypes = _dtypes(args.dtype, len(shapes))
+    model_dtype = _dtypes([args.model_dtype], 1)[0] if args.model_dtype else None
+    if args.meta and (args.save or args.report):
+        raise CliError("--meta plans only: a meta model has no weights to --save or run for a "
+                       "--report; write the plan with --plan-out and replay it on the real model")
     with Progress(
         total=3 + (args.report is not None) + (args.save is not None), desc="fxckpt plan"
     ) as progress:
         torch.manual_seed(args.seed)
-        model = load_target(args.target).train(not args.eval)
+        model = build_model(args.target, meta=args.meta, dtype=model_dtype).train(not args.eval)
         progress.step("model built")
-        inputs = make_inputs(shapes, dtypes)
+        inputs = make_inputs(shapes, dtypes, device="meta" if args.meta else None)
         try:
             tm = fxckpt.transform(model, **options, example_inputs=inputs)
         except Exception as e:
@@ -222,7 +245,12 @@ def _plan(args: argparse.Namespace) -> int:
                 raise
             raise CliError(hint) from e
         progress.step("planned")
-        print(fxckpt.inspect(tm).plan)
+        plan = fxckpt.inspect(tm).plan
+        print(plan)
+        if args.plan_out:
+            with open(args.plan_out, "w") as f:
+                json.dump(plan.to_dict(), f, indent=1)
+            print(f"plan written to {args.plan_out}")
         if args.save:
             path = fxckpt.save(tm, args.save)
             progress.step("saved")
@@ -287,11 +315,13 @@ def _dtypes(names: Optional[Sequence[str]], count: int) -> list[torch.dtype]:
 
 
 def make_inputs(
-    shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype]
+    shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype],
+    device: Optional[str] = None,
 ) -> tuple[torch.Tensor, ...]:
     """Random floats (standard normal) or zeros (integers, bools) of these shapes."""
     return tuple(
-        torch.randn(s, dtype=d) if d.is_floating_point or d.is_complex else torch.zeros(s, dtype=d)
+        torch.randn(s, dtype=d, device=device) if d.is_floating_point or d.is_complex
+        else torch.zeros(s, dtype=d, device=device)
         for s, d in zip(shapes, dtypes)
     )
 
@@ -343,42 +373,3 @@ def dtype_hint(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
     which = ", ".join(f"input {i + 1} (--input-shape {shapes[i]})" for i in used)
     return (f"{which} is {str(inputs[used[0]].dtype).removeprefix('torch.')} but the model uses "
             f"it as token ids (an embedding lookup needs integers); pass {flags}")
-
-
-def load_target(text: str) -> torch.nn.Module:
-    """Import ``module:callable`` and call it (an ``nn.Module`` instance is used as it is)."""
-    module_name, sep, attr = text.partition(":")
-    if not sep or not module_name or not attr:
-        raise CliError(f"TARGET must look like package.module:callable (got {text!r})")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    module = _import(module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CliError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not isinstance(obj, torch.nn.Module):
-        if not callable(obj):
-            raise CliError(f"{text} is a {type(obj).__name__}, not a callable returning a model")
-        try:
-            obj = obj()
-        except Exception as e:
-            raise CliError(f"calling {text}() failed: {type(e).__name__}: {e}") from e
-    if not isinstance(obj, torch.nn.Module):
-        raise CliError(f"{text}() returned a {type(obj).__name__}, not a torch.nn.Module")
-    return obj
-
-
-def _import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name and (name == e.name or name.startswith(e.name + ".")):
-            raise CliError(
-                f"no module named {name!r} (run from the directory that contains it, or set "
-                "PYTHONPATH)"
-            ) from e
-        raise CliError(f"importing {name!r} failed: {e}") from e
-    except Exception as e:
-        raise CliError(f"importing {name!r} failed: {type(e).__name__}: {e}") from e

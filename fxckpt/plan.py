@@ -59,6 +59,10 @@ class Segment:
     """The op kind of each kept node (``addmm``, ``convolution``), for the tables."""
     recomputed_ops: tuple[str, ...] = ()
     """The op kind of each node run again in backward (views left out)."""
+    anchors: tuple[str, ...] = ()
+    """What the segment's first and last node, then each kept node, are (module, op, occurrence;
+    :mod:`fxckpt.passes.anchors`): how a replay finds the segment in a graph captured elsewhere
+    (a plan made on the ``meta`` device, replayed on the real one), where node names differ."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

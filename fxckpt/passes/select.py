@@ -22,6 +22,7 @@ from fxckpt.passes.actions import choose_actions
 from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.cleanup import force_notes, pinned, without_kept
 from fxckpt.passes.graph_view import problem_of
+from fxckpt.passes.anchors import anchors_of
 from fxckpt.passes.keeps import Groups, choices, module_pins
 from fxckpt.passes.graphs import outermost, planned_nodes
 from fxckpt.passes.prediction import predict
@@ -80,7 +81,8 @@ def select(
             "step also holds what each stage keeps for the other micro-batches (docs/pipelines.md)"
         )
     prefix = _segment_prefix(gm, len(runs))
-    segments = tuple(_describe(f"{prefix}_{i}", run, frees, config, keeps)
+    anchors = anchors_of(order)
+    segments = tuple(_describe(f"{prefix}_{i}", run, frees, config, keeps, anchors)
                      for i, (run, frees) in enumerate(zip(runs, prediction.frees)))
     if config.offload == "auto" and replay is None:
         segments, note = choose_actions(problem, segments, runs)
@@ -144,12 +146,12 @@ def _keeps(problem: Problem, runs: Sequence[Run], chosen: Sequence[str], forced:
     inside = {n.name for r in runs for n in r}
     wanted = set(chosen) | set(kept_names(problem, [j for g in forced for j in g]))
     if replay is not None:
-        wanted = {name for s in replay.plan.segments for name in s.keeps}
+        wanted = set(chosen)
     return tuple(n.name for r in runs for n in r if n.name in wanted and n.name in inside)
 
 
 def _describe(name: str, run: Run, frees: int, config: TransformConfig,
-              keeps: Sequence[str] = ()) -> Segment:
+              keeps: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> Segment:
     members = set(run)
     kept = [n for n in run if n.name in set(keeps)]
     inputs: list[torch.fx.Node] = []
@@ -173,6 +175,7 @@ def _describe(name: str, run: Run, frees: int, config: TransformConfig,
         kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept),
         kept_ops=tuple(_kind(n) for n in kept),
         recomputed_ops=tuple(k for n in run if n not in kept for k in [_kind(n)] if k),
+        anchors=tuple(anchors[n.name] for n in [run[0], run[-1], *kept]) if anchors else (),
     )
 
 

@@ -11,7 +11,8 @@ whose predicted peak fits, on the networkx/solver view of the graph
 (:mod:`fxckpt.passes.graph_view`), and which costly outputs inside them to keep rather than
 recompute (:mod:`fxckpt.solver.selective`, unless ``selective=False``).
 
-``plan=`` replays a saved plan's segments, which must name this graph's nodes.
+``plan=`` replays a saved plan's segments, found by node name or, in a graph captured elsewhere
+(on another device), by their anchors (:mod:`fxckpt.passes.anchors`).
 
 Every pass returns a :class:`Chosen`; :func:`fxckpt.passes.select.select` applies the rules all
 segments obey (:mod:`fxckpt.passes.cleanup`) and builds the Plan.
@@ -28,6 +29,7 @@ import torch.fx
 
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.errors import PlanError
+from fxckpt.passes.anchors import remap
 from fxckpt.passes.annotate import info
 from fxckpt.passes.cleanup import apply_force, frees_memory, safe
 from fxckpt.passes.prediction import reserve
@@ -94,7 +96,8 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
             keeps=keeps,
         )
     if isinstance(strategy, Replay):
-        return Chosen(tuple(replayed(order, strategy.plan)), budget=strategy.plan.budget)
+        runs, keeps = replayed(order, strategy.plan)
+        return Chosen(tuple(runs), budget=strategy.plan.budget, keeps=tuple(keeps))
     return _cleaned(order, [], force)
 
 
@@ -221,10 +224,16 @@ def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetI
     )
 
 
-def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
-    """The saved plan's segments on this graph; every node must exist and runs must be contiguous.
+def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], list[str]]:
+    """The saved plan's segments on this graph, and the nodes they keep: by node name when this
+    graph has every node the plan names, as contiguous runs; otherwise by the segments' anchors
+    (:mod:`fxckpt.passes.anchors`), as when a plan made on the ``meta`` device is replayed on the
+    device the model was materialised on.
     """
     position = {n.name: i for i, n in enumerate(order)}
+    names = all(name in position for seg in plan.segments for name in seg.nodes)
+    if not names and plan.segments and all(seg.anchors for seg in plan.segments):
+        return remap(order, [(seg.name, seg.anchors) for seg in plan.segments])
     runs = []
     for seg in plan.segments:
         missing = [name for name in seg.nodes if name not in position]
@@ -240,4 +249,4 @@ def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> list[Run]:
                 f"the saved plan's {seg.name} is not a contiguous run of this graph's nodes"
             )
         runs.append([order[i] for i in idx])
-    return runs
+    return runs, [name for seg in plan.segments for name in seg.keeps]
