@@ -35,7 +35,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["Keeper", "keep_begin", "keep_end", "active"]
 
 _local = threading.local()
-_COPIES = frozenset({"_to_copy", "clone", "contiguous", "copy_", "lift_fresh", "detach"})
+_COPIES = frozenset({"_to_copy", "clone", "contiguous", "copy_", "lift_fresh", "detach",
+                     "_unsafe_view", "_reshape_alias"})
+"""Calls that only copy, cast or re-view another call's output. ``_unsafe_view`` is not marked
+as a view but returns one: ``linear`` on a 3-d input is ``view``, ``mm``, ``_unsafe_view``, and
+the ``mm`` is what must be kept (keeping the ``_unsafe_view`` left the ``mm`` to run again)."""
 
 
 def _is_main_candidate(func: Any) -> bool:
