@@ -31,13 +31,16 @@ from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.errors import PlanError
 from fxckpt.passes.anchors import remap
 from fxckpt.passes.annotate import info
+from fxckpt.passes.blocks import block_ranges
 from fxckpt.passes.cleanup import apply_force, frees_memory, safe
 from fxckpt.passes.prediction import reserve
 from fxckpt.passes.keeps import Groups
 from fxckpt.passes.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate
-from fxckpt.solver.selective import solve_selective
+from fxckpt.solver.problem import Segments
+from fxckpt.solver.selective import Selection, solve_selective
+from fxckpt.solver.shared import SHARED_FROM, families, min_peak_shared, solve_shared
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
 __all__ = ["Chosen", "Fitting", "choose"]
@@ -188,14 +191,15 @@ def budgeted(
         extra += fitting.set_aside(eager)  # set aside for every plan
         eager = fitting.eager_bytes
     limit = budget.resolve(eager)
+    blocks = block_ranges(problem, order)
     if fitting.minimum:
-        return to_runs(problem, min_peak_segments(problem), order), limit, ()
+        return to_runs(problem, _min_peak(problem, blocks)[0], order), limit, ()
     target = limit - extra - fitting.tighten
     if target <= 0:
-        raise _infeasible(budget, limit, min_feasible_peak(problem) + extra, eager)
+        raise _infeasible(budget, limit, _min_peak(problem, blocks)[1] + extra, eager)
     offered, forced = keepable
     try:
-        solution = solve_selective(problem, target, offered, forced)
+        solution = _solve(problem, target, blocks, offered, forced)
     except BudgetInfeasible as e:
         raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
     log.info(
@@ -209,6 +213,52 @@ def budgeted(
     )
     runs = to_runs(problem, solution.segments, order)
     return runs, limit, kept_names(problem, solution.keep)
+
+
+def _large(problem: Problem, blocks: Sequence[tuple[int, int]]) -> bool:
+    """Solve per block only (:mod:`fxckpt.solver.shared`): a large graph of repeated blocks."""
+    return problem.index.n >= SHARED_FROM and bool(families(problem, blocks))
+
+
+def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Segments, int]:
+    """The smallest-peak plan found, and its peak: per block for large graphs of repeated
+    blocks, otherwise the better of that and the full search's."""
+    shared = min_peak_shared(problem, blocks)
+    if shared is not None and _large(problem, blocks):
+        return shared
+    full = min_peak_segments(problem)
+    plans = [(full, min_feasible_peak(problem))] + ([shared] if shared else [])
+    return min(plans, key=lambda p: p[1])
+
+
+def _solve(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
+           offered: Groups, forced: Groups) -> Selection:
+    """The cheapest plan found under ``target``: solved per repeated block
+    (:func:`~fxckpt.solver.shared.solve_shared`) for large graphs; for smaller ones, the
+    cheaper of that and the full search (:func:`~fxckpt.solver.selective.solve_selective`),
+    which may mix plans across blocks but is not exact either (the per-block plan often wins).
+    """
+    shared: Optional[Selection] = None
+    infeasible: Optional[BudgetInfeasible] = None
+    try:
+        shared = solve_shared(problem, target, blocks, offered, forced)
+    except BudgetInfeasible as e:
+        infeasible = e
+    if _large(problem, blocks):
+        if shared is None:
+            assert infeasible is not None
+            raise infeasible
+        return shared
+    try:
+        full = solve_selective(problem, target, offered, forced)
+    except BudgetInfeasible as e:
+        if shared is None:
+            raise infeasible if infeasible and infeasible.min_budget < e.min_budget else e
+        return shared
+    if shared is not None and (shared.recompute_cost, shared.predicted_peak) < (
+            full.recompute_cost, full.predicted_peak):
+        return shared
+    return full
 
 
 def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
@@ -232,15 +282,19 @@ def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], lis
     """
     position = {n.name: i for i, n in enumerate(order)}
     names = all(name in position for seg in plan.segments for name in seg.nodes)
-    if not names and plan.segments and all(seg.anchors for seg in plan.segments):
-        return remap(order, [(seg.name, seg.anchors) for seg in plan.segments])
+    anchored = not names and bool(plan.segments) and all(seg.anchors for seg in plan.segments)
+    if anchored:
+        try:
+            return remap(order, [(seg.name, seg.anchors) for seg in plan.segments])
+        except PlanError as e:
+            log.debug("replay by anchors failed: %s", e)
     runs = []
     for seg in plan.segments:
         missing = [name for name in seg.nodes if name not in position]
         if missing:
             raise PlanError(
                 f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph "
-                f"does not have; was the plan made for another model, mode or input signature "
+                f"does not have{' (nor the module and op its anchors name)' if anchored else ''}; was the plan made for another model, mode or input signature "
                 f"({plan.signature})?"
             )
         idx = [position[name] for name in seg.nodes]

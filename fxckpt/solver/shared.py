@@ -1,0 +1,261 @@
+"""Repeated blocks solved once: a plan for a stack of identical layers at the cost of one layer.
+
+Real models are stacks of identical blocks (transformer layers, the blocks of a ResNet stage).
+The full search (:mod:`fxckpt.solver.search`) treats their ops as unrelated, and its time grows
+faster than the graph. Here a *family* is a set of op ranges with the same structure (each op's
+bytes, cost, gradient bytes, and which ops of its own block, or which outside value, it reads and
+saves: :func:`structure`). For each family:
+
+1. one representative block becomes a problem of its own (its inputs from outside are graph
+   inputs; what later ops read are its outputs) and its trade-off curve is solved once
+   (:func:`~fxckpt.solver.solve.pareto`: local plans from the smallest peak to none);
+2. the ``k``-th local plan is copied into every block of the family (optionally all but the
+   last ``m`` blocks, whose activations backward needs first), every family at the same point
+   of its curve;
+3. each such whole-model plan is simulated (:func:`~fxckpt.solver.simulate.peak_bytes`, linear in
+   the ops), and the cheapest that fits the budget is filled with kept ops like any other plan
+   (:func:`~fxckpt.solver.selective.keep_within`).
+
+The ops outside every family (embeddings, the head, the loss) are not put in segments. The work
+is one block's solve plus ``O(points)`` linear simulations: linear in the ops. Plans are exact
+by the simulator, like the full search's; only their cost may be above the full search's (the
+full search may mix plans across blocks and segment the head).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Optional, Sequence
+
+from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
+from fxckpt.solver.selective import Choices, Selection, keep_within
+from fxckpt.solver.simulate import peak_bytes
+from fxckpt.solver.solve import pareto
+
+__all__ = ["families", "structure", "solve_shared", "min_peak_shared", "SHARED_FROM",
+           "MIN_COPIES", "POINTS"]
+
+SHARED_FROM = 1500
+"""Problems with at least this many ops and a family of repeated blocks are solved per block
+(a 24-layer GPT-2 has about 1,150 ops; the full search takes seconds from there on)."""
+
+MIN_COPIES = 4
+"""A family needs at least this many identical blocks."""
+
+POINTS = 24
+"""Points of each representative block's trade-off curve."""
+
+FILLED = 6
+"""The cheapest fitting plans (by segment cost) that are filled with kept ops and compared."""
+
+MIXED = 3
+"""The cheapest fitting uniform plans that are also mixed with lighter points."""
+
+TAILS = (0, 1)
+"""Variants of every plan: copied into all blocks, or into all but the last one."""
+
+Range = tuple[int, int]
+
+
+def structure(problem: Problem, block: Range) -> Hashable:
+    """What makes two blocks the same for planning: per op, its bytes, cost, gradient bytes,
+    whether the model returns it, and what it reads and saves: ops of the block by their
+    offset in it, anything outside by its bytes."""
+    s, e = block
+    ops, ix = problem.ops, problem.index
+    pos = ix.memo.get("position")
+    if pos is None:
+        pos = ix.memo["position"] = {op.name: i for i, op in enumerate(ops)}
+    assert isinstance(pos, dict)
+
+    def ref(name: str) -> tuple[str, int]:
+        j = pos.get(name)
+        if j is not None and s <= j < e:
+            return ("in", j - s)
+        return ("out", -1 if j is None else ix.out[j])
+
+    return tuple(
+        (op.out_bytes, op.cost, op.gradient_bytes, ix.is_output[s + k],
+         tuple(map(ref, op.inputs)), tuple(map(ref, op.saves)))
+        for k, op in enumerate(ops[s:e]))
+
+
+def families(problem: Problem, blocks: Sequence[Range]) -> list[list[Range]]:
+    """The candidate ``blocks`` (disjoint op ranges) grouped by :func:`structure`, groups of at
+    least :data:`MIN_COPIES` only, in the order of their first block."""
+    groups: dict[Hashable, list[Range]] = {}
+    for block in sorted(blocks):
+        s, e = block
+        if 0 <= s < e <= problem.index.n:
+            groups.setdefault(structure(problem, block), []).append(block)
+    return [g for g in groups.values() if len(g) >= MIN_COPIES]
+
+
+def _block_problem(problem: Problem, block: Range) -> Problem:
+    s, e = block
+    ix = problem.index
+    ops = problem.ops[s:e]
+    outputs = tuple(ops[k].name for k in range(e - s)
+                    if ix.is_output[s + k] or ix.last_alive[s + k] >= e
+                    or any(t >= e for t in ix.savers[s + k]))
+    if not outputs:
+        outputs = (ops[-1].name,)
+    return Problem(ops=ops, outputs=outputs, segment_overhead=problem.segment_overhead,
+                   offload_cost_per_byte=problem.offload_cost_per_byte)
+
+
+WINDOW = 3
+"""Blocks in the window whose plans are solved (the middle block's part is the pattern)."""
+
+
+def _patterns(sub: Problem, blocks: Sequence[Range]) -> list[Segments]:
+    """For each point of ``sub``'s trade-off curve and each of its ``blocks``, the segments
+    starting in that block, relative to its start (a segment may run on into the next block)."""
+    out: list[Segments] = []
+    for point in pareto(sub, POINTS):
+        for lo, hi in blocks:
+            local = tuple((a - lo, b - lo) for a, b in point.segments if lo <= a < hi)
+            if local not in out:
+                out.append(local)
+    return out
+
+
+def _curves(problem: Problem, fams: list[list[Range]]) -> list[list[Segments]]:
+    """Each family's local plans, from the smallest peak to none (relative to a block's start):
+    the middle block's part of plans solved for a window of :data:`WINDOW` adjacent blocks
+    (what crosses into the next block included), and plans solved for one block alone."""
+    key = ("shared curves", tuple(tuple(f) for f in fams))
+    memo = problem.index.memo
+    if key not in memo:
+        curves = []
+        for fam in fams:
+            s, e = fam[0]
+            seen = _patterns(_block_problem(problem, fam[0]), [(0, e - s)])
+            adjacent = all(a[1] == b[0] for a, b in zip(fam, fam[1:]))
+            if adjacent and len(fam) >= WINDOW + 1:
+                window = _block_problem(problem, (fam[0][0], fam[WINDOW - 1][1]))
+                inner = [(a - s, b - s) for a, b in fam[:WINDOW]]
+                seen += [p for p in _patterns(window, inner) if p not in seen]
+            if () not in seen:
+                seen.append(())
+            ix = problem.index
+            seen.sort(key=lambda local: -sum(ix.segment_cost(s + a, min(s + b, ix.n))
+                                             for a, b in local))  # most recompute first
+            curves.append(seen)
+        memo[key] = curves
+    return memo[key]  # type: ignore[return-value]
+
+
+def _copies(fam: list[Range], local: Segments, tail: int, n: int) -> list[Range]:
+    """``local`` copied into each block of ``fam`` but the last ``tail``; a segment running into
+    the next block is cut where the next copy starts (or at the problem's end)."""
+    out: list[Range] = []
+    blocks = fam[:len(fam) - tail]
+    for i, (s, _) in enumerate(blocks):
+        for a, b in local:
+            start, end = s + a, min(s + b, n)
+            if out and start < out[-1][1]:
+                continue
+            if end > start:
+                out.append((start, end))
+    return out
+
+
+def _plan(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Segments, ...]],
+          tail: int) -> tuple[Segments, int, float]:
+    """One whole-model plan: each family's blocks get their own local plan (``locals_[f][i]``
+    for block ``i``), all but the last ``tail``; simulated."""
+    segs: list[Range] = []
+    for fam, per_block in zip(fams, locals_):
+        for i, block in enumerate(fam[:len(fam) - tail]):
+            segs += _copies([block], per_block[i], 0, problem.index.n)
+    plan = _disjoint(sorted(segs))
+    cost = sum(problem.index.segment_cost(a, b) for a, b in plan)
+    return plan, peak_bytes(problem, plan), cost
+
+
+def _point(curve: list[Segments], k: int, steps: int) -> Segments:
+    return curve[round(k * (len(curve) - 1) / max(steps - 1, 1))]
+
+
+def _plans(problem: Problem, fams: list[list[Range]]) -> list[tuple[Segments, int, float]]:
+    """Every uniform whole-model plan the curves give: (segments, simulated peak, cost)."""
+    key = ("shared plans", tuple(tuple(f) for f in fams))
+    memo = problem.index.memo
+    if key not in memo:
+        curves = _curves(problem, fams)
+        steps = max(len(c) for c in curves)
+        plans: dict[Segments, tuple[Segments, int, float]] = {}
+        for k in range(steps):
+            for tail in TAILS:
+                locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
+                plan = _plan(problem, fams, locals_, tail)
+                plans.setdefault(plan[0], plan)
+        memo[key] = list(plans.values())
+    return memo[key]  # type: ignore[return-value]
+
+
+def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
+           uniform: list[tuple[Segments, int, float]]) -> list[tuple[Segments, int, float]]:
+    """Mixes of two points of the largest family's curve: for each of the ``uniform`` plans
+    (at point ``k``), the first ``j`` blocks at ``k`` and the rest at a lighter point (``k + 1``,
+    or no segments), with the smallest ``j`` that fits (bisection: more blocks at ``k`` never
+    raise the peak much)."""
+    curves = _curves(problem, fams)
+    steps = max(len(c) for c in curves)
+    big = max(range(len(fams)), key=lambda f: len(fams[f]))
+    size = len(fams[big])
+    wanted = {p[0] for p in uniform}
+    out = []
+    for k in range(steps - 1):
+        for tail in TAILS:
+            locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
+            if _plan(problem, fams, locals_, tail)[0] not in wanted:
+                continue
+            heavy = _point(curves[big], k, steps)
+            for light in {_point(curves[big], k + 1, steps), ()}:
+                lo, hi = 0, size
+                while lo < hi:
+                    j = (lo + hi) // 2
+                    locals_[big] = (heavy,) * j + (light,) * (size - j)
+                    plan = _plan(problem, fams, locals_, tail)
+                    if plan[1] <= budget:
+                        out.append(plan)
+                        hi = j
+                    else:
+                        lo = j + 1
+    return out
+
+
+def _disjoint(segs: list[Range]) -> Segments:
+    out: list[Range] = []
+    for a, b in segs:
+        if not out or a >= out[-1][1]:
+            out.append((a, b))
+    return tuple(out)
+
+
+def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple[Segments, int]]:
+    """The shared plan with the smallest simulated peak, and that peak; None without families."""
+    fams = families(problem, blocks)
+    if not fams:
+        return None
+    plan = min(_plans(problem, fams), key=lambda p: (p[1], p[2]))
+    return plan[0], plan[1]
+
+
+def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
+                 choices: Choices = (), forced: Choices = ()) -> Optional[Selection]:
+    """The cheapest shared plan whose simulated peak fits, with kept ops filled in; None without
+    families. Raises :class:`BudgetInfeasible` (with the smallest shared peak) when none fits."""
+    fams = families(problem, blocks)
+    if not fams:
+        return None
+    plans = _plans(problem, fams)
+    fitting = sorted((p for p in plans if p[1] <= budget_bytes), key=lambda p: (p[2], p[1]))
+    if not fitting:
+        raise BudgetInfeasible(budget_bytes, min(p[1] for p in plans))
+    mixed = _mixed(problem, fams, budget_bytes, fitting[:MIXED])
+    fitting = sorted(fitting + mixed, key=lambda p: (p[2], p[1]))
+    tried = {p[0] for p in fitting[:FILLED]} | {min(fitting, key=lambda p: (p[1], p[2]))[0]}
+    found = [keep_within(problem, segs, budget_bytes, choices, forced) for segs in sorted(tried)]
+    return min(found, key=lambda sel: (sel.recompute_cost, sel.predicted_peak))
