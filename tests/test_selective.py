@@ -68,6 +68,34 @@ def test_a_budget_plan_keeps_matmuls_is_exact_and_does_not_run_them_again() -> N
     assert plan.verified_peak is not None and plan.verified_peak <= plan.budget
 
 
+def test_matmuls_on_3d_inputs_are_kept_not_run_again_and_verified_as_they_run() -> None:
+    """``Linear`` on a 3-d input is ``view, mm, _unsafe_view``: the ``mm`` is what is kept (keeping
+    the ``_unsafe_view`` left the ``mm`` to run again). And the verified peak on fake tensors is
+    the real step's: fake tensors route ``prim.device`` queries through the dispatcher, which once
+    made the fake run keep a device instead of the matmul, and count no kept output at all."""
+    from fxckpt.measure import LiveTensorTracker
+
+    torch.manual_seed(0)
+    model, x = Blocks().train(), torch.randn(4, 32, 128, requires_grad=True)
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=1, force={"op:aten.addmm": "save"}, example_inputs=(x,),
+                          loss_fn=lambda out, *a: out.sum(), verify=True)
+    plan = fxckpt.inspect(tm).plan
+    assert {k for s in plan.segments for k in s.kept_ops} == {"addmm"}, str(plan)
+    extra = _step_flops(tm, x.detach().requires_grad_()) - _step_flops(eager, x.detach())
+    # Every matmul is kept: the segments recompute only layer norms, GELUs and adds.
+    assert plan.segments and extra == plan.recompute_flops == 0
+    assert plan.verified_peak is not None
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    xr = x.detach().requires_grad_()
+    xr.grad = torch.zeros_like(xr)
+    with LiveTensorTracker() as tracker:
+        tm(xr).sum().backward()
+    kept = sum(s.kept_bytes for s in plan.segments)
+    assert plan.verified_peak == tracker.peak_bytes, (plan.verified_peak, tracker.peak_bytes, kept)
+
+
 def test_selective_false_recomputes_whole_segments_and_costs_more() -> None:
     torch.manual_seed(0)
     model, x = Blocks().train(), _x()

@@ -43,8 +43,11 @@ the ``mm`` is what must be kept (keeping the ``_unsafe_view`` left the ``mm`` to
 
 
 def _is_main_candidate(func: Any) -> bool:
-    """Calls that can make a node's output: not views, not copies or casts."""
-    return not getattr(func, "is_view", False) and func.overloadpacket.__name__ not in _COPIES
+    """Calls that can make a node's output: not views, not copies or casts, and not ``prim``
+    queries (``prim.device``, which fake tensors answer through the dispatcher: counting them
+    made the fake verification keep a device, and count nothing kept)."""
+    return (not getattr(func, "is_view", False) and func.overloadpacket.__name__ not in _COPIES
+            and getattr(func, "namespace", "") != "prim")
 
 
 class _Record(TorchDispatchMode):
@@ -60,9 +63,10 @@ class _Record(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if _is_main_candidate(func):
             leaves, spec = pytree.tree_flatten(out)
-            leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
-            versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
-            self.last = (self.count, str(func), leaves, versions, spec)
+            if any(isinstance(t, torch.Tensor) for t in leaves):
+                leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
+                versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
+                self.last = (self.count, str(func), leaves, versions, spec)
             self.count += 1
         return out
 
