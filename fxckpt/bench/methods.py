@@ -201,9 +201,10 @@ def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..
 
 def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budget],
                   repeats: int = 1) -> list[Facts]:
-    """Wall time of the budget solver alone (``fxckpt.solver.selective.solve_selective`` with the
-    outputs the planner offers it, as ``transform`` runs it), per budget fraction, after capture
-    and annotate.
+    """Wall time of the budget solver alone (``fxckpt.passes.strategies.solve_plan``, with the
+    repeated blocks and the outputs the planner offers it, as ``transform`` runs it: per block
+    alone for large graphs of repeated blocks, else the cheaper of that and the full search), per
+    budget fraction, after capture and annotate.
 
     The budget in bytes (an ``int`` as given, a ``float`` as that fraction of the predicted eager
     peak) minus the reserve is what the solver gets, as in ``transform``. Each timing gets a fresh
@@ -212,15 +213,16 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
     from fxckpt.passes import annotate, capture
     from fxckpt.passes.graph_view import problem_of
     from fxckpt.passes.graphs import planned_nodes
+    from fxckpt.passes.blocks import block_ranges
     from fxckpt.passes.keeps import choices
 
     captured = capture(model, inputs, {})
     annotate(captured.gm, captured.graph_args(inputs, {}))
     order = planned_nodes(captured.gm.graph)
 
-    def make() -> tuple[Any, Any]:
+    def make() -> tuple[Any, Any, Any]:
         problem = problem_of(captured.gm)
-        return problem, choices(problem, order, {})[0]
+        return problem, choices(problem, order, {})[0], block_ranges(problem, order)
 
     return [_time_solve(make, b, repeats) for b in budgets]
 
@@ -228,9 +230,9 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
 def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
     from fxckpt.passes.prediction import reserve
     from fxckpt.solver import BudgetInfeasible, simulate
-    from fxckpt.solver.selective import solve_selective
+    from fxckpt.passes.strategies import solve_plan
 
-    problem, _ = make()
+    problem, _, _ = make()
     extra = reserve(problem)
     total = (
         budget
@@ -240,10 +242,10 @@ def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
     limit = total - extra
     times, feasible = [], True
     for _ in range(repeats):
-        problem, offered = make()
+        problem, offered, blocks = make()
         start = time.perf_counter()
         try:
-            solve_selective(problem, max(limit, 0), offered)
+            solve_plan(problem, max(limit, 0), blocks, offered, [])
         except BudgetInfeasible:
             feasible = False
         times.append(time.perf_counter() - start)

@@ -65,7 +65,7 @@ class BenchOptions:
     """Memory-measuring subprocesses at once."""
     compile_backend: str = COMPILE_BACKEND
     """Backend of the ``compile`` peer (a test hook: a bogus name must give error rows)."""
-    scaling_layers: tuple[int, ...] = (12, 48, 192)
+    scaling_layers: tuple[int, ...] = (12, 48, 192, 436)
     """GPT-2 layer counts for the solver-scaling measurement (empty: skip it)."""
     scaling_budget: float = 0.5
     """Budget fraction the solver-scaling measurement solves for."""

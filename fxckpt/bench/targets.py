@@ -35,9 +35,11 @@
   adds to the grid for it) has step-time ratio <= 1.10 x the unmodified model's.
 * **solve time**: the solver alone under 1 s on the 12-layer GPT-2 graph (every budget of the
   benchmark's GPT-2, and the scaling run's 12-layer graph).
-* **scaling**: solver time grows roughly linearly with graph size: the log-log slope of seconds
-  against ops between each pair of consecutive graph sizes is at most 1.2 (each pair, not only the
-  end points, so a cheaper regime for large graphs cannot hide a steep one in between).
+* **scaling** (issue 14): solver time grows at most linearly with graph size: the log-log slope
+  of seconds against ops between each pair of consecutive graph sizes is at most 1.1 (each pair,
+  not only the end points, so a cheaper regime for large graphs cannot hide a steep one in
+  between); and the largest graph, when it has at least 20,000 ops, is solved in under 3 s. The
+  solver is what ``transform`` runs: per repeated block on large graphs.
 
 Failures are reported, never hidden: the thresholds are the issue's, fixed before any run.
 """
@@ -57,7 +59,8 @@ __all__ = ["Check", "check_targets", "timing_noise", "memory_noise", "noise_summ
 BUDGET_TOL = 0.05
 PREDICT_TOL = 0.10
 SOLVE_LIMIT_S = 1.0
-MAX_SLOPE = 1.2
+MAX_SLOPE = 1.1
+BIG_OPS, BIG_LIMIT_S = 20_000, 3.0
 PEER_SPEED = 0.95
 """fxckpt's step time at most this x the peer's ..."""
 PEER_MEMORY = 1.05
@@ -342,7 +345,7 @@ def _scaling_check(scaling: list[Row]) -> list[Check]:
     ]
     sizes = ", ".join(f"{r['layers']} layers / {r['ops']} ops: {r['solve_s']:.2f} s" for r in ok)
     steps = ", ".join(f"{s:.2f}" for s in slopes)
-    return [
+    checks = [
         Check(
             "linear scaling",
             f"gpt2 {ok[0]['layers']} -> {ok[-1]['layers']} layers",
@@ -350,6 +353,12 @@ def _scaling_check(scaling: list[Row]) -> list[Check]:
             f"log-log slope between consecutive sizes {steps} (limit {MAX_SLOPE} each); {sizes}",
         )
     ]
+    big = ok[-1]
+    if big["ops"] >= BIG_OPS:
+        checks.append(Check(
+            f"solve < {BIG_LIMIT_S:g} s at {BIG_OPS:,} ops", f"gpt2 {big['layers']} layers",
+            big["solve_s"] < BIG_LIMIT_S, f"{big['ops']} ops, solver alone {big['solve_s']:.2f} s"))
+    return checks
 
 
 def check_targets(rows: list[Row], scaling: list[Row]) -> list[Check]:

@@ -43,7 +43,7 @@ from fxckpt.solver.selective import Selection, solve_selective
 from fxckpt.solver.shared import SHARED_FROM, families, min_peak_shared, solve_shared
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
-__all__ = ["Chosen", "Fitting", "choose"]
+__all__ = ["Chosen", "Fitting", "choose", "solve_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
             keeps=keeps,
         )
     if isinstance(strategy, Replay):
-        runs, keeps = replayed(order, strategy.plan)
-        return Chosen(tuple(runs), budget=strategy.plan.budget, keeps=tuple(keeps))
+        runs, names = replayed(order, strategy.plan)
+        return Chosen(tuple(runs), budget=strategy.plan.budget, keeps=tuple(names))
     return _cleaned(order, [], force)
 
 
@@ -199,7 +199,7 @@ def budgeted(
         raise _infeasible(budget, limit, _min_peak(problem, blocks)[1] + extra, eager)
     offered, forced = keepable
     try:
-        solution = _solve(problem, target, blocks, offered, forced)
+        solution = solve_plan(problem, target, blocks, offered, forced)
     except BudgetInfeasible as e:
         raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
     log.info(
@@ -231,7 +231,7 @@ def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Segm
     return min(plans, key=lambda p: p[1])
 
 
-def _solve(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
+def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
            offered: Groups, forced: Groups) -> Selection:
     """The cheapest plan found under ``target``: solved per repeated block
     (:func:`~fxckpt.solver.shared.solve_shared`) for large graphs; for smaller ones, the

@@ -109,27 +109,65 @@ def keep_within(problem: Problem, segments: object, budget: int,
                      recompute_cost=base - sum(ix.cost[j] for j in keep))
 
 
-def _add(live: list[int], spans: list[tuple[int, int, int]], sign: int) -> None:
-    for lo, hi, size in spans:
-        for t in range(lo, hi):
-            live[t] += sign * size
+class _Live:
+    """Live bytes per step, with range additions and range maxima in ``O(sqrt(steps))`` each
+    (square-root decomposition): the greedy fill adds each candidate's bytes over its span,
+    which runs from forward to backward, so a plain loop made the fill quadratic in the ops."""
+
+    def __init__(self, live: list[int], size: int = 128) -> None:
+        self.size = size
+        self.parts = [live[i:i + size] for i in range(0, len(live), size)] or [[0]]
+        self.lazy = [0] * len(self.parts)
+        self.tops = [max(p) for p in self.parts]
+
+    def add(self, lo: int, hi: int, value: int) -> None:
+        size = self.size
+        while lo < hi:
+            b, off = divmod(lo, size)
+            end = min(hi, (b + 1) * size)
+            if off == 0 and end == (b + 1) * size:
+                self.lazy[b] += value
+                self.tops[b] += value
+            else:
+                part = self.parts[b]
+                for t in range(off, end - b * size):
+                    part[t] += value
+                self.tops[b] = max(part) + self.lazy[b]
+            lo = end
+
+    def max(self, lo: int, hi: int) -> int:
+        if lo >= hi:
+            return 0
+        size = self.size
+        b0, b1 = lo // size, (hi - 1) // size
+        if b0 == b1:
+            return max(self.parts[b0][lo - b0 * size:hi - b0 * size]) + self.lazy[b0]
+        best = max(self.parts[b0][lo - b0 * size:]) + self.lazy[b0]
+        best = max(best, max(self.parts[b1][:hi - b1 * size]) + self.lazy[b1])
+        if b1 > b0 + 1:
+            best = max(best, max(self.tops[b0 + 1:b1]))
+        return best
 
 
 def _greedy(problem: Problem, segs: Segments, budget: int,
             groups: list[tuple[int, ...]], pinned: set[int]) -> set[int]:
     ix = problem.index
-    live, sc = profile(problem, segs)
+    steps, sc = profile(problem, segs)
+    live = _Live(steps)
     keep = set(pinned)
-    _add(live, [(*kept_span(ix, sc, j), ix.out[j]) for j in pinned], 1)
-    if max(live, default=0) > budget:
+    for j in pinned:
+        live.add(*kept_span(ix, sc, j), ix.out[j])
+    if max(live.tops, default=0) > budget:
         return keep
     for group in groups:
         spans = [(*kept_span(ix, sc, j), ix.out[j]) for j in group]
-        _add(live, spans, 1)
-        if all(max(live[lo:hi], default=0) <= budget for lo, hi, _ in spans):
+        for lo, hi, size in spans:
+            live.add(lo, hi, size)
+        if all(live.max(lo, hi) <= budget for lo, hi, _ in spans):
             keep.update(group)
         else:
-            _add(live, spans, -1)  # does not fit: take it back
+            for lo, hi, size in spans:  # does not fit: take it back
+                live.add(lo, hi, -size)
     return keep
 
 

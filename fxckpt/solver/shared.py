@@ -47,7 +47,7 @@ POINTS = 24
 FILLED = 6
 """The cheapest fitting plans (by segment cost) that are filled with kept ops and compared."""
 
-MIXED = 3
+MIXED = 2
 """The cheapest fitting uniform plans that are also mixed with lighter points."""
 
 TAILS = (0, 1)
@@ -160,42 +160,54 @@ def _copies(fam: list[Range], local: Segments, tail: int, n: int) -> list[Range]
     return out
 
 
-def _plan(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Segments, ...]],
-          tail: int) -> tuple[Segments, int, float]:
+_Plan = tuple[Segments, float, int, int]
+"""A whole-model plan: (segments, recompute cost, curve point ``k``, tail)."""
+
+
+def _segments(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Segments, ...]],
+              tail: int) -> tuple[Segments, float]:
     """One whole-model plan: each family's blocks get their own local plan (``locals_[f][i]``
-    for block ``i``), all but the last ``tail``; simulated."""
+    for block ``i``), all but the last ``tail``; and its recompute cost (no simulation)."""
     segs: list[Range] = []
     for fam, per_block in zip(fams, locals_):
         for i, block in enumerate(fam[:len(fam) - tail]):
             segs += _copies([block], per_block[i], 0, problem.index.n)
     plan = _disjoint(sorted(segs))
-    cost = sum(problem.index.segment_cost(a, b) for a, b in plan)
-    return plan, peak_bytes(problem, plan), cost
+    return plan, sum(problem.index.segment_cost(a, b) for a, b in plan)
+
+
+def _peak(problem: Problem, segs: Segments) -> int:
+    """The simulated peak of ``segs``, each plan simulated once."""
+    peaks = problem.index.memo.setdefault("shared peaks", {})
+    assert isinstance(peaks, dict)
+    if segs not in peaks:
+        peaks[segs] = peak_bytes(problem, segs)
+    return peaks[segs]
 
 
 def _point(curve: list[Segments], k: int, steps: int) -> Segments:
     return curve[round(k * (len(curve) - 1) / max(steps - 1, 1))]
 
 
-def _plans(problem: Problem, fams: list[list[Range]]) -> list[tuple[Segments, int, float]]:
-    """Every uniform whole-model plan the curves give: (segments, simulated peak, cost)."""
+def _uniform(problem: Problem, fams: list[list[Range]]) -> list[_Plan]:
+    """Every uniform whole-model plan the curves give, cheapest first (not yet simulated)."""
     key = ("shared plans", tuple(tuple(f) for f in fams))
     memo = problem.index.memo
     if key not in memo:
         curves = _curves(problem, fams)
         steps = max(len(c) for c in curves)
-        plans: dict[Segments, tuple[Segments, int, float]] = {}
+        plans: dict[Segments, _Plan] = {}
         for k in range(steps):
             for tail in TAILS:
                 locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
-                plan = _plan(problem, fams, locals_, tail)
-                plans.setdefault(plan[0], plan)
-        memo[key] = list(plans.values())
+                segs, cost = _segments(problem, fams, locals_, tail)
+                plans.setdefault(segs, (segs, cost, k, tail))
+        memo[key] = sorted(plans.values(), key=lambda p: p[1])
     return memo[key]  # type: ignore[return-value]
 
 
 def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
-           uniform: list[tuple[Segments, int, float]]) -> list[tuple[Segments, int, float]]:
+           uniform: list[_Plan]) -> list[Segments]:
     """Mixes of two points of the largest family's curve: for each of the ``uniform`` plans
     (at point ``k``), the first ``j`` blocks at ``k`` and the rest at a lighter point (``k + 1``,
     or no segments), with the smallest ``j`` that fits (bisection: more blocks at ``k`` never
@@ -204,25 +216,23 @@ def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
     steps = max(len(c) for c in curves)
     big = max(range(len(fams)), key=lambda f: len(fams[f]))
     size = len(fams[big])
-    wanted = {p[0] for p in uniform}
     out = []
-    for k in range(steps - 1):
-        for tail in TAILS:
-            locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
-            if _plan(problem, fams, locals_, tail)[0] not in wanted:
-                continue
-            heavy = _point(curves[big], k, steps)
-            for light in {_point(curves[big], k + 1, steps), ()}:
-                lo, hi = 0, size
-                while lo < hi:
-                    j = (lo + hi) // 2
-                    locals_[big] = (heavy,) * j + (light,) * (size - j)
-                    plan = _plan(problem, fams, locals_, tail)
-                    if plan[1] <= budget:
-                        out.append(plan)
-                        hi = j
-                    else:
-                        lo = j + 1
+    for _, _, k, tail in uniform:
+        if k + 1 >= steps:
+            continue
+        locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
+        heavy = _point(curves[big], k, steps)
+        for light in {_point(curves[big], k + 1, steps), ()}:
+            lo, hi = 0, size
+            while lo < hi:
+                j = (lo + hi) // 2
+                locals_[big] = (heavy,) * j + (light,) * (size - j)
+                segs = _segments(problem, fams, locals_, tail)[0]
+                if _peak(problem, segs) <= budget:
+                    out.append(segs)
+                    hi = j
+                else:
+                    lo = j + 1
     return out
 
 
@@ -235,27 +245,44 @@ def _disjoint(segs: list[Range]) -> Segments:
 
 
 def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple[Segments, int]]:
-    """The shared plan with the smallest simulated peak, and that peak; None without families."""
+    """The shared plan with the smallest simulated peak, and that peak; None without families
+    (every uniform plan is simulated)."""
     fams = families(problem, blocks)
     if not fams:
         return None
-    plan = min(_plans(problem, fams), key=lambda p: (p[1], p[2]))
-    return plan[0], plan[1]
+    return min(((p[0], _peak(problem, p[0])) for p in _uniform(problem, fams)),
+               key=lambda p: p[1])
 
 
 def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
                  choices: Choices = (), forced: Choices = ()) -> Optional[Selection]:
     """The cheapest shared plan whose simulated peak fits, with kept ops filled in; None without
-    families. Raises :class:`BudgetInfeasible` (with the smallest shared peak) when none fits."""
+    families. Raises :class:`BudgetInfeasible` (with the smallest shared peak) when none fits.
+
+    Uniform plans are simulated cheapest first, until :data:`FILLED` fit; the :data:`MIXED`
+    cheapest of them are mixed with lighter points; the :data:`FILLED` cheapest of all (and, on
+    graphs below :data:`SHARED_FROM` ops, the smallest-peak plan) are filled with kept ops."""
     fams = families(problem, blocks)
     if not fams:
         return None
-    plans = _plans(problem, fams)
-    fitting = sorted((p for p in plans if p[1] <= budget_bytes), key=lambda p: (p[2], p[1]))
+    fitting: list[_Plan] = []
+    for plan in _uniform(problem, fams):
+        if _peak(problem, plan[0]) <= budget_bytes:
+            fitting.append(plan)
+            if len(fitting) == FILLED:
+                break
     if not fitting:
-        raise BudgetInfeasible(budget_bytes, min(p[1] for p in plans))
-    mixed = _mixed(problem, fams, budget_bytes, fitting[:MIXED])
-    fitting = sorted(fitting + mixed, key=lambda p: (p[2], p[1]))
-    tried = {p[0] for p in fitting[:FILLED]} | {min(fitting, key=lambda p: (p[1], p[2]))[0]}
+        least = min_peak_shared(problem, blocks)
+        assert least is not None
+        raise BudgetInfeasible(budget_bytes, least[1])
+    ix = problem.index
+    candidates = {p[0]: p[1] for p in fitting}
+    for segs in _mixed(problem, fams, budget_bytes, fitting[:MIXED]):
+        candidates[segs] = sum(ix.segment_cost(a, b) for a, b in segs)
+    tried = set(sorted(candidates, key=lambda segs: candidates[segs])[:FILLED])
+    if ix.n < SHARED_FROM:
+        least = min_peak_shared(problem, blocks)
+        assert least is not None
+        tried.add(least[0])
     found = [keep_within(problem, segs, budget_bytes, choices, forced) for segs in sorted(tried)]
     return min(found, key=lambda sel: (sel.recompute_cost, sel.predicted_peak))
