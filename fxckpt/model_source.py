@@ -105,7 +105,8 @@ def load_target(text: str) -> torch.nn.Module:
         obj = getattr(obj, part)
     if not isinstance(obj, torch.nn.Module):
         if not callable(obj):
-            raise SourceError(f"{text} is a {type(obj).__name__}, not a callable returning a model")
+            raise SourceError(
+                f"{text} is a {type(obj).__name__}, not a callable returning a model")
         try:
             obj = obj()
         except Exception as e:

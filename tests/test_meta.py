@@ -97,8 +97,8 @@ def test_plan_of_another_model_is_refused_by_its_anchors(plan: fxckpt.Plan) -> N
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
                                   bos_token_id=0, eos_token_id=0, use_cache=False)
     tm = fxckpt.transform(transformers.GPT2LMHeadModel(cfg).train(), plan=plan)
-    with pytest.raises(PlanError, match=r"segment_\d+ names node '\w+', which this model's graph "
-                                        r"does not have \(nor the module and op its anchors name\)"):
+    with pytest.raises(PlanError, match=r"segment_\d+ names node '\w+', which this model's "
+                       r"graph does not have \(nor the module and op its anchors name\)"):
         tm(ids())
 
 

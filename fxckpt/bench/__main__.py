@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scaling-layers",
         type=_list_of(int, "--scaling-layers"),
-        help="GPT-2 layer counts for the solver-scaling run (default 12,48,192,436: 615 to 20,119 ops; '' skips)",
+        help="GPT-2 layer counts for the solver-scaling run (default 12,48,192,436: 615 to "
+             "20,119 ops; '' skips)",
     )
     p.add_argument("--no-match-peers", dest="match_peers", action="store_false",
                    help="skip the fxckpt runs whose budget is each peer's measured peak")

@@ -357,7 +357,8 @@ def _scaling_check(scaling: list[Row]) -> list[Check]:
     if big["ops"] >= BIG_OPS:
         checks.append(Check(
             f"solve < {BIG_LIMIT_S:g} s at {BIG_OPS:,} ops", f"gpt2 {big['layers']} layers",
-            big["solve_s"] < BIG_LIMIT_S, f"{big['ops']} ops, solver alone {big['solve_s']:.2f} s"))
+            big["solve_s"] < BIG_LIMIT_S,
+            f"{big['ops']} ops, solver alone {big['solve_s']:.2f} s"))
     return checks
 
 

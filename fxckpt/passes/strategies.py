@@ -288,14 +288,15 @@ def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], lis
             return remap(order, [(seg.name, seg.anchors) for seg in plan.segments])
         except PlanError as e:
             log.debug("replay by anchors failed: %s", e)
+    nor = " (nor the module and op its anchors name)" if anchored else ""
     runs = []
     for seg in plan.segments:
         missing = [name for name in seg.nodes if name not in position]
         if missing:
             raise PlanError(
                 f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph "
-                f"does not have{' (nor the module and op its anchors name)' if anchored else ''}; was the plan made for another model, mode or input signature "
-                f"({plan.signature})?"
+                f"does not have{nor}; was the plan made for another model, mode or input "
+                f"signature ({plan.signature})?"
             )
         idx = [position[name] for name in seg.nodes]
         if idx != list(range(idx[0], idx[0] + len(idx))):
