@@ -50,6 +50,11 @@ FILLED = 6
 MIXED = 2
 """The cheapest fitting uniform plans that are also mixed with lighter points."""
 
+FILLED_LARGE, MIXED_LARGE = 2, 1
+""":data:`FILLED` and :data:`MIXED` from :data:`SHARED_FROM` ops on, where each simulation and
+each fill costs tens of milliseconds (20,000 ops: 6.3 s with 6 and 2, the fills and the mixes'
+simulations two thirds of it)."""
+
 TAILS = (0, 1)
 """Variants of every plan: copied into all blocks, or into all but the last one."""
 
@@ -82,12 +87,17 @@ def structure(problem: Problem, block: Range) -> Hashable:
 def families(problem: Problem, blocks: Sequence[Range]) -> list[list[Range]]:
     """The candidate ``blocks`` (disjoint op ranges) grouped by :func:`structure`, groups of at
     least :data:`MIN_COPIES` only, in the order of their first block."""
+    key = ("families", tuple(blocks))
+    memo = problem.index.memo
+    if key in memo:
+        return memo[key]  # type: ignore[return-value]
     groups: dict[Hashable, list[Range]] = {}
     for block in sorted(blocks):
         s, e = block
         if 0 <= s < e <= problem.index.n:
             groups.setdefault(structure(problem, block), []).append(block)
-    return [g for g in groups.values() if len(g) >= MIN_COPIES]
+    found = memo[key] = [g for g in groups.values() if len(g) >= MIN_COPIES]
+    return found
 
 
 def _block_problem(problem: Problem, block: Range) -> Problem:
@@ -261,25 +271,27 @@ def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
 
     Uniform plans are simulated cheapest first, until :data:`FILLED` fit; the :data:`MIXED`
     cheapest of them are mixed with lighter points; the :data:`FILLED` cheapest of all (and, on
-    graphs below :data:`SHARED_FROM` ops, the smallest-peak plan) are filled with kept ops."""
+    graphs below :data:`SHARED_FROM` ops, the smallest-peak plan) are filled with kept ops
+    (:data:`FILLED_LARGE` and :data:`MIXED_LARGE` on larger graphs)."""
     fams = families(problem, blocks)
     if not fams:
         return None
+    ix = problem.index
+    filled, mixed = (FILLED, MIXED) if ix.n < SHARED_FROM else (FILLED_LARGE, MIXED_LARGE)
     fitting: list[_Plan] = []
     for plan in _uniform(problem, fams):
         if _peak(problem, plan[0]) <= budget_bytes:
             fitting.append(plan)
-            if len(fitting) == FILLED:
+            if len(fitting) == filled:
                 break
     if not fitting:
         least = min_peak_shared(problem, blocks)
         assert least is not None
         raise BudgetInfeasible(budget_bytes, least[1])
-    ix = problem.index
     candidates = {p[0]: p[1] for p in fitting}
-    for segs in _mixed(problem, fams, budget_bytes, fitting[:MIXED]):
+    for segs in _mixed(problem, fams, budget_bytes, fitting[:mixed]):
         candidates[segs] = sum(ix.segment_cost(a, b) for a, b in segs)
-    tried = set(sorted(candidates, key=lambda segs: candidates[segs])[:FILLED])
+    tried = set(sorted(candidates, key=lambda segs: candidates[segs])[:filled])
     if ix.n < SHARED_FROM:
         least = min_peak_shared(problem, blocks)
         assert least is not None
