@@ -22,9 +22,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.errors import PlanError
+from fxckpt.passes.flops import counter as flop_counter
 from fxckpt.passes.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 
 __all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of",
@@ -237,7 +237,7 @@ class _Annotator(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         recorder = _OpRecorder()
-        flops = FlopCounterMode(display=False)
+        flops = flop_counter()
         saved: list[torch.Tensor] = []
 
         def pack(t: torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,31 @@ def test_records_what_autograd_saves() -> None:
         info["drop"].saves == () and info["drop"].saves_internal_bytes == 32 * 4
     )  # its mask (float on CPU)
     assert info["fc"].saves_internal_bytes == 0
+
+
+class Attention(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_cpu_attention_is_counted_as_two_batched_matmuls() -> None:
+    """torch's counter has no formula for the CPU attention kernel and counted 0: the solver then
+    priced attention by its output's bytes (about 1/18 of its time here) and recomputed it."""
+    b, h, s, d = 2, 4, 16, 8
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    info = _annotated(Attention(), q, k, v)
+    (attention,) = [i for i in info.values() if i.flops]
+    assert attention.flops == 2 * (2 * b * h * s * s * d)
+
+
+def test_the_counter_counts_cpu_attention_backward_and_grouped_heads() -> None:
+    from fxckpt.passes.flops import counter
+
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    kv = torch.randn(2, 2, 16, 8, requires_grad=True)
+    with counter() as forward:
+        out = nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    with counter() as backward:
+        out.sum().backward()
+    one = 2 * 2 * 4 * 16 * 16 * 8  # one (b*h, s, d) x (b*h, d, s) batched matmul
+    assert forward.get_total_flops() == 2 * one and backward.get_total_flops() == 5 * one
