@@ -40,7 +40,7 @@ from fxckpt.plan import Plan, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate
 from fxckpt.solver.problem import Segments
 from fxckpt.solver.selective import Selection, solve_selective
-from fxckpt.solver.shared import SHARED_FROM, families, min_peak_shared, solve_shared
+from fxckpt.solver.shared import ALONE_FROM, families, min_peak_shared, solve_shared
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
 __all__ = ["Chosen", "Fitting", "choose", "solve_plan"]
@@ -217,7 +217,7 @@ def budgeted(
 
 def _large(problem: Problem, blocks: Sequence[tuple[int, int]]) -> bool:
     """Solve per block only (:mod:`fxckpt.solver.shared`): a large graph of repeated blocks."""
-    return problem.index.n >= SHARED_FROM and bool(families(problem, blocks))
+    return problem.index.n >= ALONE_FROM and bool(families(problem, blocks))
 
 
 def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Segments, int]:

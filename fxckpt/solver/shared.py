@@ -31,18 +31,25 @@ from fxckpt.solver.selective import Choices, Selection, keep_within
 from fxckpt.solver.simulate import peak_bytes
 from fxckpt.solver.solve import pareto
 
-__all__ = ["families", "structure", "solve_shared", "min_peak_shared", "SHARED_FROM",
+__all__ = ["families", "structure", "solve_shared", "min_peak_shared", "SHARED_FROM", "ALONE_FROM",
            "MIN_COPIES", "POINTS"]
 
-SHARED_FROM = 1500
+ALONE_FROM = 300
 """Problems with at least this many ops and a family of repeated blocks are solved per block
-(a 24-layer GPT-2 has about 1,150 ops; the full search takes seconds from there on)."""
+only; smaller ones also by the full search, and the cheaper plan wins. The full search takes
+seconds from a few hundred ops on (a 12-layer GPT-2 has 615: 2-4 s against 0.3-0.5 s for the
+per-block solve, at the same recompute within 4% on the benchmark's models)."""
+
+SHARED_FROM = 1500
+"""From this many ops on, fewer plans are filled and mixed (:data:`FILLED_LARGE`)."""
 
 MIN_COPIES = 4
 """A family needs at least this many identical blocks."""
 
-POINTS = 24
-"""Points of each representative block's trade-off curve."""
+POINTS = 12
+"""Points of each representative block's trade-off curve (solved without the fast search's
+refining pass). 24 refined points found the same plans on the benchmark's GPT-2, BERT and
+Llama-style models (within 1%) in about twice the time."""
 
 FILLED = 6
 """The cheapest fitting plans (by segment cost) that are filled with kept ops and compared."""
@@ -121,7 +128,7 @@ def _patterns(sub: Problem, blocks: Sequence[Range]) -> list[Segments]:
     """For each point of ``sub``'s trade-off curve and each of its ``blocks``, the segments
     starting in that block, relative to its start (a segment may run on into the next block)."""
     out: list[Segments] = []
-    for point in pareto(sub, POINTS):
+    for point in pareto(sub, POINTS, refine=False):
         for lo, hi in blocks:
             local = tuple((a - lo, b - lo) for a, b in point.segments if lo <= a < hi)
             if local not in out:
