@@ -106,3 +106,53 @@ def test_live_profile_adds_and_maxima_match_a_plain_list() -> None:
         a = rng.randrange(len(plain))
         b = rng.randrange(a, len(plain) + 1)
         assert live.max(a, b) == (max(plain[a:b]) if b > a else 0)
+
+
+def test_from_ALONE_FROM_ops_the_planner_solves_per_block_only(monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """The full search takes seconds from a few hundred ops on; with repeated blocks the planner
+    then uses the per-block plan alone. Below that it runs both and keeps the cheaper."""
+    import fxckpt.passes.strategies as strategies
+    from fxckpt.solver.shared import ALONE_FROM
+
+    calls: list[int] = []
+
+    def counted(problem: Problem, *args: object) -> object:
+        calls.append(len(problem.ops))
+        return solve_selective(problem, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(strategies, "solve_selective", counted)
+    big, big_blocks = stack(ALONE_FROM // 5 + 1)
+    assert len(big.ops) >= ALONE_FROM
+    budget = int(0.5 * simulate(big, ()).peak_bytes)
+    got = strategies.solve_plan(big, budget, big_blocks, [], [])
+    assert calls == [] and got.predicted_peak <= budget
+    small, small_blocks = stack(16)
+    budget = int(0.5 * simulate(small, ()).peak_bytes)
+    got = strategies.solve_plan(small, budget, small_blocks, [], [])
+    shared = solve_shared(small, budget, small_blocks, [], [])
+    full = solve_selective(small, budget, [], [])
+    assert calls == [len(small.ops)]
+    assert got.recompute_cost == min(shared.recompute_cost, full.recompute_cost)
+
+
+def test_curves_are_solved_without_the_refining_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One search per budget for the curves (refine=False); solve() refines by default."""
+    import importlib
+
+    solve_module = importlib.import_module("fxckpt.solver.solve")
+    problem, _ = stack(40)  # 202 ops: above the exact search's limit, below the refining one's
+    searches: list[float] = []
+    real = solve_module.search
+
+    def counted(*args: object, **kwargs: object) -> object:
+        searches.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(solve_module, "search", counted)
+    budget = int(0.5 * simulate(problem, ()).peak_bytes)
+    plain = solve_module.solve(problem, budget, refine=False)
+    assert len(searches) == 1 and plain.predicted_peak <= budget
+    searches.clear()
+    refined = solve_module.solve(problem, budget)
+    assert len(searches) == 2 and refined.recompute_cost <= plain.recompute_cost
