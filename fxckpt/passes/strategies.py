@@ -40,7 +40,7 @@ from fxckpt.plan import Plan, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate
 from fxckpt.solver.problem import Segments
 from fxckpt.solver.selective import Selection, solve_selective
-from fxckpt.solver.shared import ALONE_FROM, families, min_peak_shared, solve_shared
+from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM, families, min_peak_shared, solve_shared
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
 __all__ = ["Chosen", "Fitting", "choose", "solve_plan"]
@@ -215,16 +215,19 @@ def budgeted(
     return runs, limit, kept_names(problem, solution.keep)
 
 
-def _large(problem: Problem, blocks: Sequence[tuple[int, int]]) -> bool:
-    """Solve per block only (:mod:`fxckpt.solver.shared`): a large graph of repeated blocks."""
-    return problem.index.n >= ALONE_FROM and bool(families(problem, blocks))
+def _large(problem: Problem, blocks: Sequence[tuple[int, int]], size: int = ALONE_FROM) -> bool:
+    """A graph of repeated blocks with at least ``size`` ops: solved per block only
+    (:mod:`fxckpt.solver.shared`)."""
+    return problem.index.n >= size and bool(families(problem, blocks))
 
 
 def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Segments, int]:
-    """The smallest-peak plan found, and its peak: per block for large graphs of repeated
-    blocks, otherwise the better of that and the full search's."""
+    """The smallest-peak plan found, and its peak: per block for graphs of repeated blocks from
+    :data:`~fxckpt.solver.shared.SHARED_FROM` ops, otherwise the better of that and the full
+    search's (one search by peak: the full search's smallest plan is often smaller, as when it
+    checkpoints the embeddings too)."""
     shared = min_peak_shared(problem, blocks)
-    if shared is not None and _large(problem, blocks):
+    if shared is not None and _large(problem, blocks, SHARED_FROM):
         return shared
     full = min_peak_segments(problem)
     plans = [(full, min_feasible_peak(problem))] + ([shared] if shared else [])
@@ -234,9 +237,12 @@ def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Segm
 def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
            offered: Groups, forced: Groups) -> Selection:
     """The cheapest plan found under ``target``: solved per repeated block
-    (:func:`~fxckpt.solver.shared.solve_shared`) for large graphs; for smaller ones, the
-    cheaper of that and the full search (:func:`~fxckpt.solver.selective.solve_selective`),
-    which may mix plans across blocks but is not exact either (the per-block plan often wins).
+    (:func:`~fxckpt.solver.shared.solve_shared`) from :data:`~fxckpt.solver.shared.ALONE_FROM`
+    ops; for smaller graphs, the cheaper of that and the full search
+    (:func:`~fxckpt.solver.selective.solve_selective`), which may mix plans across blocks but is
+    not exact either (the per-block plan often wins). Where no per-block plan fits, the full
+    search is tried below :data:`~fxckpt.solver.shared.SHARED_FROM` ops: near the smallest peak
+    it finds plans the per-block solve does not (segments over the embeddings, say).
     """
     shared: Optional[Selection] = None
     infeasible: Optional[BudgetInfeasible] = None
@@ -244,11 +250,10 @@ def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
         shared = solve_shared(problem, target, blocks, offered, forced)
     except BudgetInfeasible as e:
         infeasible = e
-    if _large(problem, blocks):
-        if shared is None:
-            assert infeasible is not None
-            raise infeasible
+    if shared is not None and _large(problem, blocks):
         return shared
+    if infeasible is not None and _large(problem, blocks, SHARED_FROM):
+        raise infeasible
     try:
         full = solve_selective(problem, target, offered, forced)
     except BudgetInfeasible as e:

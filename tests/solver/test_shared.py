@@ -156,3 +156,23 @@ def test_curves_are_solved_without_the_refining_pass(monkeypatch: pytest.MonkeyP
     searches.clear()
     refined = solve_module.solve(problem, budget)
     assert len(searches) == 2 and refined.recompute_cost <= plain.recompute_cost
+
+
+def test_where_no_per_block_plan_fits_the_full_search_is_tried_below_SHARED_FROM() -> None:
+    """Near the smallest peak the full search finds plans the per-block solve cannot (here it
+    also puts block boundaries and the head in segments): a 312-op stack solved per block alone
+    must not call a budget infeasible that the full search meets."""
+    import fxckpt.passes.strategies as strategies
+    from fxckpt.solver import min_feasible_peak
+    from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM
+
+    problem, blocks = stack(62)
+    assert ALONE_FROM <= len(problem.ops) < SHARED_FROM
+    least_shared = min_peak_shared(problem, blocks)
+    assert least_shared is not None
+    budget = (least_shared[1] + min_feasible_peak(problem)) // 2
+    with pytest.raises(BudgetInfeasible):
+        solve_shared(problem, budget, blocks, [], [])
+    got = strategies.solve_plan(problem, budget, blocks, [], [])
+    assert got.predicted_peak <= budget and peak_bytes(problem, got.segments) <= budget
+    assert strategies._min_peak(problem, blocks)[1] == min_feasible_peak(problem)
