@@ -232,7 +232,7 @@ def _scaling_section(scaling: list[Row]) -> list[str]:
         "repeated block alone from 300 ops, below that the cheaper of that and the full "
         "search, selective keeps included) on `problem_of(gm)` after capture + annotate, GPT-2 "
         "of width 32, batch 2 x 32 tokens (graph size is what matters), budget 0.5 of the "
-        "predicted eager peak; the median of the solves per size.",
+        "predicted eager peak; the median of 3 solves per size, each on a fresh problem.",
         "",
         *_table(head, cells),
         "",
