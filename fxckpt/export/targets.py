@@ -91,12 +91,14 @@ def _runtime_functions() -> dict[str, Any]:
     from torch.amp import autocast_mode
     from torch.fx._symbolic_trace import _assert_is_none
 
+    from fxckpt.runtime.attention import attention
     from fxckpt.runtime.checkpoint import checkpoint
     from fxckpt.runtime.offload import offload_region
     from fxckpt.runtime.selective import keep_begin, keep_end
 
     higher_order = torch.ops.higher_order
     return {
+        "fxckpt.attention": attention,
         "fxckpt.checkpoint": checkpoint,
         "fxckpt.keep_begin": keep_begin,
         "fxckpt.keep_end": keep_end,

@@ -29,6 +29,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import CaptureError
+from fxckpt.passes.simplify import simplify
 from fxckpt.signature import Binder, Shapes
 
 __all__ = ["ShapeRule", "Exported", "export_graph"]
@@ -84,6 +85,8 @@ def export_graph(
         ep = _export_program(model, args, kwargs, opaque)
     rule = _shape_rule(ep)
     gm = _swapped(model, ep, opaque, calls) if opaque else ep.module()
+    done = simplify(gm)
+    log.debug("simplified the exported graph: %s", done)
     return Exported(gm, rule, opaque)
 
 

@@ -1,0 +1,65 @@
+"""fxckpt.runtime.attention: which masks are dropped, when the verdict is looked at again."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fxckpt.runtime.attention import CAUSAL, FULL, attention, mask_kind
+
+
+def _causal(*shape: int) -> torch.Tensor:
+    return torch.ones(*shape, dtype=torch.bool).tril()
+
+
+def test_mask_kinds() -> None:
+    assert mask_kind(_causal(2, 1, 5, 5), 5, 5) == CAUSAL
+    assert mask_kind(_causal(5, 5), 5, 5) == CAUSAL
+    assert mask_kind(torch.ones(2, 1, 5, 5, dtype=torch.bool), 5, 5) == FULL
+    # One query over five keys (decoding): all visible is FULL, not the top-left causal row.
+    assert mask_kind(torch.ones(1, 1, 1, 5, dtype=torch.bool), 1, 5) == FULL
+    padded = _causal(2, 1, 5, 5)
+    padded[1, :, :, 4] = False
+    assert mask_kind(padded, 5, 5) is None
+    assert mask_kind(_causal(5, 5).float(), 5, 5) is None  # float masks stay
+    assert mask_kind(torch.ones(2, 1, 1, 5, dtype=torch.bool), 5, 5) is None  # broadcast rows
+    assert mask_kind(torch.ones(5, 5, dtype=torch.bool, device="meta"), 5, 5) is None
+    with FakeTensorMode():
+        assert mask_kind(torch.ones(5, 5, dtype=torch.bool), 5, 5) is None
+
+
+def test_the_verdict_is_remembered_until_the_mask_is_written() -> None:
+    mask = _causal(1, 1, 4, 4)
+    assert mask_kind(mask, 4, 4) == CAUSAL
+    mask[0, 0, 0, 3] = True  # bumps the version: looked at again
+    assert mask_kind(mask, 4, 4) is None
+    other = _causal(1, 1, 4, 4)
+    assert mask_kind(other, 4, 4) == CAUSAL
+
+
+class Names(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_mask_check_is_out_of_sight_of_dispatch_modes_and_results_equal_the_aten_op() -> None:
+    # A selective-checkpoint mode counts a kept node's calls in forward and recompute: the
+    # check (run once, in the forward) must not show up in its count.
+    q, k, v = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(3))
+    mask = _causal(2, 1, 6, 6)
+    mode = Names()
+    with mode:
+        out = attention(q, k, v, mask, scale=0.5)
+    assert "_scaled_dot_product_flash_attention_for_cpu" in mode.names
+    assert not {"all", "ones", "tril", "equal", "expand"} & set(mode.names), mode.names
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    assert torch.equal(out, ref) and all(torch.equal(a, b) for a, b in zip(grads, expected))
