@@ -7,9 +7,9 @@ in backward):
 * ``aten._assert_tensor_metadata(x, dtype=...)``: a check that ``x`` has the dtype it had when
   traced. fxckpt captures a graph per input dtype and autocast state (the dispatcher's key), so
   the check cannot fail.
-* ``aten.slice.Tensor(x, dim, 0, INT64_MAX)``: a whole-dimension slice (``x[:, None]`` in repeat_kv,
-  ``x[..., :]``). Eager indexing returns ``x`` itself for it; the traced slice is a view, and its
-  backward is ``slice_backward``: a zero tensor and a copy of the gradient.
+* ``aten.slice.Tensor(x, dim, 0, INT64_MAX)``: a whole-dimension slice (``x[:, None]`` in
+  repeat_kv, ``x[..., :]``). Eager indexing returns ``x`` itself for it; the traced slice is a
+  view, and its backward is ``slice_backward``: a zero tensor and a copy of the gradient.
 * ``aten.to`` to the dtype, layout and device ``x`` already has (``hidden.to(torch.float32)`` in
   an fp32 RMSNorm): eager returns ``x`` itself, with no autograd node.
 
@@ -50,8 +50,8 @@ class Simplified:
     slices: int = 0
     casts: int = 0
     attention: int = 0
-    """Attention calls with a boolean mask, now calls of :func:`~fxckpt.runtime.attention.attention`
-    (not removed)."""
+    """Attention calls given a boolean mask, now calls of
+    :func:`~fxckpt.runtime.attention.attention` (not removed)."""
 
     @property
     def total(self) -> int:

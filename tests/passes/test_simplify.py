@@ -108,7 +108,7 @@ class KernelCalls(torch.utils._python_dispatch.TorchDispatchMode):
         self.kernel: list[tuple[bool, bool]] = []
         self.names: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore
         kwargs = kwargs or {}
         self.names.append(func.overloadpacket.__name__)
         if func is aten._scaled_dot_product_flash_attention_for_cpu.default:

@@ -44,7 +44,7 @@ class Names(TorchDispatchMode):
         super().__init__()
         self.names: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore
         self.names.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
 
