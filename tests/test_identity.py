@@ -81,8 +81,8 @@ def test_a_model_with_fxckpt_names_transforms_and_trains_bit_exact() -> None:
 def test_hugging_face_causal_lm_keeps_its_model_child_config_and_generate() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    # Eager attention: with "sdpa", Hugging Face builds an explicit causal mask when traced and
-    # uses is_causal=True in eager, so gradients agree to rounding only (see docs/models.md).
+    # Eager attention, so that generate() below runs the same kernels with and without a cache;
+    # sdpa training steps are compared bit for bit in tests/passes/test_simplify.py.
     cfg = LlamaConfig(
         vocab_size=64,
         hidden_size=32,

@@ -14,12 +14,12 @@ in backward):
   an fp32 RMSNorm): eager returns ``x`` itself, with no autograd node.
 
 Each is replaced by its input (or dropped), so the graph computes the same values and gradients
-with fewer calls. A fourth kind is not a no-op but a lost shortcut: a boolean attention mask that
-eager code would not have built (``is_causal=True`` instead of a causal mask); those
-``scaled_dot_product_attention`` calls go through :func:`fxckpt.runtime.attention.attention`, which
-drops such a mask at run time.
+with fewer calls. Then attention given a boolean mask, a shortcut export could not take, goes
+through :func:`fxckpt.runtime.attention.attention` (:mod:`fxckpt.passes.eager_attention`), which
+calls the kernels eager code calls (``is_causal=True`` instead of a causal mask).
 
-    simplify(gm) -> Simplified(asserts=..., slices=..., casts=..., attention=12)
+    simplify(gm) -> Simplified(asserts=74, slices=48, casts=87,
+                               attention=Rewritten(calls=12, repeats=12, expected=12))
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fxckpt.runtime.attention import attention
+from fxckpt.passes.eager_attention import Rewritten, eager_attention
 
 __all__ = ["Simplified", "simplify"]
 
@@ -49,9 +49,8 @@ class Simplified:
     asserts: int = 0
     slices: int = 0
     casts: int = 0
-    attention: int = 0
-    """Attention calls given a boolean mask, now calls of
-    :func:`~fxckpt.runtime.attention.attention` (not removed)."""
+    attention: Rewritten = Rewritten()
+    """What :func:`~fxckpt.passes.eager_attention.eager_attention` rewrote (not removed)."""
 
     @property
     def total(self) -> int:
@@ -60,7 +59,7 @@ class Simplified:
 
 def simplify(gm: torch.fx.GraphModule) -> Simplified:
     """Remove the no-op calls described in the module docstring from ``gm`` (in place)."""
-    counts = {"asserts": 0, "slices": 0, "casts": 0, "attention": 0}
+    counts = {"asserts": 0, "slices": 0, "casts": 0}
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -72,13 +71,10 @@ def simplify(gm: torch.fx.GraphModule) -> Simplified:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
             counts["slices" if node.target is aten.slice.Tensor else "casts"] += 1
-        elif _boolean_mask(node):
-            node.target = attention
-            counts["attention"] += 1
     if any(counts.values()):
         graph.lint()
         gm.recompile()
-    return Simplified(**counts)
+    return Simplified(**counts, attention=eager_attention(gm))
 
 
 def _whole_slice(node: torch.fx.Node) -> bool:
@@ -111,16 +107,6 @@ def _same_cast(node: torch.fx.Node) -> bool:
         and before.dtype == after.dtype and before.device == after.device
         and before.layout == after.layout
     )
-
-
-def _boolean_mask(node: torch.fx.Node) -> bool:
-    """``scaled_dot_product_attention`` given a boolean ``attn_mask`` (and not ``is_causal``)."""
-    if node.target is not aten.scaled_dot_product_attention.default:
-        return False
-    mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-    causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
-    value = _val(mask) if isinstance(mask, torch.fx.Node) else None
-    return causal is False and isinstance(value, torch.Tensor) and value.dtype == torch.bool
 
 
 def _val(node: torch.fx.Node) -> Any:

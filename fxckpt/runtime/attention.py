@@ -1,23 +1,31 @@
-"""Attention with the mask eager code would not have built.
+"""Attention as eager code would have run it.
 
 Run eagerly, a Hugging Face model without padding calls ``scaled_dot_product_attention`` with
-``is_causal=True`` (decoders) or no mask at all (encoders). Traced by ``torch.export`` it cannot
-take that shortcut, so the exported graph builds a boolean mask (``[batch, 1, L, S]``) and passes
-it: the attention kernel then converts the mask to floats and reads it for every block, where the
-causal kernel skips the blocks above the diagonal (on the bench's Llama-style model, about 3% of
-a training step).
+``is_causal=True`` (decoders) or no mask at all (encoders), and with ``enable_gqa=True`` where
+there are fewer key/value heads than heads. Traced by ``torch.export`` it cannot take those
+branches (they depend on whether the mask is ``None``), so the exported graph builds a boolean
+mask (``[batch, 1, L, S]``), repeats the key/value heads (``repeat_kv``) and passes both: the
+kernel then converts the mask to floats and reads it for every block, where the causal kernel
+skips the blocks above the diagonal, and the gradients of grouped heads are summed in another
+order than eager's.
 
 :func:`attention` is what an exported graph calls instead of the aten op (``fxckpt_attention`` in
-``tm.code``). It looks at the mask's values once per mask tensor and calls the aten op as eager
-code would have:
+``tm.code``; :mod:`fxckpt.passes.simplify` rewrites the calls). It looks at the mask's values
+once per mask tensor and calls the aten op as eager code would have:
 
 * a mask equal to ``ones(L, S).tril()`` on every batch and head: ``is_causal=True``, no mask;
 * a mask that is all ``True``: no mask;
-* anything else (padding, a float mask, fake or meta tensors, under ``torch.compile``): the mask
-  as given.
+* anything else (padding, a float mask, under ``torch.compile``): the mask as given;
+* ``kv_repeats=n`` (the graph's ``repeat_kv`` folded into the call): without a mask,
+  ``enable_gqa=True`` on the unrepeated heads (as Hugging Face's eager attention does when the
+  head size is at most 256), else the heads repeated here, by the ops the graph had.
 
-The kernels give bit-identical outputs and gradients for an all-visible or causal boolean mask
-and its shortcut (tested), so this changes speed only.
+Fake and meta tensors (planning, verification) have no values to look at: they follow
+``expect``, the verdict :mod:`fxckpt.passes.simplify` found for the mask at the example's shapes
+when the mask depends on shapes only, so the plan models the kernels a real step runs.
+
+A causal or all-visible boolean mask and its shortcut give bit-identical outputs and gradients
+(tested), so dropping the mask changes speed only; ``enable_gqa`` is what eager runs.
 """
 
 from __future__ import annotations
@@ -27,28 +35,52 @@ import weakref
 from typing import Any, Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["attention", "mask_kind"]
+__all__ = ["attention", "mask_kind", "CAUSAL", "FULL"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
 CAUSAL, FULL = "causal", "full"
 
 
+GQA_HEAD_LIMIT = 256
+"""Hugging Face's eager attention uses ``enable_gqa`` only for head sizes up to this."""
+
+
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
               is_causal: bool = False, *, scale: Optional[float] = None,
-              enable_gqa: bool = False) -> torch.Tensor:
-    """``aten.scaled_dot_product_attention`` without a causal or all-visible boolean mask."""
+              enable_gqa: bool = False, kv_repeats: int = 1,
+              expect: Optional[str] = None) -> torch.Tensor:
+    """``aten.scaled_dot_product_attention`` as eager code would call it (module docstring)."""
     if attn_mask is not None and not is_causal:
-        kind = mask_kind(attn_mask, query.shape[-2], key.shape[-2])
+        kind = expect if _valueless(attn_mask) else mask_kind(
+            attn_mask, query.shape[-2], key.shape[-2])
         if kind == CAUSAL:
             attn_mask, is_causal = None, True
         elif kind == FULL:
             attn_mask = None
+    if kv_repeats > 1:
+        if attn_mask is None and key.shape[-1] == value.shape[-1] <= GQA_HEAD_LIMIT:
+            enable_gqa = True
+        else:
+            key, value = _repeat(key, kv_repeats), _repeat(value, kv_repeats)
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                  enable_gqa=enable_gqa)
+
+
+def _valueless(mask: torch.Tensor) -> bool:
+    """Fake or meta: shapes only (not under ``torch.compile``, whose tensors are real)."""
+    return not torch.compiler.is_compiling() and (
+        isinstance(mask, FakeTensor) or mask.device.type == "meta")
+
+
+def _repeat(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``repeat_kv``: ``[b, h, s, d]`` -> ``[b, h * n, s, d]``, each head ``n`` times in a row."""
+    b, h, s, d = x.shape
+    return x.unsqueeze(2).expand(b, h, n, s, d).reshape(b, h * n, s, d)
 
 
 attention.__module__ = "fxckpt"  # generated code reads `fxckpt_attention(...)`

@@ -63,3 +63,38 @@ def test_the_mask_check_is_out_of_sight_of_dispatch_modes_and_results_equal_the_
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     expected = torch.autograd.grad(ref.square().sum(), (q, k, v))
     assert torch.equal(out, ref) and all(torch.equal(a, b) for a, b in zip(grads, expected))
+
+
+class Kernel(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[bool, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            self.calls.append((kwargs.get("attn_mask") is not None, args[1].shape[1]))
+        return func(*args, **kwargs)
+
+
+def test_fake_tensors_follow_expect_and_real_ones_their_values() -> None:
+    # Planning runs on fake tensors, which have no values: the verdict found at capture stands
+    # in, so the plan sees the kernels (and the saved tensors) of a real step.
+    q = torch.randn(2, 4, 6, 8)
+    k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    mask = _causal(2, 1, 6, 6)
+    padded = mask.clone()
+    padded[0, :, :, 0] = False
+    for m, expect, calls in ((mask, "causal", [(False, 2)]), (padded, "causal", [(True, 4)]),
+                             (mask, None, [(False, 2)])):
+        mode = Kernel()
+        with mode:
+            out = attention(q, k, v, m, kv_repeats=2, expect=expect)
+        assert mode.calls == calls and out.shape == (2, 4, 6, 8)
+    with FakeTensorMode() as fake:
+        fq, fk, fv, fm = (fake.from_tensor(t) for t in (q, k, v, mask))
+        for expect, calls in (("causal", [(False, 2)]), (None, [(True, 4)])):
+            mode = Kernel()
+            with mode:
+                attention(fq, fk, fv, fm, kv_repeats=2, expect=expect)
+            assert mode.calls == calls, expect

@@ -1,0 +1,194 @@
+"""Eager attention: route an exported graph's masked attention through
+:func:`fxckpt.runtime.attention.attention`, which calls the kernels eager code would have called.
+
+For every ``aten.scaled_dot_product_attention`` given a boolean mask (and not ``is_causal``):
+
+* the call becomes ``fxckpt_attention(q, k, v, mask, ...)``;
+* Hugging Face's ``repeat_kv`` feeding its keys and values (``unsqueeze(x, 2)``, ``expand`` to
+  ``n`` copies, ``reshape``) is folded into the call as ``kv_repeats=n``; the runtime repeats the
+  heads itself when the mask stays. Only where the call was traced from a Hugging Face module's
+  ``attention_interface(...)`` (its pluggable attention, whose sdpa implementation uses
+  ``enable_gqa`` when run eagerly without a mask): the module class and the stack trace export
+  records say so. Elsewhere eager code repeats the heads itself, and so does the graph;
+* ``expect=`` records what the mask is at the example's shapes (``"causal"``, ``"full"``) when
+  it is computed from shapes alone (no input values, no parameters or buffers): fake and meta
+  runs, which have no values to look at, then plan for the kernels a real step runs.
+
+    before:  k = reshape(expand(unsqueeze(k0, 2), [b, 2, 2, s, d]), [b, 4, s, d])
+             out = aten.scaled_dot_product_attention(q, k, v, mask, scale=0.17)
+    after:   out = fxckpt_attention(q, k0, v0, mask, scale=0.17, kv_repeats=2, expect='causal')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from fxckpt.runtime.attention import attention, mask_kind
+
+__all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
+
+aten = torch.ops.aten
+MAX_MASK_ELEMENTS = 1 << 26
+"""Masks larger than this (64 MB of bools) are not built at capture time to find ``expect``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewritten:
+    calls: int = 0
+    """Attention calls now made through :func:`~fxckpt.runtime.attention.attention`."""
+    repeats: int = 0
+    """Of those, the calls whose ``repeat_kv`` was folded in (``kv_repeats``)."""
+    expected: int = 0
+    """Of those, the calls whose mask was found causal or all-visible at capture (``expect``)."""
+
+
+def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
+    """Rewrite ``gm``'s masked attention calls in place (see the module docstring)."""
+    calls = repeats = expected = 0
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if not _boolean_mask(node):
+            continue
+        args = list(node.args) + [None] * (4 - len(node.args))
+        query, key, value, mask = args[:4]
+        kwargs = dict(node.kwargs)
+        if "attn_mask" in kwargs:
+            mask = kwargs.pop("attn_mask")
+        folded = [_repeated(key), _repeated(value)]
+        if _hugging_face(node) and folded[0] and folded[1] and folded[0][1] == folded[1][1]:
+            key, value = folded[0][0], folded[1][0]
+            kwargs["kv_repeats"] = folded[0][1]
+            repeats += 1
+        kind = _expected(mask, query, key)
+        if kind is not None:
+            kwargs["expect"] = kind
+            expected += 1
+        node.target = attention
+        node.args = (query, key, value, mask, *node.args[4:])
+        node.kwargs = kwargs
+        calls += 1
+    if calls:
+        graph.eliminate_dead_code()  # the repeats folded in
+        graph.lint()
+        gm.recompile()
+    return Rewritten(calls, repeats, expected)
+
+
+def _boolean_mask(node: torch.fx.Node) -> bool:
+    """``scaled_dot_product_attention`` given a boolean ``attn_mask`` (and not ``is_causal``)."""
+    if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default:
+        return False
+    mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+    causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
+    value = _val(mask) if isinstance(mask, torch.fx.Node) else None
+    return causal is False and isinstance(value, torch.Tensor) and value.dtype == torch.bool
+
+
+_INTERFACE = "attention_interface("
+"""How Hugging Face's modeling code calls its pluggable attention (``sdpa_attention_forward``)."""
+
+
+def _hugging_face(node: torch.fx.Node) -> bool:
+    """Traced from a Hugging Face module's ``attention_interface(...)`` call."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return False
+    _, cls = list(stack.values())[-1]
+    name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+    return name.startswith("transformers.") and _traced_in_interface(node)
+
+
+def _traced_in_interface(node: torch.fx.Node) -> bool:
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    return bool(lines) and _INTERFACE in lines[-1]
+
+
+def _repeated(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
+    """``(x, n)`` for ``reshape(expand(unsqueeze(x, 2), [b, h, n, s, d]), [b, h * n, s, d])``
+    traced inside the attention interface (``repeat_kv``), each step used once; else ``None``."""
+    if not (isinstance(node, torch.fx.Node) and node.target is aten.reshape.default
+            and _traced_in_interface(node) and len(node.users) == 1):
+        return None
+    expand = node.args[0]
+    if not (isinstance(expand, torch.fx.Node) and expand.target is aten.expand.default
+            and len(expand.users) == 1):
+        return None
+    sizes, shape = expand.args[1], node.args[1]
+    if not (isinstance(sizes, (list, tuple)) and len(sizes) == 5
+            and isinstance(shape, (list, tuple)) and len(shape) == 4):
+        return None
+    unsqueeze, n = expand.args[0], sizes[2]
+    if not (isinstance(unsqueeze, torch.fx.Node) and unsqueeze.target is aten.unsqueeze.default
+            and unsqueeze.args[1] == 2 and len(unsqueeze.users) == 1
+            and isinstance(n, int) and n > 1):
+        return None
+    source = unsqueeze.args[0]
+    return (source, n) if isinstance(source, torch.fx.Node) else None
+
+
+def _expected(mask: Any, query: Any, key: Any) -> Optional[str]:
+    """The mask's kind at the example's shapes, when shapes alone determine it."""
+    if not isinstance(mask, torch.fx.Node):
+        return None
+    mask_val, q, k = _val(mask), _val(query), _val(key)
+    if not all(isinstance(t, torch.Tensor) for t in (mask_val, q, k)):
+        return None
+    sizes = [_hint(d) for d in mask_val.shape]
+    queries, keys = _hint(q.shape[-2]), _hint(k.shape[-2])
+    if None in sizes or queries is None or keys is None:
+        return None
+    if math.prod(sizes) > MAX_MASK_ELEMENTS:  # type: ignore[arg-type]
+        return None
+    value = _evaluate(mask)
+    return mask_kind(value, queries, keys) if isinstance(value, torch.Tensor) else None
+
+
+def _evaluate(root: torch.fx.Node) -> Any:
+    """``root`` computed on CPU from the example's sizes, or ``None`` if it reads any value
+    (an input's data, a parameter, a buffer) or fails."""
+    needed: dict[torch.fx.Node, None] = {}
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed[n] = None
+        if n.op == "call_function" and n.target is aten.sym_size.int:
+            continue  # a size of an input, not its values
+        if n.op != "call_function":
+            return None
+        stack.extend(n.all_input_nodes)
+    env: dict[torch.fx.Node, Any] = {}
+    try:
+        for n in root.graph.nodes:
+            if n not in needed:
+                continue
+            if n.target is aten.sym_size.int:
+                env[n] = _hint(n.meta["val"])
+                if env[n] is None:
+                    return None
+                continue
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+            if "device" in kwargs:
+                kwargs = dict(kwargs, device=torch.device("cpu"))
+            env[n] = n.target(*args, **kwargs)
+    except Exception:  # an op that needs more than sizes, or a size without a hint
+        return None
+    return env[root]
+
+
+def _hint(size: Any) -> Optional[int]:
+    """The example's value of a size (``int(SymInt)`` would add a guard to export's shapes)."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        return int(hint) if hint is not None else None
+    return int(size) if isinstance(size, int) else None
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
