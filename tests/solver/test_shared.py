@@ -176,3 +176,14 @@ def test_where_no_per_block_plan_fits_the_full_search_is_tried_below_SHARED_FROM
     got = strategies.solve_plan(problem, budget, blocks, [], [])
     assert got.predicted_peak <= budget and peak_bytes(problem, got.segments) <= budget
     assert strategies._min_peak(problem, blocks)[1] == min_feasible_peak(problem)
+
+
+def test_pairs_merges_adjacent_blocks_two_by_two_and_is_tried_below_SHARED_FROM() -> None:
+    from fxckpt.solver.shared import SHARED_FROM, _periods, pairs
+
+    assert pairs([(10, 20), (0, 10), (20, 30), (30, 40), (40, 50)]) == [(0, 20), (20, 40)]
+    assert pairs([(0, 10), (12, 20)]) == []  # not adjacent: not a period of two layers
+    problem, blocks = stack(62)
+    assert [len(p) for p in _periods(problem, blocks)] == [len(blocks), len(blocks) // 2]
+    big, big_blocks = stack(400)
+    assert len(big.ops) >= SHARED_FROM and len(_periods(big, big_blocks)) == 1
