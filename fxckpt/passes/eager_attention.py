@@ -33,8 +33,10 @@ from fxckpt.runtime.attention import attention, mask_kind
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
 
 aten = torch.ops.aten
-MAX_MASK_ELEMENTS = 1 << 26
-"""Masks larger than this (64 MB of bools) are not built at capture time to find ``expect``."""
+MAX_MASK_ELEMENTS = 1 << 24
+"""Masks larger than this (16 M elements; the int64 positions that build them take 8 bytes
+each) are not built at capture time to find ``expect``: planning then assumes the mask stays,
+which over-states memory (a float copy of the mask per layer), never under-states it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +162,8 @@ def _evaluate(root: torch.fx.Node) -> Any:
         needed[n] = None
         if n.op == "call_function" and n.target is aten.sym_size.int:
             continue  # a size of an input, not its values
-        if n.op != "call_function":
-            return None
+        if n.op != "call_function" or _draws_random(n):
+            return None  # reads values, or would change the RNG state capture must leave alone
         stack.extend(n.all_input_nodes)
     env: dict[torch.fx.Node, Any] = {}
     try:
@@ -180,6 +182,11 @@ def _evaluate(root: torch.fx.Node) -> Any:
     except Exception:  # an op that needs more than sizes, or a size without a hint
         return None
     return env[root]
+
+
+def _draws_random(node: torch.fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
 
 
 def _hint(size: Any) -> Optional[int]:

@@ -225,3 +225,20 @@ def test_repeats_outside_hugging_face_attention_stay_in_the_graph() -> None:
     out.square().sum().backward()
     ref.square().sum().backward()
     assert torch.equal(out, ref) and torch.equal(xg.grad, xe.grad)
+
+
+class RandomMask(nn.Module):
+    """A mask drawn from torch's RNG: building it at capture would change the random state."""
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        s = q.shape[-2]
+        mask = (torch.rand(s, s, device=q.device) >= 0).tril()
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_a_mask_drawn_at_random_is_not_built_at_capture() -> None:
+    gm = _exported(RandomMask(), torch.randn(1, 2, 5, 4))
+    state = torch.get_rng_state()
+    done = simplify(gm).attention
+    assert torch.equal(torch.get_rng_state(), state)
+    assert (done.calls, done.expected) == (1, 0)
