@@ -124,11 +124,16 @@ WINDOW = 3
 """Blocks in the window whose plans are solved (the middle block's part is the pattern)."""
 
 
-def _patterns(sub: Problem, blocks: Sequence[Range]) -> list[Segments]:
-    """For each point of ``sub``'s trade-off curve and each of its ``blocks``, the segments
+def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[Segments]:
+    """For each point of the trade-off curve of ``window`` (ops solved as a problem of their
+    own, once per window) and each of ``blocks`` (relative to the window's start), the segments
     starting in that block, relative to its start (a segment may run on into the next block)."""
+    memo = problem.index.memo
+    key = ("window points", window)
+    if key not in memo:
+        memo[key] = pareto(_block_problem(problem, window), POINTS, refine=False)
     out: list[Segments] = []
-    for point in pareto(sub, POINTS, refine=False):
+    for point in memo[key]:  # type: ignore[attr-defined]
         for lo, hi in blocks:
             local = tuple((a - lo, b - lo) for a, b in point.segments if lo <= a < hi)
             if local not in out:
@@ -136,22 +141,30 @@ def _patterns(sub: Problem, blocks: Sequence[Range]) -> list[Segments]:
     return out
 
 
-def _curves(problem: Problem, fams: list[list[Range]]) -> list[list[Segments]]:
+def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
+            ) -> list[list[Segments]]:
     """Each family's local plans, from the smallest peak to none (relative to a block's start):
     the middle block's part of plans solved for a window of :data:`WINDOW` adjacent blocks
-    (what crosses into the next block included), and plans solved for one block alone."""
-    key = ("shared curves", tuple(tuple(f) for f in fams))
+    (what crosses into the next block included), and plans solved for one block alone.
+
+    With ``period=2`` a family's blocks are pairs of layers (:func:`pairs`): its local plans are
+    the parts of the same one-layer windows' plans that start in their first two layers."""
+    key = ("shared curves", tuple(tuple(f) for f in fams), period)
     memo = problem.index.memo
     if key not in memo:
         curves = []
         for fam in fams:
             s, e = fam[0]
-            seen = _patterns(_block_problem(problem, fam[0]), [(0, e - s)])
             adjacent = all(a[1] == b[0] for a, b in zip(fam, fam[1:]))
-            if adjacent and len(fam) >= WINDOW + 1:
-                window = _block_problem(problem, (fam[0][0], fam[WINDOW - 1][1]))
+            if period == 2:
+                layer = (e - s) // 2
+                seen = _patterns(problem, (s, s + WINDOW * layer), [(0, e - s)])
+            else:
+                seen = _patterns(problem, fam[0], [(0, e - s)])
+            if period == 1 and adjacent and len(fam) >= WINDOW + 1:
                 inner = [(a - s, b - s) for a, b in fam[:WINDOW]]
-                seen += [p for p in _patterns(window, inner) if p not in seen]
+                window = (fam[0][0], fam[WINDOW - 1][1])
+                seen += [p for p in _patterns(problem, window, inner) if p not in seen]
             if () not in seen:
                 seen.append(())
             ix = problem.index
@@ -206,12 +219,12 @@ def _point(curve: list[Segments], k: int, steps: int) -> Segments:
     return curve[round(k * (len(curve) - 1) / max(steps - 1, 1))]
 
 
-def _uniform(problem: Problem, fams: list[list[Range]]) -> list[_Plan]:
+def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list[_Plan]:
     """Every uniform whole-model plan the curves give, cheapest first (not yet simulated)."""
-    key = ("shared plans", tuple(tuple(f) for f in fams))
+    key = ("shared plans", tuple(tuple(f) for f in fams), period)
     memo = problem.index.memo
     if key not in memo:
-        curves = _curves(problem, fams)
+        curves = _curves(problem, fams, period)
         steps = max(len(c) for c in curves)
         plans: dict[Segments, _Plan] = {}
         for k in range(steps):
@@ -224,12 +237,12 @@ def _uniform(problem: Problem, fams: list[list[Range]]) -> list[_Plan]:
 
 
 def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
-           uniform: list[_Plan]) -> list[Segments]:
+           uniform: list[_Plan], period: int = 1) -> list[Segments]:
     """Mixes of two points of the largest family's curve: for each of the ``uniform`` plans
     (at point ``k``), the first ``j`` blocks at ``k`` and the rest at a lighter point (``k + 1``,
     or no segments), with the smallest ``j`` that fits (bisection: more blocks at ``k`` never
     raise the peak much)."""
-    curves = _curves(problem, fams)
+    curves = _curves(problem, fams, period)
     steps = max(len(c) for c in curves)
     big = max(range(len(fams)), key=lambda f: len(fams[f]))
     size = len(fams[big])
@@ -264,25 +277,26 @@ def _disjoint(segs: list[Range]) -> Segments:
 def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple[Segments, int]]:
     """The shared plan with the smallest simulated peak, and that peak; None without families
     (every uniform plan of every period :func:`solve_shared` tries is simulated)."""
-    found = [p for period in _periods(problem, blocks) if (p := _min_peak_period(problem, period))]
+    found = [p for cut, period in _periods(problem, blocks)
+             if (p := _min_peak_period(problem, cut, period))]
     return min(found, key=lambda p: p[1]) if found else None
 
 
-def _min_peak_period(problem: Problem, blocks: Sequence[Range]
+def _min_peak_period(problem: Problem, blocks: Sequence[Range], period: int = 1
                      ) -> Optional[tuple[Segments, int]]:
     fams = families(problem, blocks)
     if not fams:
         return None
-    return min(((p[0], _peak(problem, p[0])) for p in _uniform(problem, fams)),
+    return min(((p[0], _peak(problem, p[0])) for p in _uniform(problem, fams, period)),
                key=lambda p: p[1])
 
 
-def _periods(problem: Problem, blocks: Sequence[Range]) -> list[list[Range]]:
-    """The ways of cutting the graph into blocks that are solved: one layer at a time, and below
-    :data:`SHARED_FROM` ops also two (:func:`pairs`)."""
-    periods = [list(blocks)]
+def _periods(problem: Problem, blocks: Sequence[Range]) -> list[tuple[list[Range], int]]:
+    """The ways of cutting the graph into blocks that are solved, with their period: one layer
+    at a time, and below :data:`SHARED_FROM` ops also two (:func:`pairs`)."""
+    periods = [(list(blocks), 1)]
     if problem.index.n < SHARED_FROM and len(pairs(blocks)) >= MIN_COPIES:
-        periods.append(pairs(blocks))
+        periods.append((pairs(blocks), 2))
     return periods
 
 
@@ -297,15 +311,16 @@ def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
     """The cheapest shared plan whose simulated peak fits, with kept ops filled in; None without
     families. Raises :class:`BudgetInfeasible` (with the smallest shared peak) when none fits.
 
-    On graphs below :data:`SHARED_FROM` ops the blocks are also solved two at a time
-    (:func:`pairs`), which lets a plan repeat every other layer (one segment over two layers
-    where a layer is small), and the cheaper plan wins: on the benchmark's Llama-style model at
-    0.3 of its peak, one layer at a time cost 6% more recompute than the full search."""
+    On graphs below :data:`SHARED_FROM` ops the plans may also repeat every two layers
+    (:func:`pairs`; their local plans come from the same solved windows, so this costs
+    simulations, not solves), and the cheaper plan wins: on the benchmark's Llama-style model at
+    0.3 of its peak, one layer at a time cost 6% more recompute than the full search, two at a
+    time 0.6% less."""
     found: list[Selection] = []
     smallest: Optional[BudgetInfeasible] = None
-    for period in _periods(problem, blocks):
+    for cut, period in _periods(problem, blocks):
         try:
-            sel = _solve_period(problem, budget_bytes, period, choices, forced)
+            sel = _solve_period(problem, budget_bytes, cut, period, choices, forced)
         except BudgetInfeasible as e:
             if smallest is None or e.min_budget < smallest.min_budget:
                 smallest = e
@@ -319,7 +334,7 @@ def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
     return None
 
 
-def _solve_period(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
+def _solve_period(problem: Problem, budget_bytes: int, blocks: Sequence[Range], period: int,
                   choices: Choices, forced: Choices) -> Optional[Selection]:
     """:func:`solve_shared` for one way of cutting the graph into blocks.
 
@@ -333,21 +348,21 @@ def _solve_period(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
     ix = problem.index
     filled, mixed = (FILLED, MIXED) if ix.n < SHARED_FROM else (FILLED_LARGE, MIXED_LARGE)
     fitting: list[_Plan] = []
-    for plan in _uniform(problem, fams):
+    for plan in _uniform(problem, fams, period):
         if _peak(problem, plan[0]) <= budget_bytes:
             fitting.append(plan)
             if len(fitting) == filled:
                 break
     if not fitting:
-        least = _min_peak_period(problem, blocks)
+        least = _min_peak_period(problem, blocks, period)
         assert least is not None
         raise BudgetInfeasible(budget_bytes, least[1])
     candidates = {p[0]: p[1] for p in fitting}
-    for segs in _mixed(problem, fams, budget_bytes, fitting[:mixed]):
+    for segs in _mixed(problem, fams, budget_bytes, fitting[:mixed], period):
         candidates[segs] = sum(ix.segment_cost(a, b) for a, b in segs)
     tried = set(sorted(candidates, key=lambda segs: candidates[segs])[:filled])
     if ix.n < SHARED_FROM:
-        least = _min_peak_period(problem, blocks)
+        least = _min_peak_period(problem, blocks, period)
         assert least is not None
         tried.add(least[0])
     found = [keep_within(problem, segs, budget_bytes, choices, forced) for segs in sorted(tried)]
