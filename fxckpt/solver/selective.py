@@ -121,19 +121,23 @@ class _Live:
         self.tops = [max(p) for p in self.parts]
 
     def add(self, lo: int, hi: int, value: int) -> None:
+        if lo >= hi:
+            return
         size = self.size
-        while lo < hi:
-            b, off = divmod(lo, size)
-            end = min(hi, (b + 1) * size)
-            if off == 0 and end == (b + 1) * size:
-                self.lazy[b] += value
-                self.tops[b] += value
-            else:
-                part = self.parts[b]
-                for t in range(off, end - b * size):
-                    part[t] += value
-                self.tops[b] = max(part) + self.lazy[b]
-            lo = end
+        b0, b1 = lo // size, (hi - 1) // size
+        if b0 == b1:
+            self._part(b0, lo - b0 * size, hi - b0 * size, value)
+            return
+        self._part(b0, lo - b0 * size, size, value)
+        self._part(b1, 0, hi - b1 * size, value)
+        if b1 > b0 + 1:  # whole parts: list comprehensions, not a Python loop per part
+            self.lazy[b0 + 1:b1] = [x + value for x in self.lazy[b0 + 1:b1]]
+            self.tops[b0 + 1:b1] = [x + value for x in self.tops[b0 + 1:b1]]
+
+    def _part(self, b: int, lo: int, hi: int, value: int) -> None:
+        part = self.parts[b]
+        part[lo:hi] = [x + value for x in part[lo:hi]]
+        self.tops[b] = max(part) + self.lazy[b]
 
     def max(self, lo: int, hi: int) -> int:
         if lo >= hi:
