@@ -54,13 +54,11 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
     calls = repeats = expected = 0
     graph = gm.graph
     for node in list(graph.nodes):
-        if not _boolean_mask(node):
+        mask = _boolean_mask(node)
+        if mask is None:
             continue
-        args = list(node.args) + [None] * (4 - len(node.args))
-        query, key, value, mask = args[:4]
-        kwargs = dict(node.kwargs)
-        if "attn_mask" in kwargs:
-            mask = kwargs.pop("attn_mask")
+        query, key, value = node.args[:3]
+        kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
         folded = [_repeated(key), _repeated(value)]
         if _hugging_face(node) and folded[0] and folded[1] and folded[0][1] == folded[1][1]:
             key, value = folded[0][0], folded[1][0]
@@ -81,14 +79,18 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
     return Rewritten(calls, repeats, expected)
 
 
-def _boolean_mask(node: torch.fx.Node) -> bool:
-    """``scaled_dot_product_attention`` given a boolean ``attn_mask`` (and not ``is_causal``)."""
+def _boolean_mask(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The boolean ``attn_mask`` of a ``scaled_dot_product_attention`` call (not ``is_causal``);
+    ``None`` for any other node."""
     if node.op != "call_function" or node.target is not aten.scaled_dot_product_attention.default:
-        return False
+        return None
     mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
     causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
-    value = _val(mask) if isinstance(mask, torch.fx.Node) else None
-    return causal is False and isinstance(value, torch.Tensor) and value.dtype == torch.bool
+    value = _val(mask)
+    if causal is False and isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+        assert isinstance(mask, torch.fx.Node)
+        return mask
+    return None
 
 
 _INTERFACE = "attention_interface("
@@ -133,10 +135,8 @@ def _repeated(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
     return (source, n) if isinstance(source, torch.fx.Node) else None
 
 
-def _expected(mask: Any, query: Any, key: Any) -> Optional[str]:
+def _expected(mask: torch.fx.Node, query: Any, key: Any) -> Optional[str]:
     """The mask's kind at the example's shapes, when shapes alone determine it."""
-    if not isinstance(mask, torch.fx.Node):
-        return None
     mask_val, q, k = _val(mask), _val(query), _val(key)
     if not all(isinstance(t, torch.Tensor) for t in (mask_val, q, k)):
         return None

@@ -43,8 +43,6 @@ __all__ = ["attention", "mask_kind", "CAUSAL", "FULL"]
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
 CAUSAL, FULL = "causal", "full"
-
-
 GQA_HEAD_LIMIT = 256
 """Hugging Face's eager attention uses ``enable_gqa`` only for head sizes up to this."""
 
@@ -71,6 +69,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  enable_gqa=enable_gqa)
 
 
+attention.__module__ = "fxckpt"  # generated code reads `fxckpt_attention(...)`
+
+
 def _valueless(mask: torch.Tensor) -> bool:
     """Fake or meta: shapes only (not under ``torch.compile``, whose tensors are real)."""
     return not torch.compiler.is_compiling() and (
@@ -81,9 +82,6 @@ def _repeat(x: torch.Tensor, n: int) -> torch.Tensor:
     """``repeat_kv``: ``[b, h, s, d]`` -> ``[b, h * n, s, d]``, each head ``n`` times in a row."""
     b, h, s, d = x.shape
     return x.unsqueeze(2).expand(b, h, n, s, d).reshape(b, h * n, s, d)
-
-
-attention.__module__ = "fxckpt"  # generated code reads `fxckpt_attention(...)`
 
 
 def mask_kind(mask: torch.Tensor, queries: Any, keys: Any) -> Optional[str]:

@@ -155,12 +155,12 @@ def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
         curves = []
         for fam in fams:
             s, e = fam[0]
-            adjacent = all(a[1] == b[0] for a, b in zip(fam, fam[1:]))
             if period == 2:
                 layer = (e - s) // 2
                 seen = _patterns(problem, (s, s + WINDOW * layer), [(0, e - s)])
             else:
                 seen = _patterns(problem, fam[0], [(0, e - s)])
+            adjacent = all(a[1] == b[0] for a, b in zip(fam, fam[1:]))
             if period == 1 and adjacent and len(fam) >= WINDOW + 1:
                 inner = [(a - s, b - s) for a, b in fam[:WINDOW]]
                 window = (fam[0][0], fam[WINDOW - 1][1])
@@ -295,8 +295,9 @@ def _periods(problem: Problem, blocks: Sequence[Range]) -> list[tuple[list[Range
     """The ways of cutting the graph into blocks that are solved, with their period: one layer
     at a time, and below :data:`SHARED_FROM` ops also two (:func:`pairs`)."""
     periods = [(list(blocks), 1)]
-    if problem.index.n < SHARED_FROM and len(pairs(blocks)) >= MIN_COPIES:
-        periods.append((pairs(blocks), 2))
+    two = pairs(blocks) if problem.index.n < SHARED_FROM else []
+    if len(two) >= MIN_COPIES:
+        periods.append((two, 2))
     return periods
 
 
