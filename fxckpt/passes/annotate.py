@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import PlanError
 from fxckpt.passes.flops import counter as flop_counter
+from fxckpt.passes.prices import call_price
 from fxckpt.passes.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 
 __all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of",
@@ -69,6 +70,9 @@ class NodeInfo:
     """A ``get_attr`` of a parameter or buffer."""
     ops: tuple[str, ...]
     """The aten ops the node ran."""
+    work: float = 0.0
+    """FLOP-equivalents of the node's calls beyond their FLOPs: a fixed price per call and the
+    bytes memory-bound calls write, at their op's price (:mod:`fxckpt.passes.prices`)."""
     calls: tuple[str, ...] = ()
     """The aten op overloads the node dispatched (``aten.mm.default``), in order, without
     bookkeeping ops that make no value (``detach``, ``prim.device``): what ``force``'s op pins
@@ -167,6 +171,7 @@ class _OpRecorder(TorchDispatchMode):
         self.ops: list[str] = []
         self.calls: list[str] = []
         self.random = False
+        self.work = 0.0
         self.written: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -175,8 +180,8 @@ class _OpRecorder(TorchDispatchMode):
         self.ops.append(str(func.overloadpacket.__name__))
         if func not in _SAC_IGNORED:
             self.calls.append(str(func))
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.random = True
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        self.random = self.random or random
         hidden = _UNMARKED_WRITES.get(func.overloadpacket.__name__, ())
         for i, arg in enumerate(func._schema.arguments):
             if i in hidden or (arg.alias_info is not None and arg.alias_info.is_write):
@@ -184,7 +189,10 @@ class _OpRecorder(TorchDispatchMode):
                 self.written += [
                     t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)
                 ]
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func not in _SAC_IGNORED:
+            self.work += call_price(func, args, kwargs, out, random)
+        return out
 
 
 class _Annotator(torch.fx.Interpreter):
@@ -326,6 +334,7 @@ class _Annotator(torch.fx.Interpreter):
             saves_internal_bytes=internal,
             random=rec.random,
             flops=self._int(flops),
+            work=rec.work,
             is_tensor=bool(tensors),
             is_state=is_state,
             ops=tuple(rec.ops),

@@ -11,10 +11,10 @@ and produces
 Two modelling choices live here:
 
 * **cost** of an op is in FLOP-equivalents: its FLOPs (matmuls, convolutions, attention) plus
-  ``BYTE_COST`` per byte it writes, ``RANDOM_BYTE_COST`` for ops that draw random numbers. On this
-  project's CPU (one thread) a matmul ran at 94 GFLOP/s while GELU, softmax and multiply wrote
-  3-10 GB/s (16-28 FLOPs' worth of time per byte) and dropout 0.5 GB/s (~170): recomputing
-  memory-bound ops is far from free, and the solver must know it;
+  the price of the aten calls it runs: a fixed price per call and the bytes each memory-bound
+  call writes at its op's price (:mod:`fxckpt.passes.prices`: on this project's CPU a ``mul``
+  costs 3 FLOP-equivalents per byte, ``tanh`` 62, dropout's Bernoulli draw 140). Recomputing
+  memory-bound ops is far from free, and the solver must know which ones;
 * tensors autograd keeps that no node outputs (dropout masks, a leaf module's insides) become a
   synthetic op ``<node>::saved`` just before the node, read and saved only by it;
 * the step's loss is outside the graph, but its memory is part of the step: a synthetic last op
@@ -31,16 +31,18 @@ from fxckpt.passes.annotate import NodeInfo, has_info, info
 from fxckpt.passes.graphs import planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
-__all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS"]
+__all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS", "SEGMENT_COST",
+           "KEEP_COST"]
 
 SYNTHETIC = "::saved"
-BYTE_COST = 16.0
-"""FLOP-equivalents of time per byte a memory-bound op writes."""
-RANDOM_BYTE_COST = 128.0
-"""The same for ops that draw random numbers (dropout's mask generation is slow on CPU)."""
 SEGMENT_COST = 3e7
 """FLOP-equivalents of one checkpointed segment's fixed overhead: about 0.3 ms per segment per
 step (forward, recompute, hooks and RNG state) measured on this CPU, at 94 GFLOP/s."""
+KEEP_COST = 1e7
+"""FLOP-equivalents of keeping one node's output in a checkpointed segment, about 100 us per step
+on this CPU: the runtime's dispatch mode around the node in forward and in the recompute
+(:mod:`fxckpt.runtime.selective`) took 30-40 us alone, and 120 us per kept node in a profiled
+Llama step. Keeping an op cheaper than this would slow the step down."""
 LOSS = "loss::assumed"
 
 
@@ -80,7 +82,7 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
 
 
 def _cost(i: NodeInfo) -> float:
-    return float(i.flops + (RANDOM_BYTE_COST if i.random else BYTE_COST) * i.new_bytes)
+    return float(i.flops + i.work)
 
 
 def _floating(dtypes: tuple[str, ...]) -> bool:
@@ -105,7 +107,8 @@ def to_problem(graph: nx.DiGraph) -> Problem:
         d = graph.nodes[name]
         saves = tuple(s for s in d["saves"] if s in graph)
         if d["internal"]:
-            ops.append(Op(name=name + SYNTHETIC, out_bytes=d["internal"], cost=0.0, grad_bytes=0))
+            ops.append(Op(name=name + SYNTHETIC, out_bytes=d["internal"], cost=0.0, grad_bytes=0,
+                          hidden=True))
             saves = saves + (name + SYNTHETIC,)
         inputs = tuple(dict.fromkeys(p for p in graph.predecessors(name) if p != name))
         ops.append(Op(name=name, out_bytes=d["out_bytes"], cost=d["cost"], inputs=inputs,
@@ -117,7 +120,8 @@ def to_problem(graph: nx.DiGraph) -> Problem:
     ops.append(
         Op(name=LOSS, out_bytes=loss_bytes, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0)
     )
-    return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=SEGMENT_COST)
+    return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=SEGMENT_COST,
+                   keep_overhead=KEEP_COST, early_stop=True)
 
 
 def problem_of(gm: torch.fx.GraphModule) -> Problem:

@@ -13,9 +13,11 @@ A node may be kept when keeping it cannot change what the step computes:
 * it writes no buffer and nothing writes its output later (torch refuses a mutated cached tensor);
 * it allocates its own output (a view keeps nothing).
 
-Among those, the solver is offered the nodes with FLOPs (matmuls, convolutions, attention): the
-ones expensive per byte to run again. Users pin by op: ``force={"op:aten.mm": "save"}`` keeps
-every ``mm`` inside a segment (any strategy), ``"recompute"`` never keeps it.
+Among those, the solver is offered the nodes with FLOPs (matmuls, convolutions, attention) and the
+memory-bound ones that cost at least :data:`KEEP_PRICE` per byte to run again (``tanh``, a
+softmax, a layer norm): the ones expensive per byte to run again. Users pin by op:
+``force={"op:aten.mm": "save"}`` keeps every ``mm`` inside a segment (any strategy),
+``"recompute"`` never keeps it.
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.fx
 
-from fxckpt.passes.annotate import info
+from fxckpt.passes.annotate import NodeInfo, info
 from fxckpt.passes.graph_view import SYNTHETIC
+from fxckpt.passes.prices import CALL_PRICE
 from fxckpt.solver import Problem
 
 __all__ = ["OP_PREFIX", "op_pins", "module_pins", "Groups", "choices"]
 
 OP_PREFIX = "op:"
 """``force`` keys starting with this pin an aten op (``op:aten.mm`` or ``op:aten.mm.default``)."""
+
+KEEP_PRICE = 16.0
+"""Memory-bound nodes whose recompute costs at least this many FLOP-equivalents per byte they
+keep are offered too (``tanh`` at 62, a layer norm at 22; not a ``mul`` at 3)."""
 
 Groups = list[tuple[int, ...]]
 """Op positions of the solver's Problem kept together (a node and its hidden saved tensors)."""
@@ -73,6 +80,12 @@ def _safe(node: torch.fx.Node, written: set[str]) -> bool:
             and not i.aliases and node.name not in written)
 
 
+def _dear(i: NodeInfo) -> bool:
+    """A memory-bound node whose bytes cost at least :data:`KEEP_PRICE` each to write again
+    (the calls' fixed price left out: a tiny node is never worth keeping)."""
+    return i.work - CALL_PRICE * len(i.calls) >= KEEP_PRICE * i.new_bytes > 0
+
+
 def choices(problem: Problem, order: Sequence[torch.fx.Node],
             force: Mapping[str, str]) -> tuple[Groups, Groups]:
     """The groups the solver may keep, and those ``force`` makes it keep (inside segments)."""
@@ -87,6 +100,6 @@ def choices(problem: Problem, order: Sequence[torch.fx.Node],
         group = tuple(position[m] for m in (n.name + SYNTHETIC, n.name) if m in position)
         if pin == "save":
             forced.append(group)
-        elif info(n).flops > 0:
+        elif info(n).flops > 0 or _dear(info(n)):
             offered.append(group)
     return offered, forced

@@ -53,7 +53,7 @@ def recompute_share(problem: Problem, ranges: Segments, keep: Sequence[int] = ()
     ix = problem.index
     forward = ix.cum_cost[-1]
     work = sum(ix.segment_cost(a, b) - ix.overhead for a, b in ranges)
-    work -= sum(ix.cost[j] for j in keep)
+    work -= ix.kept_gain(ranges, keep)
     return work / forward if forward else 0.0
 
 

@@ -13,10 +13,12 @@ from typing import Sequence
 
 import torch.fx
 
+from fxckpt.passes.annotate import info
 from fxckpt.passes.graph_view import SYNTHETIC
 from fxckpt.solver import Problem, Segments
 
-__all__ = ["Run", "to_ranges", "ranges_of", "to_runs", "keep_positions", "kept_names"]
+__all__ = ["Run", "to_ranges", "ranges_of", "to_runs", "keep_positions", "kept_names",
+           "recomputed"]
 
 Run = list[torch.fx.Node]
 """A contiguous run of compute nodes, in graph order: one segment."""
@@ -61,3 +63,17 @@ def kept_names(problem: Problem, positions: Sequence[int]) -> tuple[str, ...]:
     """Node names of kept op positions (synthetic ops dropped)."""
     return tuple(problem.ops[j].name for j in sorted(positions)
                  if not problem.ops[j].name.endswith(SYNTHETIC))
+
+
+def recomputed(run: Run) -> Run:
+    """The nodes of ``run`` its recompute runs again: torch's non-reentrant checkpoint stops once
+    the last saved tensor is back, so nodes after the last node that saves anything are not run,
+    and that node only if it saves its own output or hidden tensors (autograd saves an op's
+    inputs before its kernel runs). The solver prices segments the same way
+    (:attr:`fxckpt.solver.Problem.early_stop`)."""
+    for k in range(len(run) - 1, -1, -1):
+        i = info(run[k])
+        if i.saves or i.saves_internal_bytes:
+            own = run[k].name in i.saves or i.saves_internal_bytes > 0
+            return run[:k + 1] if own else run[:k]
+    return []

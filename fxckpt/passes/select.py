@@ -27,7 +27,7 @@ from fxckpt.passes.keeps import Groups, choices, module_pins
 from fxckpt.passes.graphs import outermost, planned_nodes
 from fxckpt.passes.prediction import predict
 from fxckpt.passes.rates import device_of, offload_cost_per_byte
-from fxckpt.passes.runs import Run, kept_names
+from fxckpt.passes.runs import Run, kept_names, recomputed
 from fxckpt.passes.strategies import Fitting, choose
 from fxckpt.plan import Plan, Segment
 from fxckpt.solver import Problem
@@ -142,8 +142,9 @@ def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
 
 def _keeps(problem: Problem, runs: Sequence[Run], chosen: Sequence[str], forced: Groups,
            replay: Optional[Replay]) -> tuple[str, ...]:
-    """Nodes kept inside the final runs: the solver's choice, a replayed plan's, the pinned ops."""
-    inside = {n.name for r in runs for n in r}
+    """Nodes kept inside the final runs: the solver's choice, a replayed plan's, the pinned ops;
+    only nodes the recompute would run again (past its early stop, keeping saves nothing)."""
+    inside = {n.name for r in runs for n in recomputed(r)}
     wanted = set(chosen) | set(kept_names(problem, [j for g in forced for j in g]))
     if replay is not None:
         wanted = set(chosen)
@@ -153,7 +154,8 @@ def _keeps(problem: Problem, runs: Sequence[Run], chosen: Sequence[str], forced:
 def _describe(name: str, run: Run, frees: int, config: TransformConfig,
               keeps: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> Segment:
     members = set(run)
-    kept = [n for n in run if n.name in set(keeps)]
+    again = recomputed(run)
+    kept = [n for n in again if n.name in set(keeps)]
     inputs: list[torch.fx.Node] = []
     for n in run:
         for a in n.all_input_nodes:
@@ -168,13 +170,13 @@ def _describe(name: str, run: Run, frees: int, config: TransformConfig,
         outputs=tuple(n.name for n in outputs),
         saved_bytes=_saved_bytes(inputs),
         freed_bytes=frees,
-        recompute_flops=sum(info(n).flops for n in run) - sum(info(n).flops for n in kept),
+        recompute_flops=sum(info(n).flops for n in again) - sum(info(n).flops for n in kept),
         restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
         reason=_reason(run, config),
         keeps=tuple(n.name for n in kept),
         kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept),
         kept_ops=tuple(_kind(n) for n in kept),
-        recomputed_ops=tuple(k for n in run if n not in kept for k in [_kind(n)] if k),
+        recomputed_ops=tuple(k for n in again if n not in kept for k in [_kind(n)] if k),
         anchors=tuple(anchors[n.name] for n in [run[0], run[-1], *kept]) if anchors else (),
     )
 

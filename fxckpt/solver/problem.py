@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 __all__ = ["Op", "Problem", "Index", "Segments", "BudgetInfeasible", "check_segments"]
 
@@ -73,6 +73,9 @@ class Op:
     """Earlier ops (or itself) whose outputs autograd keeps for this op's backward."""
     grad_bytes: int | None = None
     """Bytes of the gradient w.r.t. the output; ``None`` means ``out_bytes``, 0 = no gradient."""
+    hidden: bool = False
+    """The op stands for tensors the *next* op's kernel makes and its backward keeps (a dropout
+    mask): saving it, like saving one's own output, needs that kernel to have run."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -108,6 +111,15 @@ class Problem:
     """Fixed cost of running one segment under checkpoint (hooks, RNG state, the extra call), in
     the units of ``Op.cost``: it makes the solver prefer fewer, larger segments at equal recompute.
     """
+    early_stop: bool = False
+    """The recompute of a segment stops at its last saved tensor, as torch's non-reentrant
+    checkpoint does: ops after the last op that saves anything are not run again, and that op's
+    own kernel runs only when it saves its output (or hidden tensors), since autograd saves an
+    op's inputs before running it. A segment ending in ``linear -> add`` recomputes neither."""
+    keep_overhead: float = 0.0
+    """Fixed cost of keeping one op's output inside a segment (selective recompute's bookkeeping in
+    forward and recompute), in the units of ``Op.cost``: keeping an op saves its cost less this,
+    so ops cheaper than it are not worth keeping."""
     offload_cost_per_byte: float | None = None
     """When set, a segment may instead keep its ops and move what they save to host memory and
     back, at this cost per byte; each segment then costs the cheaper of the two. Memory is the
@@ -130,6 +142,14 @@ class Problem:
             raise ValueError(
                 f"Problem.segment_overhead must be a finite number >= 0 "
                 f"(got {self.segment_overhead!r})"
+            )
+        if (
+            isinstance(self.keep_overhead, bool)
+            or not isinstance(self.keep_overhead, (int, float))
+            or not 0 <= self.keep_overhead < math.inf
+        ):
+            raise ValueError(
+                f"Problem.keep_overhead must be a finite number >= 0 (got {self.keep_overhead!r})"
             )
         per_byte = self.offload_cost_per_byte
         if per_byte is not None and (
@@ -240,6 +260,14 @@ class Index:
     """:attr:`Problem.offload_cost_per_byte`."""
     overhead: float = 0.0
     """:attr:`Problem.segment_overhead`."""
+    stops: tuple[int, ...] = ()
+    """``stops[e]``, for a segment ending before ``e``: the position its recompute stops before
+    (everything from there on is not run again), ignoring where it starts; ``e`` when the
+    problem has no :attr:`Problem.early_stop`. A segment ``[s, e)`` recomputes ``s`` up to
+    ``max(s, stops[e])``."""
+    gain: tuple[float, ...] = ()
+    """What keeping each op saves: its cost less :attr:`Problem.keep_overhead` (0 for an op that
+    costs nothing, such as the synthetic op of a node's hidden saved tensors, kept with it)."""
     memo: dict[object, object] = dataclasses.field(
         default_factory=dict, compare=False, hash=False, repr=False)
     """Solver caches that depend only on the problem (profiles, segment facts)."""
@@ -258,6 +286,15 @@ class Index:
         is_output = tuple(op.name in outputs for op in ops)
         last_use = tuple(t[-1] if t else i for i, t in enumerate(touchers))
         grad_from = tuple(n if is_output[i] else max_reader[i] for i in range(n))
+        stops = list(range(n + 1))
+        if problem.early_stop:
+            stop = 0  # after the last op that saves anything, or before it if it saves inputs only
+            for i, op in enumerate(ops):
+                stops[i] = stop
+                if op.saves:
+                    own = i in saves[i] or any(ops[j].hidden for j in saves[i])
+                    stop = i + 1 if own else i
+            stops[n] = stop
         cum, saved = [0.0], [0]
         for i, op in enumerate(ops):
             cum.append(cum[-1] + float(op.cost))
@@ -280,11 +317,24 @@ class Index:
             cum_saved=tuple(saved),
             offload_per_byte=problem.offload_cost_per_byte,
             overhead=float(problem.segment_overhead),
+            stops=tuple(stops),
+            gain=tuple(float(op.cost) - problem.keep_overhead if op.cost > 0 else 0.0
+                       for op in ops),
         )
+
+    def recompute_end(self, start: int, end: int) -> int:
+        """Ops ``start..recompute_end - 1`` of segment ``start..end-1`` run again in backward."""
+        return max(start, self.stops[end])
+
+    def kept_gain(self, segments: Sequence[tuple[int, int]], keep: Iterable[int]) -> float:
+        """What keeping ``keep`` inside ``segments`` saves: the gain of each kept op that the
+        recompute would have run (one past its segment's early stop saves nothing)."""
+        runs = {i for s, e in segments for i in range(s, self.recompute_end(s, e))}
+        return sum(self.gain[j] for j in keep if j in runs)
 
     def segment_cost(self, start: int, end: int) -> float:
         """Cost of segment ``start..end-1``: recomputing it once, or offloading it if cheaper."""
-        recompute = self.cum_cost[end] - self.cum_cost[start]
+        recompute = self.cum_cost[self.recompute_end(start, end)] - self.cum_cost[start]
         if self.offload_per_byte is not None:
             recompute = min(
                 recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start])
@@ -295,7 +345,7 @@ class Index:
         """True when offloading segment ``start..end-1`` costs less than recomputing it."""
         return (
             self.segment_cost(start, end) - self.overhead
-            < self.cum_cost[end] - self.cum_cost[start]
+            < self.cum_cost[self.recompute_end(start, end)] - self.cum_cost[start]
         )
 
 

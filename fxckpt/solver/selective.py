@@ -75,12 +75,14 @@ Choices = Sequence[tuple[int, ...]]
 
 
 def _inside(ix: Index, segments: Segments) -> set[int]:
-    """Positions of recomputed ops (an offloaded segment keeps everything already)."""
-    return {i for s, e in segments if not ix.segment_offloads(s, e) for i in range(s, e)}
+    """Positions of recomputed ops (an offloaded segment keeps everything already; ops past a
+    segment's early stop are not run again)."""
+    return {i for s, e in segments if not ix.segment_offloads(s, e)
+            for i in range(s, ix.recompute_end(s, e))}
 
 
 def _gain(ix: Index, group: tuple[int, ...]) -> float:
-    return sum(ix.cost[j] for j in group)
+    return sum(ix.gain[j] for j in group)
 
 
 def _density(ix: Index, group: tuple[int, ...]) -> float:
@@ -106,7 +108,7 @@ def keep_within(problem: Problem, segments: object, budget: int,
         keep = _greedy(problem, segs, budget, groups, pinned)
     return Selection(segments=segs, keep=tuple(sorted(keep)),
                      predicted_peak=peak_bytes(problem, segs, keep),
-                     recompute_cost=base - sum(ix.cost[j] for j in keep))
+                     recompute_cost=base - ix.kept_gain(segs, keep))
 
 
 class _Live:
@@ -182,7 +184,7 @@ def _best_subset(problem: Problem, segs: Segments, budget: int,
     for r in range(1, len(groups) + 1):
         for subset in itertools.combinations(groups, r):
             keep = {j for g in subset for j in g} | pinned
-            gain = sum(ix.cost[j] for j in keep)
+            gain = ix.kept_gain(segs, keep)
             if gain > best[0] and peak_bytes(problem, segs, keep) <= budget:
                 best = (gain, keep)
     return best[1]

@@ -245,7 +245,7 @@ def simulate(problem: Problem, segments: object = (), keep: object = ()) -> Simu
     return Simulation(
         peak_bytes=max(live, default=0),
         recompute_cost=sum(ix.segment_cost(s, e) for s, e in segs)
-        - sum(ix.cost[j] for j in kept),
+        - ix.kept_gain(segs, kept),
         forward_peak=max(live[: ix.n], default=0),
         timeline=tuple(zip(_events(problem, sc, kept), live)),
     )

@@ -23,16 +23,18 @@ import torch.nn as nn
 
 from fxckpt.passes import annotate, capture
 from fxckpt.passes.graph_view import (
-    BYTE_COST,
+    KEEP_COST,
     LOSS,
-    RANDOM_BYTE_COST,
     SEGMENT_COST,
     SYNTHETIC,
     problem_of,
     to_networkx,
     to_problem,
 )
+from fxckpt.passes.prices import CALL_PRICE, CPU_PRICES, DEFAULT_PRICE, RANDOM_PRICE
 from fxckpt.solver import Op, Problem, simulate
+
+CALL = CALL_PRICE
 
 
 class Views(nn.Module):
@@ -60,7 +62,7 @@ def view(gm: torch.fx.GraphModule) -> nx.DiGraph:
 
 
 def test_constants_are_the_documented_ones() -> None:
-    assert (BYTE_COST, RANDOM_BYTE_COST, SEGMENT_COST) == (16.0, 128.0, 3e7)
+    assert (SEGMENT_COST, KEEP_COST) == (3e7, 1e7)
     assert (SYNTHETIC, LOSS) == ("::saved", "loss::assumed")
 
 
@@ -70,14 +72,17 @@ def test_nodes_bytes_costs_and_saves(view: nx.DiGraph) -> None:
         "fc", "view", "t", "t_1", "matmul", "drop", "gt"]
     facts = {n: (d["out_bytes"], d["cost"], d["saves"], d["internal"], d["grad"])
              for n, d in ops.items()}
+    # FLOPs, plus a price per aten call, plus bytes written at the op's price: views are free,
+    # allocations write nothing, addmm and mm are priced by their FLOPs; dropout is empty_like,
+    # bernoulli_ (random), div_ and mul.
     assert facts == {
-        "fc": (72, 144 + 16 * 72, ("x",), 0, 72),
+        "fc": (72, 144 + CALL, ("x",), 0, 72),  # t, addmm
         "view": (0, 0.0, (), 0, 0),
         "t": (0, 0.0, (), 0, 0),
         "t_1": (0, 0.0, (), 0, 0),
-        "matmul": (48, 72 + 16 * 48, ("fc",), 0, 48),
-        "drop": (48, 128 * 48, (), 48, 48),
-        "gt": (12, 16 * 12, (), 0, 0),
+        "matmul": (48, 72 + CALL, ("fc",), 0, 48),  # view, mm, _unsafe_view
+        "drop": (48, 4 * CALL + (RANDOM_PRICE + 2 * DEFAULT_PRICE) * 48, (), 48, 48),
+        "gt": (12, CALL + CPU_PRICES["gt"] * 12, (), 0, 0),
     }
     assert view.nodes["x"] == {"kind": "input", "out_bytes": 0, "cost": 0.0, "saves": (),
                                "internal": 0}
@@ -97,20 +102,22 @@ def test_edges_follow_storage_owners(view: nx.DiGraph) -> None:
 def test_problem_has_one_op_per_node_a_synthetic_mask_and_the_loss(view: nx.DiGraph) -> None:
     problem = to_problem(view)
     assert problem == Problem(ops=(
-        Op(name="fc", out_bytes=72, cost=1296.0, inputs=("x",), saves=("x",), grad_bytes=72),
+        Op(name="fc", out_bytes=72, cost=144 + CALL, inputs=("x",), saves=("x",),
+           grad_bytes=72),
         Op(name="view", out_bytes=0, cost=0.0, inputs=("fc",), grad_bytes=0),
         Op(name="t", out_bytes=0, cost=0.0, grad_bytes=0),
         Op(name="t_1", out_bytes=0, cost=0.0, grad_bytes=0),
-        Op(name="matmul", out_bytes=48, cost=840.0, inputs=("fc",), saves=("fc",),
+        Op(name="matmul", out_bytes=48, cost=72 + CALL, inputs=("fc",), saves=("fc",),
            grad_bytes=48),
-        Op(name="drop::saved", out_bytes=48, cost=0.0, grad_bytes=0),
-        Op(name="drop", out_bytes=48, cost=6144.0, inputs=("matmul",), saves=("drop::saved",),
-           grad_bytes=48),
-        Op(name="gt", out_bytes=12, cost=192.0, inputs=("x",), grad_bytes=0),
+        Op(name="drop::saved", out_bytes=48, cost=0.0, grad_bytes=0, hidden=True),
+        Op(name="drop", out_bytes=48, cost=4 * CALL + (RANDOM_PRICE + 2 * DEFAULT_PRICE) * 48,
+           inputs=("matmul",), saves=("drop::saved",), grad_bytes=48),
+        Op(name="gt", out_bytes=12, cost=CALL + CPU_PRICES["gt"] * 12, inputs=("x",),
+           grad_bytes=0),
         # as large as the floating outputs' gradients: drop's 48 bytes (gt is bool)
         Op(name=LOSS, out_bytes=48, cost=0.0, inputs=("drop", "gt"), saves=(LOSS,),
            grad_bytes=0),
-    ), outputs=(LOSS,), segment_overhead=SEGMENT_COST)
+    ), outputs=(LOSS,), segment_overhead=SEGMENT_COST, keep_overhead=KEEP_COST, early_stop=True)
     assert problem.graph_inputs == ("x",)
 
 
