@@ -24,6 +24,7 @@ full search may mix plans across blocks and segment the head).
 
 from __future__ import annotations
 
+import itertools
 from typing import Hashable, Optional, Sequence
 
 from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
@@ -61,6 +62,9 @@ FILLED_LARGE, MIXED_LARGE = 2, 1
 """:data:`FILLED` and :data:`MIXED` from :data:`SHARED_FROM` ops on, where each simulation and
 each fill costs tens of milliseconds (20,000 ops: 6.3 s with 6 and 2, the fills and the mixes'
 simulations two thirds of it)."""
+
+GROUPS = (2, 3, 4)
+"""Whole blocks per segment in the first blocks of a grouped plan (:func:`_grouped`)."""
 
 TAILS = (0, 1)
 """Variants of every plan: copied into all blocks, or into all but the last one."""
@@ -117,6 +121,7 @@ def _block_problem(problem: Problem, block: Range) -> Problem:
     if not outputs:
         outputs = (ops[-1].name,)
     return Problem(ops=ops, outputs=outputs, segment_overhead=problem.segment_overhead,
+                   keep_overhead=problem.keep_overhead, early_stop=problem.early_stop,
                    offload_cost_per_byte=problem.offload_cost_per_byte)
 
 
@@ -266,6 +271,40 @@ def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
     return out
 
 
+def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
+             uniform: list[_Plan], period: int = 1) -> list[Segments]:
+    """Plans whose first blocks are recomputed a few whole blocks at a time: for each of the
+    ``uniform`` plans (at point ``k``), the first ``j`` blocks of the largest family in segments
+    of :data:`GROUPS` whole blocks and the rest at a lighter point (``k + 1``, or no segments),
+    with the smallest ``j`` that fits. Backward reaches the first blocks last, when little else
+    is held, so recomputing them wholesale fits where later blocks must keep more; and early
+    stops make long segments cheap per block (one overhead, no boundary tensors kept)."""
+    curves = _curves(problem, fams, period)
+    steps = max(len(c) for c in curves)
+    big = max(range(len(fams)), key=lambda f: len(fams[f]))
+    fam = sorted(fams[big])
+    size = len(fam)
+    out = []
+    for _, _, k, tail in uniform:
+        locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
+        lights = {_point(curves[big], m, steps) for m in range(k + 1, steps)} | {()}
+        for light, group, start in itertools.product(lights, GROUPS, {0, fam[0][0]}):
+            lo, hi = 1, size
+            while lo < hi:
+                j = (lo + hi) // 2
+                locals_[big] = (light,) * size
+                rest = _segments(problem, fams, locals_, tail)[0]
+                head = [(fam[a][0] if a else start, fam[min(a + group, j) - 1][1])
+                        for a in range(0, j, group)]
+                segs = _disjoint(sorted([*head, *(r for r in rest if r[0] >= fam[j - 1][1])]))
+                if _peak(problem, segs) <= budget:
+                    out.append(segs)
+                    hi = j
+                else:
+                    lo = j + 1
+    return out
+
+
 def _disjoint(segs: list[Range]) -> Segments:
     out: list[Range] = []
     for a, b in segs:
@@ -361,6 +400,9 @@ def _solve_period(problem: Problem, budget_bytes: int, blocks: Sequence[Range], 
     candidates = {p[0]: p[1] for p in fitting}
     for segs in _mixed(problem, fams, budget_bytes, fitting[:mixed], period):
         candidates[segs] = sum(ix.segment_cost(a, b) for a, b in segs)
+    if ix.n < SHARED_FROM and problem.early_stop:
+        for segs in _grouped(problem, fams, budget_bytes, fitting[:mixed], period):
+            candidates[segs] = sum(ix.segment_cost(a, b) for a, b in segs)
     tried = set(sorted(candidates, key=lambda segs: candidates[segs])[:filled])
     if ix.n < SHARED_FROM:
         least = _min_peak_period(problem, blocks, period)
