@@ -134,32 +134,13 @@ class Problem:
             raise ValueError(f"Problem.ops must be a tuple of Op (got {self.ops!r})")
         _check_names("Problem.outputs", self.outputs)
         _validate_order(self.ops, self.outputs)
-        if (
-            isinstance(self.segment_overhead, bool)
-            or not isinstance(self.segment_overhead, (int, float))
-            or not 0 <= self.segment_overhead < math.inf
-        ):
-            raise ValueError(
-                f"Problem.segment_overhead must be a finite number >= 0 "
-                f"(got {self.segment_overhead!r})"
-            )
-        if (
-            isinstance(self.keep_overhead, bool)
-            or not isinstance(self.keep_overhead, (int, float))
-            or not 0 <= self.keep_overhead < math.inf
-        ):
-            raise ValueError(
-                f"Problem.keep_overhead must be a finite number >= 0 (got {self.keep_overhead!r})"
-            )
-        per_byte = self.offload_cost_per_byte
-        if per_byte is not None and (
-            isinstance(per_byte, bool)
-            or not isinstance(per_byte, (int, float))
-            or not 0 <= per_byte < math.inf
-        ):
-            raise ValueError(
-                f"Problem.offload_cost_per_byte must be a finite number >= 0 (got {per_byte!r})"
-            )
+        for field in ("segment_overhead", "keep_overhead", "offload_cost_per_byte"):
+            value = getattr(self, field)
+            if value is None and field == "offload_cost_per_byte":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 <= value < math.inf:
+                raise ValueError(f"Problem.{field} must be a finite number >= 0 (got {value!r})")
 
     @functools.cached_property
     def index(self) -> "Index":

@@ -25,7 +25,7 @@ full search may mix plans across blocks and segment the head).
 from __future__ import annotations
 
 import itertools
-from typing import Hashable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
 from fxckpt.solver.selective import Choices, Selection, keep_within
@@ -258,27 +258,38 @@ def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
         locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
         heavy = _point(curves[big], k, steps)
         for light in {_point(curves[big], k + 1, steps), ()}:
-            lo, hi = 0, size
-            while lo < hi:
-                j = (lo + hi) // 2
+
+            def mix(j: int) -> Segments:
                 locals_[big] = (heavy,) * j + (light,) * (size - j)
-                segs = _segments(problem, fams, locals_, tail)[0]
-                if _peak(problem, segs) <= budget:
-                    out.append(segs)
-                    hi = j
-                else:
-                    lo = j + 1
+                return _segments(problem, fams, locals_, tail)[0]
+
+            out += _fewest(problem, budget, mix, 0, size)
     return out
+
+
+def _fewest(problem: Problem, budget: int, plan: Callable[[int], Segments], lo: int,
+            hi: int) -> list[Segments]:
+    """The plans ``plan(j)`` that fit on the way to the smallest ``j`` in ``lo..hi`` that fits
+    (bisection: a larger ``j`` is taken to fit whenever a smaller one does)."""
+    fits = []
+    while lo < hi:
+        j = (lo + hi) // 2
+        segs = plan(j)
+        if _peak(problem, segs) <= budget:
+            fits.append(segs)
+            hi = j
+        else:
+            lo = j + 1
+    return fits
 
 
 def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
              uniform: list[_Plan], period: int = 1) -> list[Segments]:
-    """Plans whose first blocks are recomputed a few whole blocks at a time: for each of the
-    ``uniform`` plans (at point ``k``), the first ``j`` blocks of the largest family in segments
-    of :data:`GROUPS` whole blocks and the rest at a lighter point (``k + 1``, or no segments),
-    with the smallest ``j`` that fits. Backward reaches the first blocks last, when little else
-    is held, so recomputing them wholesale fits where later blocks must keep more; and early
-    stops make long segments cheap per block (one overhead, no boundary tensors kept)."""
+    """For each of the ``uniform`` plans (at point ``k``): the first ``j`` blocks of the largest
+    family in segments of :data:`GROUPS` whole blocks (the first from the graph's start, or the
+    family's), the rest at any lighter point (or none), the smallest ``j`` that fits. Backward
+    reaches the first blocks last, when little else is held: recomputing them wholesale lets
+    later blocks keep more, and early stops make long segments cheap per block."""
     curves = _curves(problem, fams, period)
     steps = max(len(c) for c in curves)
     big = max(range(len(fams)), key=lambda f: len(fams[f]))
@@ -288,20 +299,17 @@ def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
     for _, _, k, tail in uniform:
         locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
         lights = {_point(curves[big], m, steps) for m in range(k + 1, steps)} | {()}
-        for light, group, start in itertools.product(lights, GROUPS, {0, fam[0][0]}):
-            lo, hi = 1, size
-            while lo < hi:
-                j = (lo + hi) // 2
-                locals_[big] = (light,) * size
-                rest = _segments(problem, fams, locals_, tail)[0]
-                head = [(fam[a][0] if a else start, fam[min(a + group, j) - 1][1])
-                        for a in range(0, j, group)]
-                segs = _disjoint(sorted([*head, *(r for r in rest if r[0] >= fam[j - 1][1])]))
-                if _peak(problem, segs) <= budget:
-                    out.append(segs)
-                    hi = j
-                else:
-                    lo = j + 1
+        for light in lights:
+            locals_[big] = (light,) * size
+            rest = _segments(problem, fams, locals_, tail)[0]
+            for group, start in itertools.product(GROUPS, {0, fam[0][0]}):
+
+                def grouped(j: int) -> Segments:
+                    head = [(fam[a][0] if a else start, fam[min(a + group, j) - 1][1])
+                            for a in range(0, j, group)]
+                    return _disjoint(sorted([*head, *(r for r in rest if r[0] >= fam[j - 1][1])]))
+
+                out += _fewest(problem, budget, grouped, 1, size)
     return out
 
 
