@@ -178,7 +178,8 @@ class _OpRecorder(TorchDispatchMode):
                            kwargs: Optional[dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         self.ops.append(str(func.overloadpacket.__name__))
-        if func not in _SAC_IGNORED:
+        counted = func not in _SAC_IGNORED
+        if counted:
             self.calls.append(str(func))
         random = torch.Tag.nondeterministic_seeded in func.tags
         self.random = self.random or random
@@ -190,7 +191,7 @@ class _OpRecorder(TorchDispatchMode):
                     t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)
                 ]
         out = func(*args, **kwargs)
-        if func not in _SAC_IGNORED:
+        if counted:
             self.work += call_price(func, args, kwargs, out, random)
         return out
 

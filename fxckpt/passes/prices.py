@@ -120,16 +120,17 @@ def call_price(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
     """FLOP-equivalents of one call beyond its FLOPs: :data:`CALL_PRICE`, plus, for a call
     without a FLOP formula, its bytes written (read, for reductions) at its price. Views write
     nothing; an in-place call writes its output's bytes."""
-    if func.overloadpacket in CPU_ATTENTION and _device(args, out) == "cpu":
+    name = func.overloadpacket.__name__
+    if getattr(func, "is_view", False) or name in ALIASES:
+        return 0.0
+    cpu = _device(args, out) == "cpu"
+    if func.overloadpacket in CPU_ATTENTION and cpu:
         q, k, v = (tuple(int(d) for d in t.shape) for t in args[:3])
         return CALL_PRICE + (CPU_ATTENTION_FACTOR - 1) * sdpa_flop_count(q, k, v)
-    if getattr(func, "is_view", False) or func.overloadpacket.__name__ in ALIASES:
-        return 0.0
-    if func.overloadpacket in FLOP_OPS or func.overloadpacket.__name__ in ALLOCATIONS:
+    if func.overloadpacket in FLOP_OPS or name in ALLOCATIONS:
         return CALL_PRICE
-    name = func.overloadpacket.__name__
     base = name[:-1] if name.endswith("_") and not name.startswith("_") else name
-    if _device(args, out) != "cpu":
+    if not cpu:
         per = OTHER_DEVICE_RANDOM_PRICE if random else OTHER_DEVICE_PRICE
         return CALL_PRICE + per * _bytes(out)
     if random:

@@ -13,7 +13,6 @@ from typing import Sequence
 
 import torch.fx
 
-from fxckpt.passes.annotate import info
 from fxckpt.passes.graph_view import SYNTHETIC
 from fxckpt.solver import Problem, Segments
 
@@ -65,15 +64,13 @@ def kept_names(problem: Problem, positions: Sequence[int]) -> tuple[str, ...]:
                  if not problem.ops[j].name.endswith(SYNTHETIC))
 
 
-def recomputed(run: Run) -> Run:
-    """The nodes of ``run`` its recompute runs again: torch's non-reentrant checkpoint stops once
-    the last saved tensor is back, so nodes after the last node that saves anything are not run,
-    and that node only if it saves its own output or hidden tensors (autograd saves an op's
-    inputs before its kernel runs). The solver prices segments the same way
-    (:attr:`fxckpt.solver.Problem.early_stop`)."""
-    for k in range(len(run) - 1, -1, -1):
-        i = info(run[k])
-        if i.saves or i.saves_internal_bytes:
-            own = run[k].name in i.saves or i.saves_internal_bytes > 0
-            return run[:k + 1] if own else run[:k]
-    return []
+def recomputed(problem: Problem, runs: Sequence[Run]) -> list[Run]:
+    """The nodes of each run that its recompute runs again, up to the run's early stop as the
+    solver prices it (:attr:`fxckpt.solver.Problem.early_stop`: nodes after the last one that
+    saves anything are not run, nor that one's kernel when it saves only its inputs)."""
+    ix = problem.index
+    again = []
+    for run, (start, end) in zip(runs, to_ranges(problem, runs)):
+        names = {problem.ops[j].name for j in range(start, ix.recompute_end(start, end))}
+        again.append([n for n in run if n.name in names])
+    return again

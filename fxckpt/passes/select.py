@@ -68,7 +68,8 @@ def select(
     chosen = choose(config.strategy, order, problem, modules, fitting, keepable)
     runs, kept_notes = without_kept(order, list(chosen.runs), keep)
     notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, modules)]
-    keeps = _keeps(problem, runs, chosen.keeps, forced, replay)
+    again = recomputed(problem, runs)
+    keeps = _keeps(problem, again, chosen.keeps, forced, replay)
     prediction = predict(problem, runs, keeps)
     if chosen.budget is not None and replay is None and prediction.peak > chosen.budget:
         notes.append(
@@ -82,8 +83,8 @@ def select(
         )
     prefix = _segment_prefix(gm, len(runs))
     anchors = anchors_of(order)
-    segments = tuple(_describe(f"{prefix}_{i}", run, frees, config, keeps, anchors)
-                     for i, (run, frees) in enumerate(zip(runs, prediction.frees)))
+    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, keeps, anchors)
+                     for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
     if config.offload == "auto" and replay is None:
         segments, note = choose_actions(problem, segments, runs)
         notes.append(note)
@@ -140,22 +141,23 @@ def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
     return prefix
 
 
-def _keeps(problem: Problem, runs: Sequence[Run], chosen: Sequence[str], forced: Groups,
+def _keeps(problem: Problem, again: Sequence[Run], chosen: Sequence[str], forced: Groups,
            replay: Optional[Replay]) -> tuple[str, ...]:
     """Nodes kept inside the final runs: the solver's choice, a replayed plan's, the pinned ops;
-    only nodes the recompute would run again (past its early stop, keeping saves nothing)."""
-    inside = {n.name for r in runs for n in recomputed(r)}
+    only nodes the recompute runs again (``again``: past a run's early stop, keeping saves
+    nothing)."""
+    inside = {n.name for r in again for n in r}
     wanted = set(chosen) | set(kept_names(problem, [j for g in forced for j in g]))
     if replay is not None:
         wanted = set(chosen)
-    return tuple(n.name for r in runs for n in r if n.name in wanted and n.name in inside)
+    return tuple(n.name for r in again for n in r if n.name in wanted and n.name in inside)
 
 
-def _describe(name: str, run: Run, frees: int, config: TransformConfig,
+def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConfig,
               keeps: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> Segment:
-    members = set(run)
-    again = recomputed(run)
-    kept = [n for n in again if n.name in set(keeps)]
+    """One segment's facts; ``again`` is the part of ``run`` its recompute runs."""
+    members, keep = set(run), set(keeps)
+    kept = [n for n in again if n.name in keep]
     inputs: list[torch.fx.Node] = []
     for n in run:
         for a in n.all_input_nodes:

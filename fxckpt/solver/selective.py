@@ -108,7 +108,7 @@ def keep_within(problem: Problem, segments: object, budget: int,
         keep = _greedy(problem, segs, budget, groups, pinned)
     return Selection(segments=segs, keep=tuple(sorted(keep)),
                      predicted_peak=peak_bytes(problem, segs, keep),
-                     recompute_cost=base - ix.kept_gain(segs, keep))
+                     recompute_cost=base - sum(ix.gain[j] for j in keep))
 
 
 class _Live:
@@ -184,7 +184,7 @@ def _best_subset(problem: Problem, segs: Segments, budget: int,
     for r in range(1, len(groups) + 1):
         for subset in itertools.combinations(groups, r):
             keep = {j for g in subset for j in g} | pinned
-            gain = ix.kept_gain(segs, keep)
+            gain = sum(ix.gain[j] for j in keep)
             if gain > best[0] and peak_bytes(problem, segs, keep) <= budget:
                 best = (gain, keep)
     return best[1]
