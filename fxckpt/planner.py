@@ -114,7 +114,8 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
     if training and config.verifies and not any(captured.sharding) and not _offloads_in_place(
             config, model):
         verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model))
-    plan, gm = fit(gm, choose, verify, solved=config.budget is not None)
+    plan, gm = fit(gm, choose, verify, solved=config.budget is not None,
+                   loosen=config.loss_fn is not None)
     pipeline = None
     if config.pipelined:
         pipeline = build_pipeline(

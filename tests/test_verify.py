@@ -117,6 +117,39 @@ def test_the_users_loss_counts() -> None:
     assert with_loss.verified_peak > stand_in.verified_peak
     assert abs(with_loss.verified_peak / real - 1) <= 0.05, (with_loss.verified_peak, real)
 
+def test_a_plan_verified_well_under_its_prediction_is_solved_again_with_the_gap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Llama-style model (Hugging Face, from a config): the simulator sets the logits gradient
+    aside for backward temporaries, but at half the eager peak the peak falls mid-backward,
+    where they are small, so the first plan leaves memory unused. The user's loss is given, so
+    the verified figure is the real one."""
+    from fxckpt.bench.models import spec_for
+    from fxckpt.passes import fit
+
+    spec = spec_for("llama")
+    torch.manual_seed(0)
+    model, inputs, loss = spec.build(spec.quick)
+
+    def plan_of(loss_fn: object = lambda out, *args: loss(out)) -> tuple[nn.Module, fxckpt.Plan]:
+        tm = fxckpt.transform(model, budget=0.5, example_inputs=inputs, loss_fn=loss_fn)
+        return tm, fxckpt.inspect(tm).plan
+
+    monkeypatch.setattr(fit, "LOOSEN_FROM", float("inf"))
+    _, first = plan_of()
+    monkeypatch.undo()
+    gap = first.predicted_peak - first.verified_peak
+    assert gap > fit.LOOSEN_FROM * first.budget, "the premise: the simulator over-predicts"
+    tm, plan = plan_of()
+    assert any("under its prediction" in note for note in plan.notes), plan.notes
+    assert plan.verified_peak <= plan.budget < plan.predicted_peak
+    assert plan.recompute_share < first.recompute_share
+    assert plan.verified_peak > first.verified_peak  # the memory it left unused is used
+    real = step_peak_tracked(lambda: loss(tm(*inputs)).backward(), warmup=1, repeats=1)
+    assert real["peak_bytes"] <= plan.budget
+    # Without the user's loss the stand-in's figure is not trusted that far: no second solve.
+    _, stand_in = plan_of(loss_fn=None)
+    assert not any("under its prediction" in note for note in stand_in.notes), stand_in.notes
+
 
 def test_verification_leaves_the_model_as_it_was() -> None:
     torch.manual_seed(0)

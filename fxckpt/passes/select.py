@@ -71,7 +71,9 @@ def select(
     again = recomputed(problem, runs)
     keeps = _keeps(problem, again, chosen.keeps, forced, replay)
     prediction = predict(problem, runs, keeps)
-    if chosen.budget is not None and replay is None and prediction.peak > chosen.budget:
+    # A target raised past the budget (fit's loosening) is over it on purpose.
+    allowed = None if chosen.budget is None else chosen.budget + max(0, -fitting.tighten)
+    if allowed is not None and replay is None and prediction.peak > allowed:
         notes.append(
             f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
             f"{chosen.budget} B"
