@@ -61,7 +61,8 @@ def measure_memory(
     """Peak activation memory of one step: RSS protocol (median) and live-tensor tracker."""
     spec, built, inputs, loss = _setup(model, quick)
     try:
-        module, facts = prepare(method, built, inputs, spec, budget, compile_backend, time_solver)
+        module, facts = prepare(method, built, inputs, spec, budget, compile_backend, time_solver,
+                                loss=loss)
         memory = step_memory(training_step(module, inputs, loss), repeats,
                              tracked=method != "compile")
     except Exception as e:  # noqa: BLE001 - any failure of a method is a result to report
@@ -91,7 +92,7 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
     baseline = copy.deepcopy(built)
     try:
         module, _ = prepare(
-            method, built, inputs, spec, budget, compile_backend, time_solver=False
+            method, built, inputs, spec, budget, compile_backend, time_solver=False, loss=loss
         )
         samples = time_by_turns({"method": training_step(module, inputs, loss),
                                  "base": training_step(baseline, inputs, loss)}, groups * repeats)

@@ -1,7 +1,8 @@
 """The methods the benchmark compares, each a function ``model -> (module to run, facts)``.
 
 * ``unmodified``: the model itself (the baseline of every ratio).
-* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=...)``; facts from
+* ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=..., loss_fn=...)`` (the
+  model's loss, as a user who wants the budget to count it passes it); facts from
   ``fxckpt.inspect(tm).plan`` (predicted peak, eager peak, budget in bytes), the wall time of
   ``transform`` and of the budget solver alone. ``b`` is a fraction (``float``) or, for rows
   matched to a peer, bytes (``int``).
@@ -73,15 +74,18 @@ def prepare(
     budget: Optional[Budget],
     compile_backend: str = COMPILE_BACKEND,
     time_solver: bool = True,
+    loss: Optional[Callable[[Any], Any]] = None,
 ) -> tuple[Callable[..., Any], Facts]:
     """The module to call with ``inputs`` under ``method``, and facts to report about it.
 
     ``time_solver``: for ``fxckpt``, also time the solver alone (captures the model once more).
+    ``loss``: the step's loss of the output, handed to ``fxckpt`` as ``loss_fn`` (as a user who
+    wants the budget to count the loss's tensors does).
     """
     if method == "unmodified":
         return model, {"detail": "the model as built (baseline)"}
     if method == "fxckpt":
-        return _fxckpt(model, inputs, _need(budget, method), time_solver)
+        return _fxckpt(model, inputs, _need(budget, method), time_solver, loss)
     if method == "checkpoint_per_block":
         return _per_block(model, spec)
     if method == "checkpoint_sequential":
@@ -100,12 +104,14 @@ def _need(budget: Optional[Budget], method: str) -> Budget:
 
 
 def _fxckpt(
-    model: nn.Module, inputs: tuple[Any, ...], budget: Budget, time_solver: bool
+    model: nn.Module, inputs: tuple[Any, ...], budget: Budget, time_solver: bool,
+    loss: Optional[Callable[[Any], Any]],
 ) -> tuple[nn.Module, Facts]:
     import fxckpt
 
+    loss_fn = None if loss is None else functools.partial(_loss_of_output, loss)
     start = time.perf_counter()
-    tm = fxckpt.transform(model, budget=budget, example_inputs=inputs)
+    tm = fxckpt.transform(model, budget=budget, example_inputs=inputs, loss_fn=loss_fn)
     plan_s = time.perf_counter() - start
     plan = fxckpt.inspect(tm).plan
     solve = (
@@ -128,6 +134,10 @@ def _fxckpt(
         f"{plan.recompute_flops / max(plan.total_flops, 1):.0%} of forward FLOPs",
     }
     return tm, facts
+
+
+def _loss_of_output(loss: Callable[[Any], Any], output: Any, *args: Any, **kwargs: Any) -> Any:
+    return loss(output)
 
 
 def _blocks(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, str, list[nn.Module]]:

@@ -32,7 +32,8 @@ to refresh every number below.*
 they are allocated during warm-up and are not part of the step) of each model under each method:
 
 * `unmodified`: the model as built: the baseline of every ratio;
-* `fxckpt b=…`: `fxckpt.transform(model, budget=b, example_inputs=...)`;
+* `fxckpt b=…`: `fxckpt.transform(model, budget=b, example_inputs=..., loss_fn=...)`, with
+  the step's own loss as `loss_fn` (so the verified peaks count its tensors);
 * `fxckpt @peer`: the same with `budget=` the peer's measured peak in bytes, so that each peer is
   compared with fxckpt at the very memory the peer used (run for every peer that saved memory);
 * `fxckpt @minimum of b=…`: when fxckpt raises `BudgetInfeasibleError` for `b`, the same with

@@ -10,6 +10,7 @@ import torch
 import fxckpt
 from fxckpt.bench.methods import prepare
 from fxckpt.bench.models import MODELS, spec_for
+from fxckpt.measure import step_peak_tracked
 
 pytest.importorskip("transformers")
 
@@ -37,7 +38,7 @@ def test_fxckpt_budget_on_llama_is_bit_exact_against_eager() -> None:
     reference = copy.deepcopy(model)
     module, facts = prepare("fxckpt", model, inputs, spec, 0.5, time_solver=False)
     assert facts["segments"] > 0 and facts["recompute_flops_fraction"] > 0
-    assert facts["predicted_peak"] <= facts["budget_bytes"]
+    assert facts["verified_peak"] <= facts["budget_bytes"]
     for step in range(2):
         torch.manual_seed(step)
         loss(module(*inputs)).backward()
@@ -48,3 +49,16 @@ def test_fxckpt_budget_on_llama_is_bit_exact_against_eager() -> None:
     for (name, p), q in pairs:
         assert torch.equal(p.grad, q.grad), name
     assert fxckpt.inspect(module).plan.capture == "export"
+
+
+def test_the_bench_hands_fxckpt_the_step_s_loss() -> None:
+    """Cross-entropy keeps log-probabilities the stand-in loss does not: with the loss handed
+    over, the verified eager peak (what budget=0.5 is half of) counts them, and so do plans."""
+    spec = spec_for("llama")
+    model, inputs, loss = spec.build(spec.quick)
+    _, stand_in = prepare("fxckpt", copy.deepcopy(model), inputs, spec, 0.5, time_solver=False)
+    module, facts = prepare("fxckpt", model, inputs, spec, 0.5, time_solver=False, loss=loss)
+    assert facts["budget_bytes"] > stand_in["budget_bytes"]
+    real = step_peak_tracked(lambda: loss(module(*inputs)).backward(), warmup=1, repeats=1)
+    assert real["peak_bytes"] <= facts["budget_bytes"]
+    assert abs(real["peak_bytes"] - facts["verified_peak"]) <= 0.01 * facts["verified_peak"]
