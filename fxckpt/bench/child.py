@@ -78,7 +78,8 @@ _UNTRACKABLE = {"tracked_bytes": None, "tracked_error": (
 
 def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick: bool = False,
                  repeats: int = 5, compile_backend: str = COMPILE_BACKEND,
-                 time_solver: bool = False, groups: int = 1) -> Result:
+                 time_solver: bool = False, groups: int = 1,
+                 peer: Optional[list[Any]] = None) -> Result:
     """Median step seconds of the method and of the unmodified model, timed by turns.
 
     ``groups`` x ``repeats`` pairs of steps are timed, alternating method and baseline; with
@@ -86,16 +87,24 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
     (the protocol of one row's ratio, repeated): for the unmodified model against its own copy
     their spread is the timing noise (:func:`fxckpt.bench.targets.timing_noise`).
     ``time_solver`` is accepted so that memory and time children take the same arguments; the
-    time child never times the solver.
+    time child never times the solver. ``peer`` = ``[method, budget]``: that method too is
+    timed by turns with the two (on its own copy of the model), for ``peer_ratio``, the method's
+    median step over the peer's, free of the drift between two children's baselines.
     """
     spec, built, inputs, loss = _setup(model, quick)
     baseline = copy.deepcopy(built)
+    steps: dict[str, Callable[[], Any]] = {}
     try:
+        if peer is not None:
+            theirs, _ = prepare(peer[0], copy.deepcopy(built), inputs, spec, peer[1],
+                                compile_backend, time_solver=False, loss=loss)
+            steps["peer"] = training_step(theirs, inputs, loss)
         module, _ = prepare(
             method, built, inputs, spec, budget, compile_backend, time_solver=False, loss=loss
         )
-        samples = time_by_turns({"method": training_step(module, inputs, loss),
-                                 "base": training_step(baseline, inputs, loss)}, groups * repeats)
+        steps.update(method=training_step(module, inputs, loss),
+                     base=training_step(baseline, inputs, loss))
+        samples = time_by_turns(steps, groups * repeats)
     except Exception as e:  # noqa: BLE001
         return _failure(e)
     method_s, base_s = statistics.median(samples["method"]), statistics.median(samples["base"])
@@ -109,6 +118,10 @@ def measure_time(model: str, method: str, budget: Optional[Budget] = None, quick
         "step_samples": samples["method"],
         "base_samples": samples["base"],
     }
+    if peer is not None:
+        peer_s = statistics.median(samples["peer"])
+        result.update(peer_step_s=peer_s, peer_ratio=method_s / peer_s,
+                      peer_samples=samples["peer"])
     if groups > 1:
         result["group_ratios"] = [median(samples["method"][c]) / median(samples["base"][c])
                                   for c in chunks]

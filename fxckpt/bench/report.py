@@ -70,10 +70,14 @@ baseline measured in the same process at the same time. The `unmodified` row tim
 against its own deep copy, in {NOISE_GROUPS} groups of as many alternating pairs as every row
 uses: each group's ratio is taken like a row's, and the largest distance from 1.00 among them is
 the model's *timing noise*. The machine is shared with other jobs, so absolute milliseconds are
-noise; ratios are the point, and even they move by several percent from run to run.
+noise; ratios are the point, and even they move by several percent from run to run. So an
+`fxckpt @peer` row's process also times that peer (on its own copy of the model) by turns with
+the two, and its *fxckpt/peer* ratio is the direct one (`peer_ratio`; not for `compile` peers,
+whose compilation would lengthen every such process); the targets use it for that pair.
 
 **Budgets.** `b` is a fraction of the unmodified model's peak activation memory. fxckpt resolves it
-against its *predicted* eager peak (`plan.budget`); the targets hold it to the *measured* one:
+against its *verified* eager peak (the unmodified step run on fake tensors, with the model's
+loss; `plan.budget`); the targets hold it to the *measured* one:
 measured peak <= 1.05 x b x the unmodified model's measured peak. An infeasible budget is not
 skipped: it passes only if the run at the minimum the error states measures <= 1.05 x that minimum.
 

@@ -105,6 +105,9 @@ class Config:
     """Label of the peer whose measured peak is this row's budget."""
     minimum_of: Optional[str] = None
     """Label of the infeasible row whose stated minimum (bytes) is this row's budget."""
+    paired: Optional[tuple[str, Optional[float]]] = None
+    """For a ``match`` row: the peer's method and budget, which its time child times by turns
+    with it (``None`` for ``compile``, whose compilation would lengthen every such child)."""
 
     @property
     def label(self) -> str:
@@ -161,6 +164,8 @@ def _kwargs(cfg: Config, opts: BenchOptions, function: str) -> dict[str, Any]:
         kwargs["time_solver"] = False
     if function == "measure_time" and cfg.method == "unmodified":
         kwargs["groups"] = NOISE_GROUPS
+    if function == "measure_time" and cfg.paired is not None:
+        kwargs["peer"] = list(cfg.paired)
     return kwargs
 
 
@@ -237,7 +242,8 @@ def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Co
         if any(m.model == cfg.model and 0 <= peak - int(m.budget or 0) <= 0.01 * peak
                for m in matched):
             continue
-        matched.append(Config(cfg.model, "fxckpt", int(peak), match=cfg.label))
+        paired = None if cfg.method == "compile" else (cfg.method, cfg.budget)
+        matched.append(Config(cfg.model, "fxckpt", int(peak), match=cfg.label, paired=paired))
     return matched
 
 

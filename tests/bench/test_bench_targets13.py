@@ -90,3 +90,56 @@ def test_an_extra_budget_outside_0_1_is_refused_with_its_value() -> None:
     with pytest.raises(ValueError, match=r"budgets must be fractions in \(0, 1\] \(got \(0\.5,\), "
                                          r"extra_budgets \(\('llama', 1\.5\),\)\)"):
         BenchOptions(budgets=(0.5,), extra_budgets=(("llama", 1.5),))
+
+
+def test_a_row_matched_to_a_peer_is_compared_by_its_ratio_timed_by_turns_with_it() -> None:
+    """Two children's baselines drift: the matched row's direct ratio to its peer decides."""
+    rows = [
+        _row("gpt2", "unmodified", None, 100, 1.0),
+        # against its own baseline 1.40 / 1.30 = 1.077, but timed by turns with the peer 0.94
+        _row("gpt2", "fxckpt", 30 * MiB, 30, 1.40, match="checkpoint_per_block",
+             label="fxckpt @checkpoint_per_block", peer_ratio=0.94),
+        _row("gpt2", "checkpoint_per_block", None, 30, 1.30),
+        # a peer it shares the row with (not the one it was timed with): ratio of ratios
+        _row("gpt2", "checkpoint_sequential", None, 30.2, 1.30),
+    ]
+    got = {s: (v, d) for s, v, d in _checks(rows, "speed at the peer's peak")}
+    assert got["gpt2 checkpoint_per_block"][0] == "PASS"
+    assert ("fxckpt/peer time = 0.940 (timed by turns with the peer) (limit 0.95)"
+            in got["gpt2 checkpoint_per_block"][1])
+    assert got["gpt2 checkpoint_sequential"][0] == "FAIL"
+    assert "fxckpt/peer time = 1.077 (limit 0.95)" in got["gpt2 checkpoint_sequential"][1]
+    pareto = {s: (v, d) for s, v, d in _checks(rows, "Pareto dominance")}
+    assert pareto["gpt2 checkpoint_per_block"][0] == "PASS"
+    assert "= 0.940 (timed by turns with the peer)" in pareto["gpt2 checkpoint_per_block"][1]
+
+
+def test_matched_rows_are_timed_with_their_peer_except_compile() -> None:
+    from fxckpt.bench.runner import _kwargs
+
+    opts = BenchOptions(models=("gpt2",), methods=("fxckpt", "checkpoint_per_block", "compile"),
+                        budgets=(0.5,))
+    configs = configurations(opts)
+    peaks = {"unmodified": 100, "checkpoint_per_block": 20, "compile b=0.5": 60}
+    memory = {c: {"status": "ok", "rss_bytes": int(peaks.get(c.label, 200) * MiB)}
+              for c in configs}
+    matched = matched_configs(configs, memory)
+    assert [(c.label, c.paired) for c in matched] == [
+        ("fxckpt @checkpoint_per_block", ("checkpoint_per_block", None)),
+        ("fxckpt @compile b=0.5", None)]
+    assert _kwargs(matched[0], opts, "measure_time")["peer"] == ["checkpoint_per_block", None]
+    assert "peer" not in _kwargs(matched[0], opts, "measure_memory")
+    assert "peer" not in _kwargs(matched[1], opts, "measure_time")
+
+
+def test_the_time_child_times_the_peer_by_turns_with_the_method() -> None:
+    from fxckpt.bench.child import measure_time
+
+    got = measure_time("mlp", "fxckpt", 0.5, quick=True, repeats=3,
+                       peer=["checkpoint_per_block", None])
+    assert got["status"] == "ok", got
+    assert len(got["peer_samples"]) == len(got["step_samples"]) == len(got["base_samples"]) == 3
+    assert got["peer_ratio"] == got["step_s"] / got["peer_step_s"]
+    assert got["peer_step_s"] == sorted(got["peer_samples"])[1]
+    plain = measure_time("mlp", "fxckpt", 0.5, quick=True, repeats=1)
+    assert plain["status"] == "ok" and "peer_ratio" not in plain
