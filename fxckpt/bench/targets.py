@@ -258,17 +258,21 @@ def _dominance(peer: Row, ours: list[Row], noise: Optional[tuple[float, int]]) -
     return Check("Pareto dominance", subject, speed <= 1 + tn, detail)
 
 
+def _paired(row: Row, peer: Row) -> bool:
+    """``row`` is the one matched to ``peer`` and was timed by turns with it."""
+    return row.get("match") == peer["label"] and row.get("peer_ratio") is not None
+
+
 def versus(row: Row, peer: Row) -> float:
     """fxckpt's step time over the peer's: timed by turns in one child for the row matched to
     this peer (``peer_ratio``), else the ratio of the two rows' ratios to their own baselines."""
-    if row.get("match") == peer["label"] and row.get("peer_ratio") is not None:
+    if _paired(row, peer):
         return float(row["peer_ratio"])
     return float(row["time_ratio"]) / float(peer["time_ratio"])
 
 
 def _how(row: Row, peer: Row) -> str:
-    paired = row.get("match") == peer["label"] and row.get("peer_ratio") is not None
-    return " (timed by turns with the peer)" if paired else ""
+    return " (timed by turns with the peer)" if _paired(row, peer) else ""
 
 
 def _speed(peer: Row, ours: list[Row]) -> Check:

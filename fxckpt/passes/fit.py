@@ -49,9 +49,9 @@ __all__ = ["fit", "ATTEMPTS", "LOOSEN_FROM"]
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 4
+"""Solves (the first included) before the smallest plan is tried."""
 LOOSEN_FROM = 0.02
 """Over-prediction (share of the budget) worth solving again for."""
-"""Solves (the first included) before the smallest plan is tried."""
 
 Choose = Callable[[Fitting], Plan]
 """``select`` on the annotated graph with a given :class:`Fitting`."""
