@@ -18,7 +18,8 @@ each checks the other:
 * **LiveTensorTracker** (what the tensors held). A ``TorchDispatchMode`` sees every op, in
   forward and in backward (including checkpoint recomputation), counts the storage each new
   output owns, and subtracts it when the storage is freed. It is exact, allocator-independent,
-  and blind to allocator overhead, kernel scratch space and Python objects.
+  and blind to allocator overhead and Python objects; a kernel's own scratch space it adds
+  when asked (:mod:`fxckpt.scratch`).
 
 Time steps in a process *without* the variable: an ``mmap`` per tensor makes every step fault its
 pages in again (1.6x slower with one thread here, several times slower with two). Absolute step
@@ -38,17 +39,14 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
-import weakref
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
-import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.checks import check_int
 from fxckpt.errors import FxckptError
+from fxckpt.tracker import LiveTensorTracker, Scratch
 
 __all__ = [
     "LiveTensorTracker",
@@ -77,121 +75,18 @@ class MeasureError(FxckptError, RuntimeError):
     """A measurement could not be taken (no ``/proc``, or the measuring subprocess failed)."""
 
 
-class LiveTensorTracker(TorchDispatchMode):
-    """Count the bytes of tensor storages created by ops while active, and their peak, per device.
-
-    A storage is counted once, when an op first returns it, and uncounted when it is freed (even
-    after the tracker has exited). Storages that existed before entering (parameters, inputs,
-    gradients being accumulated into) are never counted, with no list to keep: an op output
-    that shares a storage with one of the op's inputs is a view or an in-place result, not an
-    allocation, so only storages an op allocates while the tracker is active count.
-
-        with LiveTensorTracker() as t:
-            loss = model(x).sum(); loss.backward()
-        t.peak_bytes   # most bytes alive at once during the step, beyond what existed before
-    ``fake=True`` counts fake tensors' (meta) storages too: inside a ``FakeTensorMode`` it tells
-    what a step *would* hold, holding nothing (:mod:`fxckpt.verify`).
-    """
-
-    def __init__(self, *, fake: bool = False) -> None:
-        super().__init__()
-        self._fake = fake
-        self._lock = threading.RLock()
-        self._live: dict[int, tuple[str, int]] = {}
-        self._current: dict[str, int] = {}
-        self._peak: dict[str, int] = {}
-        self._peak_total = 0
-        self.allocated_bytes = 0
-        """Bytes of all storages counted since entering, freed or not (work done, not memory held).
-        """
-
-    @property
-    def current_bytes(self) -> int:
-        """Bytes of counted storages alive now, over all devices."""
-        return sum(self._current.values())
-
-    @property
-    def peak_bytes(self) -> int:
-        """Most bytes alive at once since entering or the last :meth:`reset_peak`, over all
-        devices."""
-        return self._peak_total
-
-    @property
-    def current_bytes_by_device(self) -> dict[str, int]:
-        return dict(self._current)
-
-    @property
-    def peak_bytes_by_device(self) -> dict[str, int]:
-        """The peak of each device on its own (the devices may peak at different times)."""
-        return dict(self._peak)
-
-    def reset_peak(self) -> None:
-        """Make the peaks equal to what is alive now."""
-        with self._lock:
-            self._peak = dict(self._current)
-            self._peak_total = self.current_bytes
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: Optional[dict[str, Any]] = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        seen = {id(_storage_of(t, self._fake)) for t in _tensor_leaves((args, kwargs))}
-        for t in _tensor_leaves(out):
-            storage = _storage_of(t, self._fake)
-            if storage is not None and id(storage) not in seen:
-                self._count(storage, str(t.device))
-        return out
-
-    def _count(self, storage: torch.UntypedStorage, device: str) -> None:
-        key, nbytes = id(storage), storage.nbytes()
-        with self._lock:
-            if key in self._live:
-                return
-            self._live[key] = (device, nbytes)
-            self.allocated_bytes += nbytes
-            self._current[device] = self._current.get(device, 0) + nbytes
-            self._peak[device] = max(self._peak.get(device, 0), self._current[device])
-            self._peak_total = max(self._peak_total, self.current_bytes)
-        weakref.finalize(storage, self._freed, key).atexit = False
-
-    def _freed(self, key: int) -> None:
-        with self._lock:
-            device, nbytes = self._live.pop(key)
-            self._current[device] -= nbytes
-
-
-def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
-    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
-
-
-def _storage_of(t: torch.Tensor, fake: bool = False) -> Optional[torch.UntypedStorage]:
-    """The storage holding ``t``'s memory; ``None`` without one, and for meta unless ``fake``."""
-    if t.layout != torch.strided:
-        return None
-    try:
-        storage = t.untyped_storage()
-    except (
-        RuntimeError,
-        NotImplementedError,
-    ):  # wrapper subclasses without a storage of their own
-        return None
-    return None if storage.device.type == "meta" and not fake else storage
-
-
-def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1) -> dict[str, Any]:
-    """Median peak of live tensor bytes of ``fn()``, by :class:`LiveTensorTracker`."""
+def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1, *,
+                      scratch: Optional[Scratch] = None) -> dict[str, Any]:
+    """Median peak of live tensor bytes of ``fn()``, by :class:`LiveTensorTracker` (``scratch``:
+    kernels' own buffers added while they run, as verification counts them:
+    :func:`fxckpt.scratch.call_scratch`)."""
     check_int("repeats", repeats)
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
         gc.collect()
-        with LiveTensorTracker() as tracker:
+        with LiveTensorTracker(scratch=scratch) as tracker:
             fn()
         samples.append(tracker.peak_bytes)
     return {"peak_bytes": int(statistics.median(samples)), "samples": samples}

@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import FxckptError
 from fxckpt.measure import LiveTensorTracker
+from fxckpt.scratch import call_scratch
 
 __all__ = ["VerifyError", "LossFn", "fake_step_peak"]
 
@@ -70,7 +71,7 @@ def fake_step_peak(
         with torch.random.fork_rng(devices=[]), _swapped_state(root, fake), mode:
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             _existing_grads(memo.values())
-            with LiveTensorTracker(fake=True) as tracker:
+            with LiveTensorTracker(fake=True, scratch=call_scratch) as tracker:
                 loss = _loss(run(fake_args, fake_kwargs), loss_fn, fake_args, fake_kwargs)
                 if loss is not None:  # the output is now held only by what saved it
                     loss.backward()

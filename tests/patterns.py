@@ -370,7 +370,7 @@ PATTERNS = [
         _x(4, 16),
         error=(CaptureError, r"changes `counter\.calls` \(from 0 to 1\)"),
     ),
-    Pattern("frozen_submodule", partly_frozen, _x(2, 3, 8, 8), depth=1),
+    Pattern("frozen_submodule", partly_frozen, _x(2, 3, 8, 8), depth=1, budget=0.97),
     Pattern("hooks", hooked_stack, _x(4, 16)),
     Pattern("hooks_export", hooked_export_only, _x(4, 16), depth=3),
     Pattern("transformer_encoder_layers", Encoder, _x(2, 6, 16)),

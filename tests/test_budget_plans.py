@@ -1,9 +1,9 @@
 """budget= holds the measured peak, keeps gradients exact, and fails clearly when it cannot.
 
 A budget fraction is checked against the *measured* eager peak: the unmodified model's step
-measured with the same protocol (the live-tensor tracker, one warm-up step) as the transformed
-model's, never against the plan's own figures. The plan's verified peak (the step run on fake
-tensors) must agree with that measurement within 5%; the simulated one may miss.
+measured with the same protocol (the live-tensor tracker with kernels' scratch, one warm-up step)
+as the transformed model's, never against the plan's own figures. The plan's verified peak (the
+step run on fake tensors) must agree with that measurement within 5%; the simulated one may miss.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 import fxckpt
 from fxckpt.measure import step_peak_tracked
+from fxckpt.scratch import call_scratch
 from models import MLP, ResNet, gpt2
 from support import assert_steps_equal, loss_of, run_step
 
@@ -35,7 +36,8 @@ def _measured_peak(module: torch.nn.Module, args: tuple) -> int:
     def step() -> None:
         loss_of(module(*args)).backward()
 
-    return step_peak_tracked(step, warmup=1, repeats=1)["peak_bytes"]
+    peak = step_peak_tracked(step, warmup=1, repeats=1, scratch=call_scratch)
+    return peak["peak_bytes"]
 
 
 def _loss(out: object, *inputs: object) -> torch.Tensor:

@@ -82,7 +82,7 @@ def assert_steps_close(a: Step, b: Step) -> None:
 STRATEGIES: dict[str, Callable[[Case], dict[str, Any]]] = {
     "every": lambda case: {"every": 2},
     "depth": lambda case: {"depth": case.depth},
-    "budget": lambda case: {"budget": 0.6},
+    "budget": lambda case: {"budget": 0.7},
 }
 
 

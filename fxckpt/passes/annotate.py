@@ -27,6 +27,7 @@ from fxckpt.errors import PlanError
 from fxckpt.passes.flops import counter as flop_counter
 from fxckpt.passes.prices import call_price
 from fxckpt.passes.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
+from fxckpt.scratch import backward_scratch, call_scratch
 
 __all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of",
            "compute_nodes", "is_guard", "planned_nodes"]
@@ -77,6 +78,9 @@ class NodeInfo:
     """The aten op overloads the node dispatched (``aten.mm.default``), in order, without
     bookkeeping ops that make no value (``detach``, ``prim.device``): what ``force``'s op pins
     match (:mod:`fxckpt.passes.keeps`) and the plan tables name."""
+    scratch: int = 0
+    """Most bytes one of the node's kernels, or its backward, allocates for itself while it runs
+    (a CPU convolution's reorder buffers: :mod:`fxckpt.scratch`)."""
 
 
 def has_info(node: torch.fx.Node) -> bool:
@@ -172,6 +176,7 @@ class _OpRecorder(TorchDispatchMode):
         self.calls: list[str] = []
         self.random = False
         self.work = 0.0
+        self.scratch = 0
         self.written: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -193,6 +198,8 @@ class _OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if counted:
             self.work += call_price(func, args, kwargs, out, random)
+        self.scratch = max(self.scratch, call_scratch(func, args, kwargs),
+                           backward_scratch(func, args, kwargs))
         return out
 
 
@@ -340,4 +347,5 @@ class _Annotator(torch.fx.Interpreter):
             is_state=is_state,
             ops=tuple(rec.ops),
             calls=tuple(rec.calls),
+            scratch=self._int(rec.scratch),
         )

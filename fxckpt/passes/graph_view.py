@@ -61,7 +61,7 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
             n.name, kind="op", position=position, out_bytes=i.new_bytes,
             cost=_cost(i), saves=tuple(_root(nodes, s) for s in i.saves),
             internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
-            module_path=i.module_path,
+            module_path=i.module_path, scratch=i.scratch,
         )
         for a in n.all_input_nodes:
             root = _root(
@@ -112,7 +112,8 @@ def to_problem(graph: nx.DiGraph) -> Problem:
             saves = saves + (name + SYNTHETIC,)
         inputs = tuple(dict.fromkeys(p for p in graph.predecessors(name) if p != name))
         ops.append(Op(name=name, out_bytes=d["out_bytes"], cost=d["cost"], inputs=inputs,
-                      saves=tuple(dict.fromkeys(saves)), grad_bytes=d["grad"]))
+                      saves=tuple(dict.fromkeys(saves)), grad_bytes=d["grad"],
+                      scratch_bytes=d.get("scratch", 0)))
     outputs = tuple(
         o for o in graph.graph["outputs"] if graph.nodes.get(o, {}).get("kind") == "op"
     )

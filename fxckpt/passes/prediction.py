@@ -4,9 +4,11 @@ Every plan gets a predicted peak from the simulator (:mod:`fxckpt.solver.simulat
 made by ``every=``, ``depth=``, ``force=`` or ``budget=`` reports comparable numbers.
 
 The simulator counts tensors, not the short-lived temporaries of backward kernels (a gradient
-being scaled, a weight gradient before it is added into ``.grad``). A *reserve* the size of the
-largest single gradient stands for them: the predicted peak is the simulated peak plus the
-reserve, and the budget solver plans for the budget minus the reserve.
+being scaled, a weight gradient before it is added into ``.grad``) nor the scratch buffers
+kernels allocate for themselves (a CPU convolution's reorders, :mod:`fxckpt.scratch`). A
+*reserve* the size of the largest single gradient or scratch buffer stands for them: the
+predicted peak is the simulated peak plus the reserve, and the budget solver plans for the budget
+minus the reserve.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class Prediction:
 
 
 def reserve(problem: Problem) -> int:
-    """Bytes set aside for backward temporaries: the largest single gradient."""
-    return max((op.gradient_bytes for op in problem.ops), default=0)
+    """Bytes set aside for temporaries: the largest single gradient or kernel scratch buffer."""
+    return max((max(op.gradient_bytes, op.scratch_bytes) for op in problem.ops), default=0)
 
 
 def recompute_share(problem: Problem, ranges: Segments, keep: Sequence[int] = ()) -> float:

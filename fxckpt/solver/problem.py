@@ -73,6 +73,9 @@ class Op:
     """Earlier ops (or itself) whose outputs autograd keeps for this op's backward."""
     grad_bytes: int | None = None
     """Bytes of the gradient w.r.t. the output; ``None`` means ``out_bytes``, 0 = no gradient."""
+    scratch_bytes: int = 0
+    """Most bytes its kernel (forward or backward) allocates for itself while running, beyond its
+    inputs and outputs; the reserve covers the largest."""
     hidden: bool = False
     """The op stands for tensors the *next* op's kernel makes and its backward keeps (a dropout
     mask): saving it, like saving one's own output, needs that kernel to have run."""
@@ -86,6 +89,7 @@ class Op:
                 object.__setattr__(self, field, tuple(value))
             _check_names(f"Op {self.name!r}: {field}", getattr(self, field))
         _check_bytes(f"Op {self.name!r}: out_bytes", self.out_bytes)
+        _check_bytes(f"Op {self.name!r}: scratch_bytes", self.scratch_bytes)
         if self.grad_bytes is not None:
             _check_bytes(f"Op {self.name!r}: grad_bytes", self.grad_bytes)
         cost = self.cost
