@@ -127,3 +127,37 @@ def test_a_model_with_segment_field_names_keeps_them_and_trains_bit_exact() -> N
     assert seg.name == "segment_0" and seg.name_fxckpt is model.name  # renamed in the graph
     assert seg.offloader is None and seg.offloader_fxckpt is model.offloader
     assert info.plan.segments[0].module_paths == ("name", "<root>", "restores")  # in run order
+
+
+def test_early_stop_leaves_a_segment_without_a_traceback_walk(monkeypatch) -> None:
+    # checkpoint ends each recompute by raising through the segment; fx's wrapper used to walk
+    # the traceback (a stat per frame) every time: 16 segments, 16 walks a step.
+    import traceback
+
+    walks = []
+    original = traceback.StackSummary._extract_from_extended_frame_gen
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        walks.append(1)
+        return original(*args, **kwargs)
+
+    model, x = MLP(depth=16, width=16), torch.randn(4, 16)
+    tm = fxckpt.transform(copy.deepcopy(model), every=1, example_inputs=(x,))
+    assert len(fxckpt.inspect(tm).plan.segments) >= 8
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(model, (x,), {}))
+    monkeypatch.setattr(traceback.StackSummary, "_extract_from_extended_frame_gen",
+                        classmethod(lambda cls, *a, **k: counted(*a, **k)))
+    tm(x).sum().backward()
+    assert walks == []
+
+
+def test_an_error_inside_a_segment_keeps_its_type_and_fxs_message(capsys) -> None:
+    traced = torch.fx.symbolic_trace(lambda x: torch.mm(x, x))
+    seg = Segment(traced, traced.graph, name="segment_3")
+    try:
+        seg(torch.randn(2, 3))  # not square: mm fails in the generated code
+    except RuntimeError as e:
+        assert "cannot be multiplied" in str(e)
+    else:
+        raise AssertionError("mm of a 2x3 by itself did not fail")
+    assert "Call using an FX-traced Module" in capsys.readouterr().err
