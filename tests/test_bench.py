@@ -96,7 +96,8 @@ def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> No
     assert base["group_ratios"][0] == pytest.approx(median(steps[:2]) / median(base_steps[:2]))
     assert "torch.compile(backend='inductor')" in compiled["detail"] and "group_ratios" not in fx
     assert fx["predicted_peak"] > 0 and fx["budget_bytes"] > 0 and fx["solve_s"] >= 0
-    assert fx["predicted_over_measured"] == pytest.approx(fx["predicted_peak"] / fx["rss_bytes"])
+    assert fx["plan_peak"] == fx["verified_peak"] > 0 and fx["eager_plan_peak"] > 0
+    assert fx["plan_over_measured"] == pytest.approx(fx["plan_peak"] / fx["rss_bytes"])
     assert data["machine"]["cores"] == os.cpu_count() and data["machine"]["threads"] == 1
     assert data["scaling"] == []
     assert {t["verdict"] for t in data["targets"]} <= {"PASS", "FAIL", "SKIP"}
@@ -180,9 +181,10 @@ def test_targets_check_budget_prediction_and_dominance_with_their_numbers() -> N
             0.25,
             27,
             1.20,
-            predicted_peak=int(25 * MiB),
+            plan_peak=int(25 * MiB),
+            predicted_peak=int(31 * MiB),
             budget_bytes=int(25 * MiB),
-            eager_predicted=int(100 * MiB),
+            eager_plan_peak=int(100 * MiB),
         ),
         _row(
             "m",
@@ -190,9 +192,10 @@ def test_targets_check_budget_prediction_and_dominance_with_their_numbers() -> N
             0.5,
             49,
             1.10,
+            plan_peak=int(40 * MiB),
             predicted_peak=int(40 * MiB),
             budget_bytes=int(50 * MiB),
-            eager_predicted=int(100 * MiB),
+            eager_plan_peak=int(100 * MiB),
         ),
         _row("m", "checkpoint_per_block", None, 30, 1.30),
         _row("m", "compile", 0.25, 50, 1.05),
@@ -208,6 +211,11 @@ def test_targets_check_budget_prediction_and_dominance_with_their_numbers() -> N
         "FAIL",
         "PASS",
     ]  # 40 vs 49: -18%
+    first = _by_target(checks, "prediction")[0].detail
+    # the plan's stated (verified) peak is checked; the simulator's is shown beside it
+    assert first == ("plan states 25.0 MiB vs measured 27.0 MiB (-7.4%); "
+                     "the simulator alone said 31.0 MiB (+14.8%)")
+    assert "simulator" not in _by_target(checks, "prediction")[1].detail  # the same figure
     dom = _by_target(checks, "Pareto dominance")
     assert [c.subject for c in dom] == [
         "m checkpoint_per_block",

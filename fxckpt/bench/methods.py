@@ -3,7 +3,8 @@
 * ``unmodified``: the model itself (the baseline of every ratio).
 * ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=..., loss_fn=...)`` (the
   model's loss, as a user who wants the budget to count it passes it); facts from
-  ``fxckpt.inspect(tm).plan`` (predicted peak, eager peak, budget in bytes), the wall time of
+  ``fxckpt.inspect(tm).plan`` (the peak it states, ``plan.peak_bytes``: verified where
+  verification ran; the simulator's ``predicted_peak``; eager peaks; budget in bytes), the wall time of
   ``transform`` and of the budget solver alone. ``b`` is a fraction (``float``) or, for rows
   matched to a peer, bytes (``int``).
 * ``checkpoint_per_block``: every block's ``forward`` wrapped in
@@ -121,7 +122,8 @@ def _fxckpt(
         "predicted_peak": plan.predicted_peak,
         "verified_peak": plan.verified_peak,
         "plan_peak": plan.peak_bytes,  # the verified figure where there is one
-        "eager_predicted": plan.eager_peak,
+        "eager_predicted": plan.eager_peak,  # the simulator's
+        "eager_plan_peak": plan.eager_peak_bytes,  # verified, as the plan states it
         "budget_bytes": plan.budget,
         "plan_s": plan_s,
         "solve_s": solve["solve_s"],

@@ -186,7 +186,7 @@ def _note(row: Row) -> str:
 
 
 _COLUMNS = ("method", "peak MiB (RSS)", "vs unmodified", "tracked MiB", "vs unmodified",
-            "predicted MiB", "predicted / measured", "step ms", "time vs unmodified", "notes")
+            "plan's peak MiB", "plan / measured", "step ms", "time vs unmodified", "notes")
 
 
 def _cells(row: Row) -> list[str]:
@@ -197,8 +197,8 @@ def _cells(row: Row) -> list[str]:
         _x(row.get("peak_ratio")),
         _mib(row.get("tracked_bytes")),
         _x(row.get("tracked_ratio")),
-        _mib(row.get("predicted_peak")),
-        _x(row.get("predicted_over_measured")),
+        _mib(row.get("plan_peak")),
+        _x(row.get("plan_over_measured")),
         "—" if ms is None else f"{ms * 1000:.0f}",
         _x(row.get("time_ratio")),
         _note(row),

@@ -220,8 +220,8 @@ def _add_ratios(rows: list[Row]) -> None:
         row["peak_ratio"] = row["rss_bytes"] / b["rss_bytes"] if b["rss_bytes"] else None
         if row.get("tracked_bytes") and b.get("tracked_bytes"):
             row["tracked_ratio"] = row["tracked_bytes"] / b["tracked_bytes"]
-        if row.get("predicted_peak") and row["rss_bytes"]:
-            row["predicted_over_measured"] = row["predicted_peak"] / row["rss_bytes"]
+        if row.get("plan_peak") and row["rss_bytes"]:
+            row["plan_over_measured"] = row["plan_peak"] / row["rss_bytes"]
 
 
 PEER_METHODS = PEERS
