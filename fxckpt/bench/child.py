@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fxckpt.bench.methods import COMPILE_BACKEND, Budget, NotApplicable, prepare, solve_seconds
+from fxckpt.bench.methods import (COMPILE_BACKEND, COMPILED, Budget, NotApplicable, prepare,
+                                  solve_seconds)
 from fxckpt.bench.models import ModelSpec, spec_for
 from fxckpt.measure import error_text, step_memory, time_by_turns, training_step
 
@@ -64,11 +65,11 @@ def measure_memory(
         module, facts = prepare(method, built, inputs, spec, budget, compile_backend, time_solver,
                                 loss=loss)
         memory = step_memory(training_step(module, inputs, loss), repeats,
-                             tracked=method != "compile")
+                             tracked=method not in COMPILED)
     except Exception as e:  # noqa: BLE001 - any failure of a method is a result to report
         return _failure(e)
     rss = {k: memory.pop(k) for k in ("rss_bytes", "rss_samples")}
-    return {"status": "ok", **rss, **facts, **(memory if method != "compile" else _UNTRACKABLE)}
+    return {"status": "ok", **rss, **facts, **(_UNTRACKABLE if method in COMPILED else memory)}
 
 
 _UNTRACKABLE = {"tracked_bytes": None, "tracked_error": (

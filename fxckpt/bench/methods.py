@@ -4,9 +4,13 @@
 * ``fxckpt``: ``fxckpt.transform(model, budget=b, example_inputs=..., loss_fn=...)`` (the
   model's loss, as a user who wants the budget to count it passes it); facts from
   ``fxckpt.inspect(tm).plan`` (the peak it states, ``plan.peak_bytes``: verified where
-  verification ran; the simulator's ``predicted_peak``; eager peaks; budget in bytes), the wall time of
-  ``transform`` and of the budget solver alone. ``b`` is a fraction (``float``) or, for rows
-  matched to a peer, bytes (``int``).
+  verification ran; the simulator's ``predicted_peak``; eager peaks; budget in bytes), the wall
+  time of ``transform`` and of the budget solver alone. ``b`` is a fraction (``float``) or, for
+  rows matched to a peer, bytes (``int``).
+* ``fxckpt_compiled``: the same transformed module under ``torch.compile`` (same backend as the
+  ``compile`` peer, torch's default ``activation_memory_budget`` of 1.0, so the memory decisions
+  are fxckpt's): what a user who compiles runs, and the like-for-like point against the
+  ``compile`` peer. Only run with a peer's measured peak as its budget (``@compile b=0.5``).
 * ``checkpoint_per_block``: every block's ``forward`` wrapped in
   ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
 * ``checkpoint_sequential``: the blocks run through
@@ -40,18 +44,28 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from fxckpt.bench.models import ModelSpec
 from fxckpt.bench.sac import POLICIES, wrap
 
-__all__ = ["METHODS", "BUDGETED", "PEERS", "NotApplicable", "prepare", "solve_seconds",
+__all__ = ["METHODS", "BUDGETED", "PEERS", "OURS", "MATCHED_ONLY", "COMPILED", "NotApplicable",
+           "prepare", "solve_seconds",
            "COMPILE_BACKEND"]
 
-METHODS = ("unmodified", "fxckpt", "checkpoint_per_block", "checkpoint_sequential", "sac_ops",
-           "sac_megatron", "compile")
+METHODS = ("unmodified", "fxckpt", "fxckpt_compiled", "checkpoint_per_block",
+           "checkpoint_sequential", "sac_ops", "sac_megatron", "compile")
 """Every method, in report order."""
 
 PEERS = ("checkpoint_per_block", "checkpoint_sequential", "sac_ops", "sac_megatron", "compile")
 """The methods fxckpt is compared with (targets, ``fxckpt @peer`` rows, the Pareto plot)."""
 
 BUDGETED = frozenset({"fxckpt", "compile"})
-"""Methods run once per budget; the others once per model."""
+"""Methods run once per budget; the others once per model (but :data:`MATCHED_ONLY`)."""
+
+OURS = ("fxckpt", "fxckpt_compiled")
+"""fxckpt's methods: their points are the ones compared with the peers."""
+
+MATCHED_ONLY = frozenset({"fxckpt_compiled"})
+"""Methods run only with a peer's measured peak as their budget (never on the grid)."""
+
+COMPILED = frozenset({"fxckpt_compiled", "compile"})
+"""Methods whose step runs compiled: the live-tensor tracker cannot measure them."""
 
 COMPILE_BACKEND = "inductor"
 """``torch.compile``'s default backend; ``BenchOptions.compile_backend`` changes it (tests)."""
@@ -87,6 +101,11 @@ def prepare(
         return model, {"detail": "the model as built (baseline)"}
     if method == "fxckpt":
         return _fxckpt(model, inputs, _need(budget, method), time_solver, loss)
+    if method == "fxckpt_compiled":
+        tm, facts = _fxckpt(model, inputs, _need(budget, method), time_solver, loss)
+        compiled = _UnderMemoryBudget(torch.compile(tm, backend=compile_backend), 1.0)
+        return compiled, dict(facts, detail=f"torch.compile(backend={compile_backend!r}) of the "
+                                            f"transformed module: {facts['detail']}")
     if method == "checkpoint_per_block":
         return _per_block(model, spec)
     if method == "checkpoint_sequential":
@@ -201,11 +220,26 @@ def _sequential(model: nn.Module, spec: ModelSpec) -> tuple[nn.Module, Facts]:
     }
 
 
-def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..., Any], Facts]:
-    import torch._functorch.config as functorch_config
+class _UnderMemoryBudget:
+    """Calls ``compiled`` with ``torch._functorch.config.activation_memory_budget = budget``.
 
-    functorch_config.activation_memory_budget = budget
-    compiled = torch.compile(model, backend=backend)
+    The partitioner reads the setting when it compiles, at the first call, not when
+    ``torch.compile`` is called; a process that times two compiled modules by turns (fxckpt's
+    and the ``compile`` peer's) needs each compiled under its own.
+    """
+
+    def __init__(self, compiled: Callable[..., Any], budget: float) -> None:
+        self.compiled, self.budget = compiled, budget
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch._functorch.config as functorch_config
+
+        with functorch_config.patch(activation_memory_budget=self.budget):
+            return self.compiled(*args, **kwargs)
+
+
+def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..., Any], Facts]:
+    compiled = _UnderMemoryBudget(torch.compile(model, backend=backend), budget)
     return compiled, {
         "detail": f"torch.compile(backend={backend!r}), activation_memory_budget={budget}"
     }

@@ -1,7 +1,8 @@
 """The Pareto picture of each model: measured peak memory (x) against step time (y), every method.
 
 fxckpt's points (the budget grid, the ``@peer`` and ``@minimum`` rows) are joined by a line in
-order of memory; each peer is a marker of its own, the unmodified model a cross. A peer point
+order of memory, fxckpt's compiled points (``fxckpt_compiled``) are stars of the same colour;
+each peer is a marker of its own, the unmodified model a cross. A peer point
 above and to the right of fxckpt's line is dominated. The time axis is the median step time as
 a ratio to the unmodified model's, timed by turns in the same process: the only time figure that
 compares across processes on a shared machine (the targets use the same ratio).
@@ -54,6 +55,8 @@ class ParetoData:
     peers: tuple[tuple[str, tuple[Point, ...]], ...]
     """``(method, points)`` per peer that has a measured point, in :data:`PEERS` order."""
     unmodified: Optional[Point]
+    compiled: tuple[Point, ...] = ()
+    """fxckpt's plans run under ``torch.compile`` (``fxckpt_compiled`` rows)."""
 
 
 def _point(row: Row) -> Optional[Point]:
@@ -65,12 +68,13 @@ def pareto_data(rows: list[Row], model: str) -> ParetoData:
     """The measured (memory, time) points of ``model``'s rows, by method."""
     points = {m: [p for r in rows if r["model"] == model and r["method"] == m
                   if (p := _point(r)) is not None]
-              for m in ("unmodified", "fxckpt", *PEERS)}
+              for m in ("unmodified", "fxckpt", "fxckpt_compiled", *PEERS)}
     return ParetoData(
         model=model,
         fxckpt=tuple(sorted(points["fxckpt"], key=lambda p: (p.peak, p.time))),
         peers=tuple((m, tuple(points[m])) for m in PEERS if points[m]),
         unmodified=points["unmodified"][0] if points["unmodified"] else None,
+        compiled=tuple(points["fxckpt_compiled"]),
     )
 
 
@@ -78,7 +82,7 @@ def plot_model(data: ParetoData, path: Optional[Path] = None) -> Any:
     """Draw one model's points (a ``matplotlib.figure.Figure``), saved to ``path`` when given."""
     from fxckpt.viz.common import finish, memory_unit, new_figure
 
-    every = [*data.fxckpt, *(p for _, ps in data.peers for p in ps)]
+    every = [*data.fxckpt, *data.compiled, *(p for _, ps in data.peers for p in ps)]
     every += [data.unmodified] if data.unmodified else []
     unit, scale = memory_unit(max((p.peak for p in every), default=1))
     fig = new_figure(7, 4.5)
@@ -86,6 +90,10 @@ def plot_model(data: ParetoData, path: Optional[Path] = None) -> Any:
     if data.fxckpt:
         ax.plot([p.peak / scale for p in data.fxckpt], [p.time for p in data.fxckpt],
                 marker="o", color="C0", label="fxckpt", gid="fxckpt", zorder=3)
+    if data.compiled:
+        ax.scatter([p.peak / scale for p in data.compiled], [p.time for p in data.compiled],
+                   s=140, marker="*", color="C0", label="fxckpt + torch.compile",
+                   gid="fxckpt_compiled", zorder=3)
     for i, (method, points) in enumerate(data.peers):
         ax.scatter([p.peak / scale for p in points], [p.time for p in points], s=60,
                    marker=MARKERS[method], color=f"C{i + 1}", label=method, gid=method)
@@ -110,7 +118,7 @@ def write_plots(rows: list[Row], out: Path) -> dict[str, str]:
     written: dict[str, str] = {}
     for model in dict.fromkeys(r["model"] for r in rows):
         data = pareto_data(rows, model)
-        if not data.fxckpt and not data.peers:
+        if not data.fxckpt and not data.peers and not data.compiled:
             continue
         try:
             plot_model(data, out / plot_name(model))

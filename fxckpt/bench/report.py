@@ -12,6 +12,7 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
+from fxckpt.bench.methods import COMPILED
 from fxckpt.bench.models import spec_for
 from fxckpt.bench.plot import write_plots
 from fxckpt.bench.runner import NOISE_GROUPS
@@ -36,6 +37,11 @@ they are allocated during warm-up and are not part of the step) of each model un
   the step's own loss as `loss_fn` (so the verified peaks count its tensors);
 * `fxckpt @peer`: the same with `budget=` the peer's measured peak in bytes, so that each peer is
   compared with fxckpt at the very memory the peer used (run for every peer that saved memory);
+* `fxckpt_compiled @compile b=0.5`: `torch.compile` (inductor, torch's default
+  `activation_memory_budget` of 1.0) of the module `fxckpt @compile b=0.5` runs: fxckpt's plan
+  for the compile peer's measured peak, compiled as a user who compiles would run it. Its peak
+  is measured, not the plan's: inductor keeps fewer tensors than the eager step the plan
+  describes, so it lands under the budget; the `plan's peak` column still shows the eager plan's;
 * `fxckpt @minimum of b=…`: when fxckpt raises `BudgetInfeasibleError` for `b`, the same with
   `budget=` the minimum the error states (`err.min_budget`, bytes), to check that claim;
 * `checkpoint_per_block`: each block's `forward` under \
@@ -62,7 +68,7 @@ fresh subprocesses with one intra-op thread. *Memory*: a process started with
 measured step resets the resident-memory peak (`/proc/self/clear_refs`) and reports `VmHWM` during
 the step minus `VmRSS` before it; the table gives the median. A `TorchDispatchMode` tracker of live
 tensor storages gives the second, allocator-independent number ("tracked"); it is not given for
-`compile` rows, because dynamo skips compiled frames while a `TorchDispatchMode` is active and the
+compiled rows, because dynamo skips compiled frames while a `TorchDispatchMode` is active and the
 step would run eagerly (the tracker would count the unmodified model). *Time*: a second
 process with glibc's default allocator times the method and a deep copy of the unmodified model by
 turns, and reports the median step of each and their ratio: the time ratio is always against a
@@ -72,8 +78,9 @@ uses: each group's ratio is taken like a row's, and the largest distance from 1.
 the model's *timing noise*. The machine is shared with other jobs, so absolute milliseconds are
 noise; ratios are the point, and even they move by several percent from run to run. So an
 `fxckpt @peer` row's process also times that peer (on its own copy of the model) by turns with
-the two, and its *fxckpt/peer* ratio is the direct one (`peer_ratio`; not for `compile` peers,
-whose compilation would lengthen every such process); the targets use it for that pair.
+the two, and its *fxckpt/peer* ratio is the direct one (`peer_ratio`; for `compile` peers only
+with the compiled `fxckpt_compiled` row: compiling the peer in every `fxckpt @compile` process
+too would lengthen each by a compilation); the targets use it for that pair.
 
 **Budgets.** `b` is a fraction of the unmodified model's peak activation memory. fxckpt resolves it
 against its *verified* eager peak (the unmodified step run on fake tensors, with the model's
@@ -82,14 +89,15 @@ measured peak <= 1.05 x b x the unmodified model's measured peak. An infeasible 
 skipped: it passes only if the run at the minimum the error states measures <= 1.05 x that minimum.
 
 **Pareto dominance** (against each peer point). fxckpt dominates a peer when one of its measured
-points (the `fxckpt b=…`, `@minimum` and `@peer` rows) uses no more memory than the peer, up to
-the *memory noise* only (the larger spread, max - min, of the RSS samples of the two rows
-compared; no other tolerance), and its time ratio is at most the peer's x (1 + the model's timing
-noise). Among fxckpt's points that meet the memory condition the fastest is compared; anything
-else is a FAIL. A difference within the timing noise counts as a tie and the target's detail says
-"equal within the noise"; fxckpt is called faster only beyond it. Each model's picture
-(`pareto_<model>.png`) shows every measured point: peak memory against step time (as a ratio to
-the unmodified model's), fxckpt's points joined by a line, each peer its own marker.
+points (the `fxckpt b=…`, `@minimum`, `@peer` and `fxckpt_compiled` rows) uses no more memory
+than the peer, up to the *memory noise* only (the larger spread, max - min, of the RSS samples of
+the two rows compared; no other tolerance), and its time ratio is at most the peer's x (1 + the
+model's timing noise). Among fxckpt's points that meet the memory condition the fastest is
+compared; anything else is a FAIL. A difference within the timing noise counts as a tie and the
+target's detail says "equal within the noise"; fxckpt is called faster only beyond it. Each
+model's picture (`pareto_<model>.png`) shows every measured point: peak memory against step time
+(as a ratio to the unmodified model's), fxckpt's eager points joined by a line, its compiled
+point a star, each peer its own marker.
 
 **Issue 13's targets.** On GPT-2, BERT and the Llama-style model, at each peer's measured peak
 (per-block, `checkpoint_sequential`, `compile b=0.5`, the two op-level peers), fxckpt's step time
@@ -179,8 +187,8 @@ def _note(row: Row) -> str:
         if row.get("time_error"):
             text += f"; timing failed: {row['time_error']}"
         if (
-            row.get("tracked_error") and row["method"] != "compile"
-        ):  # compile: explained in the header
+            row.get("tracked_error") and row["method"] not in COMPILED
+        ):  # compiled steps: explained in the header
             text += f"; tracker failed: {row['tracked_error']}"
     return text.replace("|", "\\|").replace("\n", " ")
 

@@ -4,6 +4,7 @@
         memory child  (MALLOC_MMAP_THRESHOLD_ set)  -> RSS peak, tracked peak, plan facts
     for each peer that saved memory (match_peers):
         memory child  fxckpt with budget = the peer's measured peak in bytes ("fxckpt @peer")
+                      and, for compile b=0.5, the same compiled ("fxckpt_compiled @compile b=0.5")
     for each fxckpt budget (of the grid or matched) the solver found infeasible:
         memory child  fxckpt with budget = the minimum its error stated ("fxckpt @minimum of b=")
     for each configuration that worked:
@@ -32,9 +33,9 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, METHODS, PEERS
+from fxckpt.bench.methods import BUDGETED, COMPILE_BACKEND, MATCHED_ONLY, METHODS, PEERS
 from fxckpt.bench.models import MODEL_NAMES, spec_for
-from fxckpt.bench.targets import LLAMA_FRACTION
+from fxckpt.bench.targets import LLAMA_FRACTION, SPEED_COMPILE_BUDGET
 
 __all__ = ["BenchOptions", "Config", "configurations", "run_bench", "label", "matched_configs",
            "minimum_configs", "NOISE_GROUPS"]
@@ -127,7 +128,8 @@ def label(method: str, budget: Optional[float], match: Optional[str] = None,
 
 def configurations(opts: BenchOptions) -> list[Config]:
     """Every (model, method, budget) to measure, unmodified first within each model."""
-    methods = ["unmodified"] + [m for m in METHODS if m in opts.methods and m != "unmodified"]
+    methods = ["unmodified"] + [m for m in METHODS if m in opts.methods
+                                and m != "unmodified" and m not in MATCHED_ONLY]
     return [Config(model, method, budget)
             for model in opts.models for method in methods
             for budget in _budgets(opts, model, method)]
@@ -200,6 +202,8 @@ def _measure_all(configs: list[Config], opts: BenchOptions, function: str, jobs:
 def _merge(cfg: Config, memory: Row, timing: Optional[Row]) -> Row:
     row: Row = {"model": cfg.model, "method": cfg.method, "budget": cfg.budget, "match": cfg.match,
                 "minimum_of": cfg.minimum_of, "label": cfg.label, **memory}
+    if cfg.paired is not None:
+        row["paired_with"] = label(*cfg.paired)
     if timing is None:
         return row
     if timing.get("status") == "ok":
@@ -227,11 +231,13 @@ def _add_ratios(rows: list[Row]) -> None:
 PEER_METHODS = PEERS
 
 
-def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:
+def matched_configs(configs: list[Config], memory: dict[Config, Row],
+                    compiled: bool = False) -> list[Config]:
     """``fxckpt`` with each peer's measured peak as its budget, for every peer that used less
     memory than the unmodified model. A peer whose peak is at most 1% above a budget already
     matched shares that row (its budget is not above this peer's peak, so the comparison stays
-    fair to the peer)."""
+    fair to the peer). With ``compiled``, the ``compile`` peer at the speed target's budget also
+    gets ``fxckpt_compiled`` at its peak, timed by turns with it."""
     base = {c.model: memory[c].get("rss_bytes") for c in configs if c.method == "unmodified"}
     matched: list[Config] = []
     for cfg in configs:
@@ -239,8 +245,11 @@ def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Co
         limit = base.get(cfg.model)
         if cfg.method not in PEER_METHODS or not peak or not limit or peak >= limit:
             continue
-        if any(m.model == cfg.model and 0 <= peak - int(m.budget or 0) <= 0.01 * peak
-               for m in matched):
+        if compiled and cfg.method == "compile" and cfg.budget == SPEED_COMPILE_BUDGET:
+            matched.append(Config(cfg.model, "fxckpt_compiled", int(peak), match=cfg.label,
+                                  paired=(cfg.method, cfg.budget)))
+        if any(m.model == cfg.model and m.method == "fxckpt"
+               and 0 <= peak - int(m.budget or 0) <= 0.01 * peak for m in matched):
             continue
         paired = None if cfg.method == "compile" else (cfg.method, cfg.budget)
         matched.append(Config(cfg.model, "fxckpt", int(peak), match=cfg.label, paired=paired))
@@ -248,8 +257,10 @@ def matched_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Co
 
 
 def minimum_configs(configs: list[Config], memory: dict[Config, Row]) -> list[Config]:
-    """``fxckpt`` with ``budget=`` the minimum stated by each ``BudgetInfeasibleError`` (bytes)."""
-    return [Config(c.model, c.method, int(memory[c]["min_budget"]), minimum_of=c.label)
+    """``fxckpt`` with ``budget=`` the minimum stated by each ``BudgetInfeasibleError`` (bytes),
+    timed by turns with the peer the infeasible row was to be timed with."""
+    return [Config(c.model, c.method, int(memory[c]["min_budget"]), minimum_of=c.label,
+                   paired=c.paired)
             for c in configs
             if memory[c].get("status") == "infeasible" and memory[c].get("min_budget")]
 
@@ -308,7 +319,7 @@ def run_bench(
     configs = configurations(opts)
     memory = _measure_all(configs, opts, "measure_memory", opts.jobs, start)
     if opts.match_peers:
-        matched = matched_configs(configs, memory)
+        matched = matched_configs(configs, memory, "fxckpt_compiled" in opts.methods)
         memory.update(_measure_all(matched, opts, "measure_memory", opts.jobs, start))
         configs += matched
     minimums = minimum_configs(configs, memory)

@@ -8,13 +8,16 @@
   states: fxckpt is run again with ``budget=err.min_budget`` (the ``fxckpt @minimum of b=...``
   row) and the target PASSES only if that run's measured peak is <= 1.05 x ``min_budget``; a
   minimum that was not measured, failed, or was itself infeasible is a FAIL.
+* **budget held** applies to the ``fxckpt_compiled`` row too (its measured peak against its
+  budget in bytes); **prediction** does not: the plan states the eager step's peak.
 * **prediction**: the peak the plan states (``plan.peak_bytes``, what every view shows: the
   verified figure where verification ran, else the simulator's) within 10% of the measured peak,
   for every fxckpt row, and ``plan.eager_peak_bytes`` within 10% of the unmodified model's
   measured peak. The detail also gives the simulator's own figure (``plan.predicted_peak``).
 * **Pareto dominance**: for each peer point (per-block checkpoint, checkpoint_sequential,
   torch.compile with inductor at each budget), fxckpt dominates when one of its measured points
-  (the budget grid, the stated minimums and the ``fxckpt @peer`` rows) has
+  (the budget grid, the stated minimums, the ``fxckpt @peer`` rows and the compiled
+  ``fxckpt_compiled @compile b=0.5`` row) has
 
   - **memory**: measured peak <= the peer's measured peak + the memory noise, where the memory
     noise is the larger spread (max - min) of the RSS samples of the two rows compared (no other
@@ -25,18 +28,17 @@
     several groups in one process.
 
   Among the points that meet the memory condition the fastest is compared (fxckpt/peer time:
-  see :func:`versus`). Otherwise it is a
-  FAIL, whatever the reason: no point at or below the peer's memory, or slower beyond the noise.
-  A time difference within the noise counts as equal (a tie), and the detail says so; "faster"
-  is said only beyond the noise.
+  see :func:`versus`). Otherwise it is a FAIL: no point at or below the peer's memory, or slower
+  beyond the noise. A time difference within the noise is a tie (the detail says so).
 * **speed at the peer's peak** (issue 13) on GPT-2, BERT and the Llama-style model, for each
   peer point (per-block checkpoint, ``checkpoint_sequential``, the two op-level policies, and
   ``compile`` at budget 0.5): among fxckpt's measured points with peak <= 1.05 x the peer's
   measured peak (the ``fxckpt @peer`` row is made for this), the fastest has step-time ratio
   <= 0.95 x the peer's. No noise allowance: the thresholds are the issue's. The ``fxckpt @peer``
-  row of a peer other than ``compile`` is timed by turns with that peer in one child, and that
-  direct ratio is its fxckpt/peer time (two children's baselines drift apart by 5-10% on this
-  machine); other points compare their ratios to their own baselines.
+  row of a peer other than ``compile``, and the ``fxckpt_compiled @compile b=0.5`` row, are
+  timed by turns with that peer in one child, and that direct ratio is its fxckpt/peer time
+  (two children's baselines drift apart by 5-10% on this machine); other points compare their
+  ratios to their own baselines.
 * **Llama at 0.66** (issue 13): ``fxckpt b=0.66`` on the Llama-style model (a budget the runner
   adds to the grid for it) has step-time ratio <= 1.10 x the unmodified model's.
 * **solve time**: the solver alone under 1 s on the 12-layer GPT-2 graph (every budget of the
@@ -56,7 +58,7 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-from fxckpt.bench.methods import PEERS
+from fxckpt.bench.methods import OURS, PEERS
 
 __all__ = ["Check", "check_targets", "timing_noise", "memory_noise", "noise_summary", "versus",
            "BUDGET_TOL",
@@ -266,8 +268,11 @@ def _dominance(peer: Row, ours: list[Row], noise: Optional[tuple[float, int]]) -
 
 
 def _paired(row: Row, peer: Row) -> bool:
-    """``row`` is the one matched to ``peer`` and was timed by turns with it."""
-    return row.get("match") == peer["label"] and row.get("peer_ratio") is not None
+    """``row`` was timed by turns with ``peer``: the row matched to it, or the run at the minimum
+    stated when that row's budget was infeasible (``paired_with``; rows from before it was
+    recorded name the peer in ``match``)."""
+    return (row.get("paired_with", row.get("match")) == peer["label"]
+            and row.get("peer_ratio") is not None)
 
 
 def versus(row: Row, peer: Row) -> float:
@@ -307,7 +312,7 @@ def _speed(peer: Row, ours: list[Row]) -> Check:
 def _speed_checks(rows: list[Row], model: str) -> list[Check]:
     if model not in SPEED_MODELS:
         return []
-    ours = [r for r in rows if r["model"] == model and r["method"] == "fxckpt"]
+    ours = [r for r in rows if r["model"] == model and r["method"] in OURS]
     return [_speed(p, ours) for p in rows if p["model"] == model and p["method"] in PEERS
             and (p["method"] != "compile" or p["budget"] == SPEED_COMPILE_BUDGET)]
 
@@ -398,11 +403,11 @@ def check_targets(rows: list[Row], scaling: list[Row]) -> list[Check]:
     checks: list[Check] = []
     for model in models:
         checks += [_budget_check(r, _base(rows, model), rows) for r in rows
-                   if r["model"] == model and r["method"] == "fxckpt" and not r.get("minimum_of")]
+                   if r["model"] == model and r["method"] in OURS and not r.get("minimum_of")]
     for model in models:
         checks += _prediction_checks(rows, model)
     for model in models:
-        ours = [r for r in rows if r["model"] == model and r["method"] == "fxckpt"]
+        ours = [r for r in rows if r["model"] == model and r["method"] in OURS]
         noise = timing_noise(rows, model)
         checks += [
             _dominance(p, ours, noise)

@@ -24,6 +24,7 @@ ROWS = [
     _row("m", "fxckpt", "fxckpt b=0.5", 50, 1.10),
     _row("m", "fxckpt", "fxckpt b=0.25", 25, 1.30),
     _row("m", "fxckpt", "fxckpt @sac_ops", 60, 1.04),
+    _row("m", "fxckpt_compiled", "fxckpt_compiled @compile b=0.5", 40, 1.01),
     _row("m", "fxckpt", "fxckpt b=0.1", None, None, status="infeasible"),
     _row("m", "sac_ops", "sac_ops", 62, 1.08),
     _row("m", "checkpoint_per_block", "checkpoint_per_block", 30, 1.35),
@@ -44,6 +45,8 @@ def test_pareto_data_keeps_measured_points_fxckpt_in_memory_order_peers_by_metho
                           ("sac_ops", (Point("sac_ops", 62 * MiB, 1.08),)),
                           ("compile", (Point("compile b=0.5", 55 * MiB, 1.2),)))
     assert data.unmodified == Point("unmodified", 100 * MiB, 1.0)
+    # compiled plans are fxckpt's points, but not on the eager line
+    assert data.compiled == (Point("fxckpt_compiled @compile b=0.5", 40 * MiB, 1.01),)
     assert pareto_data(ROWS, "other").peers == () and pareto_data(ROWS, "other").unmodified is None
 
 
@@ -58,14 +61,15 @@ def test_plot_model_draws_those_points_and_writes_a_png(tmp_path: Path) -> None:
     assert line.get_xydata().tolist() == [[25.0, 1.3], [50.0, 1.1], [60.0, 1.04]]  # MiB
     marks = {c.get_gid(): c.get_offsets().tolist() for c in ax.collections}
     assert marks == {"checkpoint_per_block": [[30.0, 1.35]], "sac_ops": [[62.0, 1.08]],
-                     "compile": [[55.0, 1.2]], "unmodified": [[100.0, 1.0]]}
+                     "compile": [[55.0, 1.2]], "unmodified": [[100.0, 1.0]],
+                     "fxckpt_compiled": [[40.0, 1.01]]}
     assert "MiB" in ax.get_xlabel() and "unmodified" in ax.get_ylabel()
 
 
 def test_the_report_writes_one_picture_per_model_and_links_it(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     assert write_plots(ROWS, tmp_path) == {"m": "pareto_m.png", "other": "pareto_other.png"}
-    result = {"rows": [dict(r, model="gpt2") for r in ROWS[:8]], "scaling": [],
+    result = {"rows": [dict(r, model="gpt2") for r in ROWS[:9]], "scaling": [],
               "seconds": 60.0, "options": {"repeats": 1, "quick": True},
               "machine": {"cores": 2, "cpu": "cpu", "torch": "t", "transformers": "x",
                           "python": "3", "threads": 1, "load_average": [0.5], "commit": "c"}}
