@@ -61,6 +61,15 @@ def test_the_compiled_row_counts_for_budget_speed_and_pareto_but_not_prediction(
     assert "fxckpt/peer time = 0.930 (timed by turns with the peer)" in speed.detail
     (dominance,) = [c for c in checks if c.target == "Pareto dominance"]
     assert dominance.detail.startswith("fxckpt_compiled @compile b=0.5: 35.0 MiB")
+    # against an eager peer only eager points count: compiling fxckpt and not the peer would
+    # compare inductor's kernels with eager ones
+    eager_peer = _row("checkpoint_per_block", None, 40, 1.50)
+    checks = check_targets(rows[:3] + [eager_peer], [])
+    (speed,) = [c for c in checks if c.target == "speed at the peer's peak"]
+    (dominance,) = [c for c in checks if c.target == "Pareto dominance"]
+    assert speed.verdict == dominance.verdict == "FAIL"
+    assert "no timed fxckpt point at or below 1.05 x the peer's peak 40.0 MiB" in speed.detail
+    assert "(lowest: 50.0 MiB)" in dominance.detail  # the compiled 35 MiB is not offered
     over = dict(compiled, rss_bytes=53 * MiB)  # 1.06x its budget
     held = [c for c in check_targets([rows[0], over], []) if c.target == "budget held"]
     assert [c.verdict for c in held] == ["FAIL"] and "1.060x the budget" in held[0].detail

@@ -1,0 +1,83 @@
+"""The solver's targets, checked on the measured solve times: under a second on the benchmark's
+GPT-2 (and the scaling run's 12-layer graph), at most linear growth with graph size, and under
+3 s at 20,000 ops (see :mod:`fxckpt.bench.targets` for every target)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fxckpt.bench.check import Check
+
+__all__ = ["solve_checks", "scaling_checks", "SOLVE_LIMIT_S", "MAX_SLOPE", "BIG_OPS",
+           "BIG_LIMIT_S"]
+
+Row = dict[str, Any]
+
+SOLVE_LIMIT_S = 1.0
+MAX_SLOPE = 1.1
+BIG_OPS, BIG_LIMIT_S = 20_000, 3.0
+
+
+def _ok(row: Row) -> bool:
+    return row.get("status") == "ok"
+
+
+def solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
+    checks = [
+        Check(
+            "solve time < 1 s",
+            f"gpt2 (benchmark size) b={r['budget']:g}",
+            r["solve_s"] < SOLVE_LIMIT_S,
+            f"solver alone {r['solve_s']:.2f} s (transform {r['plan_s']:.1f} s)",
+        )
+        for r in rows
+        if r["model"] == "gpt2"
+        and r["method"] == "fxckpt"
+        and _ok(r)
+        and r.get("solve_s") is not None
+    ]
+    checks += [
+        Check(
+            "solve time < 1 s",
+            f"gpt2 12 layers (scaling run) b={r['budget']:g}",
+            r["solve_s"] < SOLVE_LIMIT_S,
+            f"{r['ops']} ops, solver alone {r['solve_s']:.2f} s",
+        )
+        for r in scaling
+        if r.get("layers") == 12 and r.get("status") == "ok"
+    ]
+    return checks
+
+
+def scaling_checks(scaling: list[Row]) -> list[Check]:
+    ok = sorted((r for r in scaling if r.get("status") == "ok"), key=lambda r: r["ops"])
+    failed = [r for r in scaling if r.get("status") != "ok"]
+    if failed:
+        return [
+            Check("linear scaling", f"{r['layers']} layers", False, f"error: {r.get('error')}")
+            for r in failed
+        ]
+    if len(ok) < 2:
+        return [Check("linear scaling", "solver", None, "fewer than two graph sizes measured")]
+    slopes = [
+        math.log(b["solve_s"] / a["solve_s"]) / math.log(b["ops"] / a["ops"])
+        for a, b in zip(ok, ok[1:])
+    ]
+    sizes = ", ".join(f"{r['layers']} layers / {r['ops']} ops: {r['solve_s']:.2f} s" for r in ok)
+    steps = ", ".join(f"{s:.2f}" for s in slopes)
+    checks = [
+        Check(
+            "linear scaling",
+            f"gpt2 {ok[0]['layers']} -> {ok[-1]['layers']} layers",
+            max(slopes) <= MAX_SLOPE,
+            f"log-log slope between consecutive sizes {steps} (limit {MAX_SLOPE} each); {sizes}",
+        )
+    ]
+    big = ok[-1]
+    if big["ops"] >= BIG_OPS:
+        checks.append(Check(
+            f"solve < {BIG_LIMIT_S:g} s at {BIG_OPS:,} ops", f"gpt2 {big['layers']} layers",
+            big["solve_s"] < BIG_LIMIT_S,
+            f"{big['ops']} ops, solver alone {big['solve_s']:.2f} s"))
+    return checks
