@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["Check"]
+__all__ = ["Check", "ok"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,3 +22,8 @@ class Check:
     @property
     def verdict(self) -> str:
         return {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
+
+
+def ok(row: Optional[dict[str, Any]]) -> bool:
+    """The row was measured (its ``status`` is ``"ok"``)."""
+    return row is not None and row.get("status") == "ok"

@@ -89,7 +89,8 @@ measured peak <= 1.05 x b x the unmodified model's measured peak. An infeasible 
 skipped: it passes only if the run at the minimum the error states measures <= 1.05 x that minimum.
 
 **Pareto dominance** (against each peer point). fxckpt dominates a peer when one of its measured
-points (the `fxckpt b=…`, `@minimum`, `@peer` and `fxckpt_compiled` rows) uses no more memory
+points (the `fxckpt b=…`, `@minimum` and `@peer` rows, and for a `compile` peer also the compiled
+`fxckpt_compiled` row: an eager peer is not held to inductor's kernels) uses no more memory
 than the peer, up to the *memory noise* only (the larger spread, max - min, of the RSS samples of
 the two rows compared; no other tolerance), and its time ratio is at most the peer's x (1 + the
 model's timing noise). Among fxckpt's points that meet the memory condition the fastest is

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fxckpt.bench.check import Check
+from fxckpt.bench.check import Check, ok
 
 __all__ = ["solve_checks", "scaling_checks", "SOLVE_LIMIT_S", "MAX_SLOPE", "BIG_OPS",
            "BIG_LIMIT_S"]
@@ -17,10 +17,6 @@ Row = dict[str, Any]
 SOLVE_LIMIT_S = 1.0
 MAX_SLOPE = 1.1
 BIG_OPS, BIG_LIMIT_S = 20_000, 3.0
-
-
-def _ok(row: Row) -> bool:
-    return row.get("status") == "ok"
 
 
 def solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
@@ -34,7 +30,7 @@ def solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
         for r in rows
         if r["model"] == "gpt2"
         and r["method"] == "fxckpt"
-        and _ok(r)
+        and ok(r)
         and r.get("solve_s") is not None
     ]
     checks += [
@@ -45,36 +41,37 @@ def solve_checks(rows: list[Row], scaling: list[Row]) -> list[Check]:
             f"{r['ops']} ops, solver alone {r['solve_s']:.2f} s",
         )
         for r in scaling
-        if r.get("layers") == 12 and r.get("status") == "ok"
+        if r.get("layers") == 12 and ok(r)
     ]
     return checks
 
 
 def scaling_checks(scaling: list[Row]) -> list[Check]:
-    ok = sorted((r for r in scaling if r.get("status") == "ok"), key=lambda r: r["ops"])
-    failed = [r for r in scaling if r.get("status") != "ok"]
+    measured = sorted((r for r in scaling if ok(r)), key=lambda r: r["ops"])
+    failed = [r for r in scaling if not ok(r)]
     if failed:
         return [
             Check("linear scaling", f"{r['layers']} layers", False, f"error: {r.get('error')}")
             for r in failed
         ]
-    if len(ok) < 2:
+    if len(measured) < 2:
         return [Check("linear scaling", "solver", None, "fewer than two graph sizes measured")]
     slopes = [
         math.log(b["solve_s"] / a["solve_s"]) / math.log(b["ops"] / a["ops"])
-        for a, b in zip(ok, ok[1:])
+        for a, b in zip(measured, measured[1:])
     ]
-    sizes = ", ".join(f"{r['layers']} layers / {r['ops']} ops: {r['solve_s']:.2f} s" for r in ok)
+    sizes = ", ".join(f"{r['layers']} layers / {r['ops']} ops: {r['solve_s']:.2f} s"
+                      for r in measured)
     steps = ", ".join(f"{s:.2f}" for s in slopes)
     checks = [
         Check(
             "linear scaling",
-            f"gpt2 {ok[0]['layers']} -> {ok[-1]['layers']} layers",
+            f"gpt2 {measured[0]['layers']} -> {measured[-1]['layers']} layers",
             max(slopes) <= MAX_SLOPE,
             f"log-log slope between consecutive sizes {steps} (limit {MAX_SLOPE} each); {sizes}",
         )
     ]
-    big = ok[-1]
+    big = measured[-1]
     if big["ops"] >= BIG_OPS:
         checks.append(Check(
             f"solve < {BIG_LIMIT_S:g} s at {BIG_OPS:,} ops", f"gpt2 {big['layers']} layers",

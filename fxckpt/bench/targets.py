@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fxckpt.bench.check import Check
+from fxckpt.bench.check import Check, ok as _ok
 from fxckpt.bench.methods import COMPILED, OURS, PEERS
 from fxckpt.bench.solver_targets import MAX_SLOPE, SOLVE_LIMIT_S, scaling_checks, solve_checks
 
@@ -88,10 +88,6 @@ def _mib(n: float) -> str:
 
 def _size(n: float) -> str:
     return _mib(n) if n >= MiB else f"{n / 1024:.0f} KiB"
-
-
-def _ok(row: Optional[Row]) -> bool:
-    return row is not None and row.get("status") == "ok"
 
 
 def _base(rows: list[Row], model: str) -> Optional[Row]:
@@ -148,16 +144,16 @@ def _infeasible_check(row: Row, rows: list[Row]) -> Check:
 
 
 def _prediction(
-    subject: str, predicted: Optional[int], measured: Optional[int], tracked: Optional[int],
+    subject: str, stated: Optional[int], measured: Optional[int], tracked: Optional[int],
     simulated: Optional[int] = None,
 ) -> Check:
-    if not predicted or not measured:
+    if not stated or not measured:
         return Check("prediction", subject, None, "no prediction or no measurement")
-    err = predicted / measured - 1
-    detail = f"plan states {_mib(predicted)} vs measured {_mib(measured)} ({err:+.1%})"
+    err = stated / measured - 1
+    detail = f"plan states {_mib(stated)} vs measured {_mib(measured)} ({err:+.1%})"
     if tracked:
-        detail += f"; vs tracked tensors {_mib(tracked)} ({predicted / tracked - 1:+.1%})"
-    if simulated and simulated != predicted:
+        detail += f"; vs tracked tensors {_mib(tracked)} ({stated / tracked - 1:+.1%})"
+    if simulated and simulated != stated:
         detail += f"; the simulator alone said {_mib(simulated)} ({simulated / measured - 1:+.1%})"
     return Check("prediction", subject, abs(err) <= PREDICT_TOL, detail)
 
@@ -168,9 +164,7 @@ def _prediction_checks(rows: list[Row], model: str) -> list[Check]:
                           r.get("tracked_bytes"), r.get("predicted_peak"))
               for r in mine if _ok(r)]
     base = _base(rows, model)
-    eager = next(
-        (r for r in mine if _ok(r) and r.get("eager_plan_peak")), None
-    )
+    eager = next((r for r in mine if _ok(r) and r.get("eager_plan_peak")), None)
     if _ok(base) and eager:
         assert base is not None
         checks.append(
