@@ -15,6 +15,11 @@ Captures do not depend on fxckpt's options, so transforms of the same model (com
 strategies in a notebook, say) share them, as long as the model still holds the same modules,
 parameters and buffers.
 
+A training call to a model whose forward takes ``use_cache`` and whose ``config.use_cache`` is on
+(Hugging Face's default) gets ``use_cache=False`` unless the caller passed it, as Hugging Face's
+own gradient checkpointing does: a key/value cache is for generation, and its cache object is
+not a graph output fxckpt can capture.
+
 Capture and planning happen only when a training step needs them (``training`` with grad
 enabled) or when asked (:meth:`Dispatcher.plan_for`). The model's own forward serves ``eval()``
 and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
@@ -23,6 +28,7 @@ and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 import weakref
@@ -80,12 +86,29 @@ class Dispatcher:
         self.last: Optional[Any] = None
         self.counts = Counts()
         self.offloader = _make_offloader(config)
+        self.takes_use_cache = _takes_use_cache(model)
+        self.said_cache = False
 
     def runs_model_itself(self, training: bool) -> bool:
         """True when a call runs the model's own forward (eval / no_grad, no pipeline stages)."""
         return not self.config.pipelined and not (training and torch.is_grad_enabled())
 
+    def step_kwargs(self, tm: torch.nn.Module, kwargs: dict) -> dict:
+        """``kwargs`` with ``use_cache=False`` added for a training call to a model that would
+        otherwise build a key/value cache (see the module docstring)."""
+        if not (self.takes_use_cache and tm.training) or "use_cache" in kwargs:
+            return kwargs
+        if not getattr(getattr(self.model, "config", None), "use_cache", False):
+            return kwargs
+        if not self.said_cache and not torch.compiler.is_compiling():  # no log in a graph
+            self.said_cache = True
+            log.info("%s: config.use_cache is on; training calls run with use_cache=False "
+                     "(no key/value cache, as under Hugging Face's gradient checkpointing)",
+                     type(self.model).__name__)
+        return {**kwargs, "use_cache": False}
+
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        kwargs = self.step_kwargs(tm, kwargs)
         compiled = self.serve(tm, args, kwargs)
         offloader = self.offloader
         training = tm.training and torch.is_grad_enabled()
@@ -110,7 +133,7 @@ class Dispatcher:
 
     def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
-        compiled = self.compiled_for(tm, args, kwargs)
+        compiled = self.compiled_for(tm, args, self.step_kwargs(tm, kwargs))
         self.last = compiled
         return compiled
 
@@ -242,3 +265,11 @@ def _attach_offloader(compiled: Any, offloader: Any) -> None:
     for seg in compiled.plan.segments:
         if seg.action == "offload":
             segment_of(compiled.gm, seg.name).offloader = offloader
+
+
+def _takes_use_cache(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward has a ``use_cache`` parameter (Hugging Face models)."""
+    try:
+        return "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False

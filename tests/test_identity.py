@@ -117,6 +117,35 @@ def test_hugging_face_causal_lm_keeps_its_model_child_config_and_generate() -> N
     assert fxckpt.inspect(tm).captures == 1  # generate ran the model itself
 
 
+def test_a_causal_lm_with_its_default_cache_trains_without_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``GPT2Config()`` turns ``use_cache`` on; a training call builds a ``DynamicCache``, which no
+    graph capture can return. fxckpt calls it with ``use_cache=False``, as Hugging Face's own
+    gradient checkpointing does, and says so once; eval calls keep the cache."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
+    assert cfg.use_cache
+    model = GPT2LMHeadModel(cfg).train()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 12))
+    with caplog.at_level("INFO", logger="fxckpt.dispatch"):
+        tm = fxckpt.transform(model, budget=0.6, example_inputs=(ids,))  # planned without one
+        for step in range(2):
+            got = run_step(tm, (ids,), {"labels": ids}, seed=step)
+            want = run_step(reference, (ids,), {"labels": ids, "use_cache": False}, seed=step)
+            assert_steps_equal(got, want)
+    said = [r.getMessage() for r in caplog.records if "use_cache" in r.getMessage()]
+    assert said == ["GPT2LMHeadModel: config.use_cache is on; training calls run with "
+                    "use_cache=False (no key/value cache, as under Hugging Face's gradient "
+                    "checkpointing)"]
+    assert tm(ids).past_key_values is None  # a second call structure: no labels
+    tm.eval()
+    with torch.no_grad():
+        assert tm(ids).past_key_values is not None  # the model's own forward: cache kept
+
+
 def test_deepcopy_and_pickle_give_an_independent_transformed_module() -> None:
     model = Stack()
     tm = fxckpt.transform(model, every=1)
