@@ -30,6 +30,12 @@ MIB = 2**20
 CONV = torch.ops.aten.convolution.default
 CONV_BACKWARD = torch.ops.aten.convolution_backward.default
 
+HEAP_SLACK = 128 * 1024
+"""Resident memory a call may add that no rule counts: page rounding, and buffers under the
+child's 64 KiB mmap threshold (a 36 KiB weight gradient here), which come from the heap and touch
+new pages or not depending on what earlier calls freed (the channels-last row measured -32 KiB
+alone and +76 KiB after the other rows)."""
+
 # (batch, in channels, out channels, size, kernel, stride, dims, channels_last)
 CONFIGS = [
     (16, 32, 32, 32, 3, 1, 2, False),
@@ -85,8 +91,8 @@ def test_convolution_scratch_matches_resident_memory_never_under():
     for config, row in zip(CONFIGS, rows):
         for phase in ("forward", "backward"):
             measured, counted = row[phase]
-            # Never under by more than page rounding; over by at most a third of one input.
-            assert counted >= 0.95 * measured - 64 * 1024, (config, phase, row)
+            # Never under by more than HEAP_SLACK; over by at most a third of one input.
+            assert counted >= 0.95 * measured - HEAP_SLACK, (config, phase, row)
             assert counted <= measured + row["input"] // 3 + 64 * 1024, (config, phase, row)
         assert row["from_forward"] == row["backward"][1], (config, row)
     plain = [row for config, row in zip(CONFIGS, rows) if not config[-1]]
