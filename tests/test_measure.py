@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -201,11 +201,36 @@ def test_time_by_turns_warms_up_then_times_each_step_once_per_round() -> None:
     calls: list[str] = []
     samples = time_by_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
                             repeats=2)
-    assert calls == ["a", "b"] * 3  # one warm-up round, then two timed rounds taken by turns
+    # one warm-up round, then two rounds taken by turns: a settling call, then the timed one
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 2
     assert {k: len(v) for k, v in samples.items()} == {"a": 2, "b": 2}
     assert all(s >= 0 for v in samples.values() for s in v)
+    calls.clear()
+    time_by_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                  repeats=2, settle=0)
+    assert calls == ["a", "b"] * 3
     with pytest.raises(fxckpt.ConfigError, match=r"^repeats must be .* integer \(got 0\)$"):
         time_by_turns({"a": lambda: None}, repeats=0)
+    for bad in (-1, 1.0, True):
+        with pytest.raises(fxckpt.ConfigError, match=r"^settle must be an integer >= 0"):
+            time_by_turns({"a": lambda: None}, settle=bad)  # type: ignore[arg-type]
+
+
+def test_time_by_turns_times_a_step_after_one_of_its_own() -> None:
+    """The timed call of each turn follows a call of the same step, not of the step before it:
+    the state a step leaves (here a flag; in a real run the allocator's pages) is its own."""
+    last: list[str] = []
+    seen: list[tuple[str, str]] = []
+
+    def step(name: str) -> Callable[[], None]:
+        def run() -> None:
+            seen.append((name, last[-1] if last else ""))
+            last.append(name)
+        return run
+
+    time_by_turns({"a": step("a"), "b": step("b")}, repeats=3)
+    timed = seen[2:][1::2]  # after the warm-up round, every second call is the timed one
+    assert timed == [("a", "a"), ("b", "b")] * 3
 
 
 def test_training_step_runs_forward_loss_and_backward() -> None:
