@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from fxckpt.checks import check_int
-from fxckpt.errors import ConfigError, FxckptError
+from fxckpt.errors import FxckptError
 from fxckpt.tracker import LiveTensorTracker, Scratch
 
 __all__ = [
@@ -205,8 +205,7 @@ def time_by_turns(steps: Mapping[str, Callable[[], Any]],
     training loop, repeating one step, pays.
     """
     check_int("repeats", repeats)
-    if isinstance(settle, bool) or not isinstance(settle, int) or settle < 0:
-        raise ConfigError(f"settle must be an integer >= 0 (got {settle!r})")
+    check_int("settle", settle, low=0)
     for step in steps.values():
         step()  # warm-up (and compilation, for torch.compile)
     samples: dict[str, list[float]] = {name: [] for name in steps}
