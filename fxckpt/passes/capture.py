@@ -38,6 +38,7 @@ from torch.fx.graph import _PyTreeCodeGen
 
 from fxckpt.errors import CaptureError
 from fxckpt.passes.exporter import ShapeRule, export_graph
+from fxckpt.passes.regions import outline_regions
 from fxckpt.passes.sharding import (full_parameters, parameter_owners, refuse_sharded_root,
                                     sharding_key)
 from fxckpt.passes.state_guard import StateGuard
@@ -164,7 +165,9 @@ def _symbolic(
         concrete = {k: v for k, v in bound.items() if is_static_value(v)} or None
     tracer = FxckptTracer(leaves=frozenset(leaves))
     graph = tracer.trace(model, concrete_args=concrete)
-    return to_graph_module(tracer.root, graph, type(model).__name__)
+    gm = to_graph_module(tracer.root, graph, type(model).__name__)
+    outline_regions(gm)
+    return gm
 
 
 def _refuse_global_hooks() -> None:

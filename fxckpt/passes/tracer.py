@@ -12,6 +12,9 @@ Three things the stock tracer gets silently wrong, each of which changes gradien
 * **Hooks.** A forward hook on a traced-through module fires once, on Proxies, while tracing.
   Modules with hooks are leaves here: the graph calls them, and their hooks fire on real
   tensors once per call.
+* **Grad mode, autocast and random draws** (``with torch.no_grad():`` in forward,
+  ``torch.randn(4, 16)``): recorded as nodes by :class:`~fxckpt.passes.regions.StateRecorder`
+  instead of being lost or baked in.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from fxckpt.errors import CaptureError
+from fxckpt.passes.regions import StateRecorder
 from fxckpt.runtime.segment import SEGMENT_FIELDS, Segment
 
 __all__ = ["FxckptTracer", "function_call", "function_of", "to_graph_module", "ORIGINAL_PATH"]
@@ -74,8 +79,14 @@ class FxckptTracer(torch.fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
     def trace(self, root: Any, concrete_args: Optional[dict[str, Any]] = None) -> torch.fx.Graph:
-        with self._opaque_functions():
-            return super().trace(root, concrete_args)
+        with self._opaque_functions(), StateRecorder(self) as recorder:
+            graph = super().trace(root, concrete_args)
+        if recorder.drew:
+            raise CaptureError(
+                f"the forward draws random numbers while it is traced ({', '.join(recorder.drew)}"
+                " on tensors no input reaches), which a traced graph would replay as constants"
+            )
+        return graph
 
     @contextlib.contextmanager
     def _opaque_functions(self) -> Iterator[None]:
