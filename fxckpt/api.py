@@ -9,7 +9,7 @@ import torch
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, ConfigTypeError
 from fxckpt.pareto import pareto
-from fxckpt.module import STATE, TransformedModule, dispatcher_of, make_transformed
+from fxckpt.module import TransformedModule, dispatcher_of, is_transformed, make_transformed
 from fxckpt.plan import Plan
 
 __all__ = ["transform", "pareto"]
@@ -91,7 +91,7 @@ def transform(
             f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
             "nn.Module whose forward calls it"
         )
-    if STATE in model.__dict__:
+    if is_transformed(model):
         raise ConfigError(
             f"this {type(model).__name__} is already transformed; transform the original model "
             "(fxckpt.inspect(tm).model) with the new options instead"

@@ -88,6 +88,8 @@ class Dispatcher:
         self.offloader = _make_offloader(config)
         self.takes_use_cache = _takes_use_cache(model)
         self.said_cache = False
+        self.compiled_call: Optional[Any] = None
+        """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
 
     def runs_model_itself(self, training: bool) -> bool:
         """True when a call runs the model's own forward (eval / no_grad, no pipeline stages)."""
@@ -247,7 +249,6 @@ def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     """An instance of the model's class over ``tm``'s current state, to capture (never ``tm``)."""
     view = object.__new__(type(model))  # not type(model).__new__: FSDPModule.__new__ builds anew
     view.__dict__.update(tm.__dict__)
-    view.__dict__.pop("__fxckpt__", None)
     view.__dict__.pop("_compiled_call_impl", None)  # what tm.compile() compiled is tm's call
     return view
 

@@ -210,9 +210,9 @@ def _keeping_buffers(method: Callable) -> Callable:
 def _stage_modules(stages: Any, example_inputs: Optional[Sequence[Any]],
                    example_kwargs: Optional[dict]) -> tuple[list[nn.Module], Optional[nn.Module]]:
     """The stage graphs, and the model whose names they take (``None`` when not known)."""
-    from fxckpt.module import STATE, dispatcher_of
+    from fxckpt.module import dispatcher_of, is_transformed
 
-    if isinstance(stages, nn.Module) and STATE in stages.__dict__:
+    if is_transformed(stages):
         return _stages_of(stages, dispatcher_of(stages), example_inputs, example_kwargs)
     if example_inputs is not None or example_kwargs is not None:
         raise ConfigError("example_inputs= plans a transformed module; the stages given are "

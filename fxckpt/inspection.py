@@ -178,11 +178,11 @@ def inspect(tm: torch.nn.Module) -> Union[Inspection, LoadedInspection]:
     """fxckpt's plans, code and stages for a module :func:`fxckpt.transform` (or ``load``)
     returned."""
     from fxckpt.export.loaded import LoadedModule
-    from fxckpt.module import STATE
+    from fxckpt.module import is_transformed
 
     if isinstance(tm, LoadedModule):
         return LoadedInspection(tm)
-    if not isinstance(tm, torch.nn.Module) or STATE not in tm.__dict__:
+    if not is_transformed(tm):
         raise ConfigError(
             f"fxckpt.inspect takes a module fxckpt.transform returned (got {type(tm).__name__}); "
             "transform the model first: tm = fxckpt.transform(model, ...)"

@@ -1,15 +1,19 @@
 """The module ``fxckpt.transform`` returns: the model itself, with a rewritten training forward.
 
 ``fxckpt.transform(model)`` returns an instance of a class derived from both
-:class:`TransformedModule` and the model's own class, holding the same state as the model (a
-shallow copy of its ``__dict__``: the same children, parameters, buffers, hooks and attributes).
-So the transformed module *is* the model as far as anyone can tell:
+:class:`TransformedModule` and the model's own class, holding the model's state itself: its
+``__dict__`` *is* the model's (the same children, parameters, buffers, hooks and attributes, and
+an attribute set on either is set on both). So the transformed module *is* the model as far as
+anyone can tell:
 
 * ``tm.config``, ``tm.generate(...)``, ``tm.get_input_embeddings()``, ``isinstance(tm,
   GPT2LMHeadModel)``: the model's attributes and methods, unchanged;
 * ``tm.state_dict()`` has the model's keys, and an optimizer built on either trains both;
-* no name of fxckpt's can collide with the model's: fxckpt adds no attribute but one dunder
-  slot, ``__fxckpt__``. Its plans, code and stages are read through :func:`fxckpt.inspect`.
+* ``tm.temperature = 2.0`` is ``model.temperature = 2.0``, and ``model.eval()`` puts ``tm``
+  in eval mode: there is one state;
+* no name of fxckpt's can collide with the model's: fxckpt adds no attribute to that state; its
+  own lives in one slot of the transformed module, ``__fxckpt__``, outside the shared
+  ``__dict__``. Its plans, code and stages are read through :func:`fxckpt.inspect`.
 
 Only ``forward`` differs, and only in training: with ``self.training`` and grad enabled it runs
 the rewritten graph chosen by :class:`~fxckpt.dispatch.Dispatcher`; in ``eval()`` or under
@@ -27,12 +31,12 @@ import torch
 from fxckpt.config import TransformConfig
 from fxckpt.dispatch import Dispatcher
 
-__all__ = ["TransformedModule", "make_transformed", "dispatcher_of", "STATE"]
+__all__ = ["TransformedModule", "make_transformed", "dispatcher_of", "is_transformed", "STATE"]
 
 log = logging.getLogger(__name__)
 
 STATE = "__fxckpt__"
-"""The one instance attribute fxckpt adds (a dunder name, so no model uses it)."""
+"""The slot holding fxckpt's state (a dunder name outside the model's ``__dict__``)."""
 
 _CLASSES: dict[type, type] = {}
 
@@ -40,18 +44,29 @@ _CLASSES: dict[type, type] = {}
 class TransformedModule(torch.nn.Module):
     """Base of every module :func:`fxckpt.transform` returns (see the module docstring)."""
 
+    __slots__ = ("__fxckpt__",)
+    __fxckpt__: Dispatcher
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         dispatcher = dispatcher_of(self)
         if dispatcher.runs_model_itself(self.training):
             return super().forward(*args, **kwargs)  # the model's own forward, on the same state
         return dispatcher(self, args, kwargs)
 
-    def train(self, mode: bool = True) -> "TransformedModule":
-        super().train(mode)
-        dispatcher_of(
-            self
-        ).model.training = mode  # the model's root flag follows, as its children do
-        return self
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``nn.Module.compile``: compile this module's call in place (kept in fxckpt's slot, not
+        in the ``__dict__`` it shares with the model, whose own call stays as it is)."""
+        dispatcher_of(self).compiled_call = torch.compile(self._call_impl, *args, **kwargs)
+
+    def _wrapped_call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        # As nn.Module's, but with this module's compiled call: a `_compiled_call_impl` in the
+        # shared __dict__ is the model's own (model.compile()), which would skip our forward.
+        compiled = dispatcher_of(self).compiled_call
+        if compiled is not None:
+            return compiled(*args, **kwargs)
+        return self._call_impl(*args, **kwargs)
+
+    __call__ = _wrapped_call_impl
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "TransformedModule":
         # Captured graphs keep references to tensors that .to() / .half() replace: capture again.
@@ -68,29 +83,30 @@ class TransformedModule(torch.nn.Module):
 
 
 def make_transformed(model: torch.nn.Module, config: TransformConfig) -> TransformedModule:
-    """A new transformed module sharing ``model``'s state (``model`` itself is not changed)."""
+    """A new transformed module whose state is ``model``'s own ``__dict__`` (``model`` gains no
+    attribute)."""
     cls = _class_for(type(model))
-    tm: TransformedModule = object.__new__(
-        cls
-    )  # FSDPModule.__new__ would build a fresh model instance
-    tm.__dict__.update(model.__dict__)
-    tm.__dict__.pop(STATE, None)
-    if (
-        tm.__dict__.get("_compiled_call_impl") is not None
-    ):  # model.compile(): would skip our forward
+    # object.__new__, not cls(): FSDPModule.__new__ would build a fresh model instance.
+    tm: TransformedModule = object.__new__(cls)
+    object.__setattr__(tm, "__dict__", model.__dict__)
+    object.__setattr__(tm, STATE, Dispatcher(model, config))
+    if model.__dict__.get("_compiled_call_impl") is not None:  # model.compile()
         log.warning(
             "fxckpt: %s was compiled with module.compile(); the transformed module runs "
             "uncompiled (compile it after transforming: tm.compile())",
             type(model).__name__,
         )
-        tm.__dict__["_compiled_call_impl"] = None
-    tm.__dict__[STATE] = Dispatcher(model, config)
     return tm
 
 
 def dispatcher_of(tm: torch.nn.Module) -> Dispatcher:
     """The :class:`Dispatcher` behind a transformed module."""
-    return tm.__dict__[STATE]
+    return tm.__fxckpt__  # type: ignore[return-value]
+
+
+def is_transformed(obj: object) -> bool:
+    """True for a module :func:`fxckpt.transform` returned."""
+    return isinstance(obj, TransformedModule)
 
 
 def _class_for(model_cls: type) -> type:

@@ -232,7 +232,8 @@ def test_a_compiled_root_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixt
     model.compile(backend="eager")
     tm = fxckpt.transform(model, every=1)
     assert "tm.compile()" in caplog.text
-    assert tm.__dict__["_compiled_call_impl"] is None
+    tm(torch.randn(4, 8))  # the transformed forward runs (the model's compiled call would not)
+    assert fxckpt.inspect(tm).captures == 1 and fxckpt.inspect(tm).plan.segments
     assert model._compiled_call_impl is not None  # the model itself is left as it was
 
 

@@ -183,3 +183,40 @@ def test_train_and_eval_follow_on_the_model_and_to_drops_captured_graphs() -> No
     assert (
         out.dtype == torch.float64 and fxckpt.inspect(tm).captures == 2
     )  # captured again after .to()
+
+
+class Tempered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Stack()
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) / self.temperature
+
+
+def test_one_state_attributes_set_on_either_are_set_on_both() -> None:
+    model = Tempered()
+    tm = fxckpt.transform(model, every=1)
+    tm.temperature = 2.0
+    assert model.temperature == 2.0
+    model.note = "set on the model"
+    assert tm.note == "set on the model"
+    del tm.note
+    assert not hasattr(model, "note")
+    model.eval()
+    assert not tm.training
+    tm.train()
+    assert model.training and all(m.training for m in model.modules())
+
+
+def test_two_transforms_of_one_model_keep_their_own_options() -> None:
+    model = Tempered()
+    x = torch.randn(4, 16)
+    every = fxckpt.transform(model, every=1, example_inputs=(x,))
+    none = fxckpt.transform(model, example_inputs=(x,))
+    assert len(fxckpt.inspect(every).plan.segments) > 0
+    assert len(fxckpt.inspect(none).plan.segments) == 0
+    assert "__fxckpt__" not in vars(model)
+    with pytest.raises(fxckpt.ConfigError, match="already transformed"):
+        fxckpt.transform(every, every=2)

@@ -55,9 +55,9 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     """
     secret = as_key(key)
     from fxckpt.export.describe import describe
-    from fxckpt.module import STATE, dispatcher_of
+    from fxckpt.module import dispatcher_of, is_transformed
 
-    if STATE not in getattr(tm, "__dict__", {}):
+    if not is_transformed(tm):
         raise ExportError(
             f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})"
         )
