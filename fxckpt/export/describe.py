@@ -285,6 +285,8 @@ def _graph(
         described["segment"] = {"name": gm.name, "restores": list(gm.restores)}
         if gm.kept:
             described["segment"]["kept"] = gm.kept
+        if not gm.early_stop:
+            described["segment"]["early_stop"] = False
     return described
 
 

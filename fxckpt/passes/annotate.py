@@ -56,7 +56,8 @@ class NodeInfo:
     mutates: tuple[str, ...]
     """Earlier nodes whose tensors this node writes in place."""
     writes_buffers: tuple[str, ...]
-    """Buffers (qualified names) the node writes, e.g. BatchNorm running statistics."""
+    """Buffers and parameters (qualified names) the node writes in place, e.g. BatchNorm running
+    statistics, or an EMA teacher's weights updated under ``no_grad``."""
     saves: tuple[str, ...]
     """Nodes (this one included) whose tensors autograd keeps for this node's backward."""
     saves_internal_bytes: int
@@ -214,8 +215,11 @@ class _Annotator(torch.fx.Interpreter):
         # count.
         buffers, params = dict(gm.named_buffers()), dict(gm.named_parameters())
         self.fakes = {name: fake_mode.from_tensor(t) for name, t in {**params, **buffers}.items()}
-        self.buffer_names = {id(b): name for name, b in buffers.items()}
-        self.buffer_names.update({id(self.fakes[name]): name for name in buffers})
+        # State a node writes in place is put back around its recompute: buffers (running
+        # statistics) and parameters (an EMA teacher updated under no_grad).
+        state = {**params, **buffers}
+        self.buffer_names = {id(b): name for name, b in state.items()}
+        self.buffer_names.update({id(self.fakes[name]): name for name in state})
         # A leaf module's op sees the real tensors at the autograd layer (saved-tensor hooks get
         # the real Parameter), a get_attr node the fake: both are state, not activations.
         self.param_storages = {

@@ -24,7 +24,8 @@ from fxckpt.passes.graphs import copy_nodes
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
-from fxckpt.runtime.segment import Segment as SegmentModule
+from fxckpt.passes.annotate import has_info, info
+from fxckpt.runtime.segment import NO_EARLY_STOP, Segment as SegmentModule
 from fxckpt.runtime.selective import keep_begin, keep_end
 
 __all__ = ["lower"]
@@ -78,7 +79,9 @@ def _lower_segment(
     outputs = [nodes[name] for name in seg.outputs]
     body = _extract(gm, members, inputs, outputs, seg.keeps)
     sub = SegmentModule(body, body.graph, name=seg.name, restores=seg.restores,
-                        kept=len(seg.keeps))
+                        kept=len(seg.keeps), generators=_generators(body),
+                        early_stop=not any(op in NO_EARLY_STOP for n in members if has_info(n)
+                                           for op in info(n).ops))
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)
 
@@ -112,6 +115,19 @@ def _lower_segment(
         seg.inputs,
         seg.outputs,
     )
+
+
+def _generators(body: torch.fx.GraphModule) -> tuple[torch.Generator, ...]:
+    """The ``torch.Generator`` objects the segment's code draws from (constants of the graph)."""
+    found: dict[int, torch.Generator] = {}
+    for n in body.graph.nodes:
+        if n.op == "get_attr":
+            value = body
+            for part in str(n.target).split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Generator):
+                found[id(value)] = value
+    return tuple(found.values())
 
 
 def _bracket(graph: torch.fx.Graph, node: torch.fx.Node, index: int) -> None:

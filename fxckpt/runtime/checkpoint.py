@@ -7,6 +7,12 @@ runs it again in backward when autograd needs them. It is PyTorch's non-reentran
 same mask, autocast is re-entered during recompute, non-tensor inputs and outputs pass through,
 and parameter gradients arrive even when no input requires grad. On top of it fxckpt adds:
 
+* generators of the model's own the segment draws from (``torch.randn(..., generator=g)``) are
+  replayed like the global ones: their states from before the first run are set for the
+  recompute and put back after it, so the noise is the same and each generator advances once
+  per step;
+* segments running an op torch's early stop gets wrong (``rrelu_with_noise``) recompute to
+  their end (:data:`~fxckpt.runtime.segment.NO_EARLY_STOP`);
 * buffers the segment writes in place (BatchNorm ``running_mean``/``running_var``/
   ``num_batches_tracked``, a step counter) are set back to their values from before the first
   run while it is recomputed, and to their values after it once the recompute is done: the
@@ -74,14 +80,15 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     if torch.compiler.is_dynamo_compiling():  # not under non-strict export: that runs this code
         return _traced_checkpoint(segment, inputs)
     call = _SegmentCall(segment)
-    return torch_checkpoint.checkpoint(
-        segment,
-        *inputs,
-        use_reentrant=False,
-        preserve_rng_state=True,
-        context_fn=call.contexts,
-        determinism_check=_DETERMINISM,
-    )
+    with torch_checkpoint.set_checkpoint_early_stop(getattr(segment, "early_stop", True)):
+        return torch_checkpoint.checkpoint(
+            segment,
+            *inputs,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=call.contexts,
+            determinism_check=_DETERMINISM,
+        )
 
 
 def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
@@ -132,6 +139,7 @@ class _FirstRun(_Named):
     def __enter__(self) -> None:
         super().__enter__()
         self.call.before = [b.detach().clone() for b in self.call.buffers]
+        self.call.drawn_from = [g.get_state() for g in self.call.generators]
         if self.call.keeper is not None:
             self.call.keeper.enter("forward")
 
@@ -156,6 +164,10 @@ class _SegmentCall:
         self.buffers = _restored(segment)
         self.before: list[torch.Tensor] = []
         self.after: list[torch.Tensor] = []
+        self.generators: tuple[torch.Generator, ...] = getattr(segment, "generators", ())
+        self.drawn_from: list[torch.Tensor] = []
+        """The generators' states when the first run began (replayed by the recompute)."""
+        self.states_now: list[torch.Tensor] = []
         self.keeper = Keeper(self.name) if getattr(segment, "kept", 0) else None
 
     def contexts(self) -> tuple[_FirstRun, "_SegmentCall"]:
@@ -165,6 +177,9 @@ class _SegmentCall:
         log.debug("recomputing %s", self.name)
         self.after = [b.detach().clone() for b in self.buffers]
         _put(self.buffers, self.before)  # the recompute reads what the first run read
+        self.states_now = [g.get_state() for g in self.generators]
+        for g, state in zip(self.generators, self.drawn_from):  # and draws what it drew
+            g.set_state(state)
         _local.depth = getattr(_local, "depth", 0) + 1
         # Left set on exit: torch compares the recomputed tensors' metadata right after this.
         _local.segment = self.name
@@ -177,6 +192,8 @@ class _SegmentCall:
         _local.depth -= 1
         _put(self.buffers, self.after)
         self.after = []
+        for g, state in zip(self.generators, self.states_now):
+            g.set_state(state)
 
 
 def _restored(segment: torch.nn.Module) -> list[torch.Tensor]:

@@ -32,13 +32,20 @@ from torch.fx.graph import PythonCode
 if TYPE_CHECKING:
     from fxckpt.runtime.offload import Offloader
 
-__all__ = ["Recomputable", "Segment", "SEGMENT_FIELDS", "segment_of"]
+__all__ = ["Recomputable", "Segment", "SEGMENT_FIELDS", "NO_EARLY_STOP", "segment_of"]
 
 # The exception checkpoint raises to stop a recompute early (a private name: if it moves, no
 # exception is let through and fx's wrapper handles all of them, as before).
 _STOP: Any = getattr(torch.utils.checkpoint, "_StopRecomputationError", ())
 
-SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept")
+NO_EARLY_STOP = frozenset({"rrelu_with_noise"})
+"""aten ops that torch's checkpoint early stop gets wrong. ``rrelu_with_noise`` saves its
+``noise`` tensor before writing the noise into it; a recompute that stops right after the save
+hands backward an unwritten tensor, and the gradient comes out NaN or inf
+(pytorch/pytorch#193671). A segment running one recomputes to its end."""
+
+SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept", "generators",
+                  "early_stop")
 """Attribute names a :class:`Segment` owns (a model's attribute of that name is renamed)."""
 
 
@@ -51,11 +58,12 @@ class Recomputable(nn.Module):
     name: str
     """Names the module in logs and recompute mismatches (``segment_0``, ``pipeline stage 1``)."""
     restores: tuple[str, ...]
-    """Buffers (relative names) the module writes in place, restored around its recompute."""
+    """Buffers and parameters (relative names) the module writes in place, restored around its
+    recompute."""
 
     def restored_buffers(self) -> list[torch.Tensor]:
-        """The buffers named by ``restores``, in that order."""
-        return [self.get_buffer(name) for name in self.restores]
+        """The buffers (or parameters) named by ``restores``, in that order."""
+        return [_state(self, name) for name in self.restores]
 
 
 class Segment(torch.fx.GraphModule, Recomputable):
@@ -68,12 +76,23 @@ class Segment(torch.fx.GraphModule, Recomputable):
     """How many nodes of the segment keep their output from forward (selective recompute: their
     code is bracketed by ``fxckpt_keep_begin`` / ``fxckpt_keep_end``)."""
 
+    generators: tuple[torch.Generator, ...] = ()
+    """Generators of the model's own the segment draws from (``torch.randn(..., generator=g)``):
+    their states are replayed in the recompute, as torch's checkpoint replays the global ones."""
+
+    early_stop: bool = True
+    """Whether the recompute may stop once it has what backward needs (torch's early stop); off
+    for segments running ops that early stop gets wrong (see :data:`NO_EARLY_STOP`)."""
+
     def __init__(self, root: nn.Module, graph: torch.fx.Graph, *, name: str,
-                 restores: tuple[str, ...] = (), kept: int = 0) -> None:
+                 restores: tuple[str, ...] = (), kept: int = 0,
+                 generators: tuple[torch.Generator, ...] = (), early_stop: bool = True) -> None:
         super().__init__(root, graph, class_name="Segment")
         self.name = name
         self.restores = tuple(restores)
         self.kept = int(kept)
+        self.generators = tuple(generators)
+        self.early_stop = bool(early_stop)
 
     def recompile(self) -> PythonCode:
         code = super().recompile()
@@ -89,6 +108,7 @@ class Segment(torch.fx.GraphModule, Recomputable):
         res = super().__deepcopy__(memo)
         assert isinstance(res, Segment)  # GraphModule.__deepcopy__ makes an instance of our class
         res.name, res.restores, res.kept = self.name, self.restores, self.kept
+        res.generators, res.early_stop = self.generators, self.early_stop
         res.offloader = self.offloader
         return res
 
@@ -117,6 +137,15 @@ class _StopPassesThrough:
                 print(self.inner._generate_error_message(frames[-1]), file=sys.stderr)
                 raise e.with_traceback(None)  # noqa: B904 (as fx does)
             raise
+
+
+def _state(module: nn.Module, name: str) -> torch.Tensor:
+    """The buffer ``name`` of ``module``, or its parameter of that name."""
+    owner, _, attr = name.rpartition(".")
+    holder = module.get_submodule(owner) if owner else module
+    if attr in holder._buffers:
+        return module.get_buffer(name)
+    return module.get_parameter(name)
 
 
 def segment_of(module: nn.Module, path: str) -> Segment:
