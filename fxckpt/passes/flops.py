@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import (FlopCounterMode, _FlopCounterMode, sdpa_backward_flop_count,
+                                      sdpa_flop_count)
 
 __all__ = ["counter", "EXTRA_FORMULAS"]
 
@@ -49,6 +50,22 @@ EXTRA_FORMULAS = _extra()
 """Formulas torch's counter lacks, keyed by op packet (empty where the op does not exist)."""
 
 
+class _Counter(FlopCounterMode):
+    """torch's counter without its per-module breakdown: that tracks modules with *global*
+    module hooks, which would fire in every other thread's models while fxckpt plans (and make
+    a capture there see global hooks). The total, all fxckpt reads, is counted the same way."""
+
+    def __enter__(self) -> "_Counter":
+        self.flop_counts.clear()
+        self.mode = _FlopCounterMode(self)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *args: Any) -> Any:
+        mode, self.mode = self.mode, None
+        return mode.__exit__(*args) if mode is not None else None
+
+
 def counter() -> FlopCounterMode:
-    """A silent ``FlopCounterMode`` that also counts CPU attention."""
-    return FlopCounterMode(display=False, custom_mapping=dict(EXTRA_FORMULAS))
+    """A silent FLOP counter (no global hooks) that also counts CPU attention."""
+    return _Counter(display=False, custom_mapping=dict(EXTRA_FORMULAS))

@@ -10,6 +10,7 @@ few runs — and a byte moved costs ``2 * matmul rate / bandwidth`` FLOP-equival
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Callable, Optional
 
@@ -45,7 +46,7 @@ def measure_rates(device: torch.device | str = "cpu",
     each the median of :data:`RATE_REPEATS` timings after a discarded warm-up run."""
     device, host = torch.device(device), torch.device(host)
     n = 256 if device.type == "cpu" else 2048
-    a = torch.randn(n, n, device=device)
+    a = torch.full((n, n), 0.5, device=device)  # values do not matter; no generator is drawn
     flops = 2 * n**3 / _median_after_warmup(lambda: a @ a, device)
     nbytes = 1 << (22 if device.type == "cpu" else 25)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -67,9 +68,10 @@ def offload_cost_per_byte(bandwidth: Optional[float], device: torch.device | str
     """FLOP-equivalents of moving one saved byte from ``device`` to ``host`` and back, at
     ``bandwidth`` B/s (measured when ``None``), priced in the same units as recomputation (a
     matmul rate measured on ``device``). Rates are measured once per (device, host) and process,
-    so every plan is priced alike."""
+    so every plan is priced alike, and the price is rounded to a power of two: timings on one
+    machine vary by 10-20% from run to run, which must not change the plan a model gets."""
     key = (torch.device(device), torch.device(host))
     if key not in _RATES:
         _RATES[key] = measure_rates(*key)
     flops_rate, measured_bw = _RATES[key]
-    return 2.0 * flops_rate / (bandwidth or measured_bw)
+    return 2.0 ** round(math.log2(2.0 * flops_rate / (bandwidth or measured_bw)))

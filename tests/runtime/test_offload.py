@@ -359,3 +359,12 @@ def test_cuda_copy_back_waits_for_kernels_still_using_its_block() -> None:
         y.sum().backward(retain_graph=True)  # the copy back allocates n * 4 bytes
         assert total.item() == 7.0 * n
     torch.testing.assert_close(x.grad, 3 * want_grad)
+
+
+def test_the_offload_price_is_a_power_of_two_so_timing_noise_keeps_plans(monkeypatch) -> None:
+    prices = []
+    for flops in (0.80e9, 0.92e9, 0.70e9):  # one machine's timings, run to run (+-15%)
+        monkeypatch.setattr(rates, "_RATES", {})
+        monkeypatch.setattr(rates, "measure_rates", lambda device, host, f=flops: (f, 4e8))
+        prices.append(rates.offload_cost_per_byte(None))
+    assert prices == [4.0, 4.0, 4.0]  # 2 * 0.8e9 / 4e8 = 4.0, 4.6 and 3.5 round to 2**2
