@@ -37,6 +37,7 @@ def transform(
     loss_fn: Optional[Callable[..., torch.Tensor]] = None,
     verify: Optional[bool] = None,
     selective: bool = True,
+    capture: str = "auto",
 ) -> TransformedModule:
     """Return ``model`` rewritten to recompute activations in backward instead of keeping them.
 
@@ -81,6 +82,10 @@ def transform(
         selective: with ``budget``, let the solver keep some outputs inside segments (matmuls,
             attention: costly to run again per byte) instead of recomputing every op of a
             segment (docs/budget.md, "Selective recompute"). ``False``: whole segments.
+        capture: how the model becomes a graph: ``"auto"`` (default) tries
+            ``torch.fx.symbolic_trace`` and falls back to ``torch.export`` (which needs the call's
+            inputs: it runs at the first training call, or with ``example_inputs``);
+            ``"symbolic_trace"`` or ``"export"`` use that method only.
 
     With no strategy nothing is checkpointed, and the plan says so. The result is the model
     itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's
@@ -114,6 +119,7 @@ def transform(
         loss_fn=loss_fn,
         verify=verify,
         selective=selective,
+        capture=capture,
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:

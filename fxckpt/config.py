@@ -18,9 +18,11 @@ from fxckpt.checks import check_int, check_number
 from fxckpt.errors import ConfigError
 from fxckpt.strategy import Budgeted, Depth, Every, Strategy, strategy_from
 
-__all__ = ["TransformConfig", "FORCE_MODES"]
+__all__ = ["TransformConfig", "FORCE_MODES", "CAPTURES"]
 
 FORCE_MODES = ("recompute", "save")
+CAPTURES = ("auto", "symbolic_trace", "export")
+"""How :func:`fxckpt.transform` may capture the model (``auto``: symbolic_trace, else export)."""
 ForceMode = Literal["recompute", "save"]
 
 
@@ -73,6 +75,10 @@ class TransformConfig:
     selective: bool = True
     """Budget plans may keep costly outputs inside segments (:mod:`fxckpt.solver.selective`)."""
 
+    capture: str = "auto"
+    """How the model is captured: ``auto`` (``torch.fx.symbolic_trace``, else ``torch.export``),
+    or only ``symbolic_trace`` or only ``export`` (see :data:`CAPTURES`)."""
+
     @property
     def verifies(self) -> bool:
         """Are training plans of this config verified (never pipelined ones)?"""
@@ -124,6 +130,8 @@ class TransformConfig:
         }
         if not self.selective:
             out["selective"] = False
+        if self.capture != "auto":
+            out["capture"] = self.capture
         if self.offload:
             out.update(
                 offload=self.offload,
@@ -160,6 +168,10 @@ class TransformConfig:
         _check_force(self.force, model)
         if not isinstance(self.selective, bool):
             raise ConfigError(f"selective must be True or False (got {self.selective!r})")
+        if self.capture not in CAPTURES:
+            raise ConfigError(
+                f"capture must be one of {', '.join(map(repr, CAPTURES))} (got {self.capture!r})"
+            )
         _check_verify(self)
         if self.pipelined:
             _check_pipeline(self)

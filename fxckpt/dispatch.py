@@ -1,11 +1,16 @@
 """Which captured graph and which plan serve a call, made once and reused.
 
-    call --CallKey--> Entry (one capture) --shapes--> Compiled (one plan: rewritten graph)
+    call --CallKey--> Entry (one capture) --shapes, guards--> Compiled (one plan: rewritten graph)
 
 A :class:`~fxckpt.signature.CallKey` (module modes, autocast, call structure, non-tensor values,
 tensor dtypes/devices/ranks) selects the captures made for such calls; the first whose shapes
-rule accepts the call's shapes serves it (a ``symbolic_trace`` graph, or an exported graph with
-dynamic dimensions, accepts any batch or sequence length). A capture serves one plan for every
+rule accepts the call's shapes (a ``symbolic_trace`` graph, or an exported graph with dynamic
+dimensions, accepts any batch or sequence length) and whose guards hold serves it. The guards
+(:mod:`fxckpt.passes.guards`) are the Python facts the graph depends on: the children,
+parameters and buffers it calls and the attribute values the forward read. When one changed
+(``model.temperature = 0.5``, a new head) the call captures again, and says so at INFO; a
+capture whose children were replaced is dropped, and a fact that keeps changing is warned about
+once. A capture serves one plan for every
 shape, except under a memory budget, where the plan depends on sizes: then each new shape is
 planned on a copy of the captured graph — unless a plan made for a larger shape exists, whose
 peak on the smaller one is lower still. Training with dynamic padding therefore costs one capture
@@ -37,15 +42,19 @@ from typing import Any, Optional
 import torch
 
 from fxckpt.config import TransformConfig
+from fxckpt.passes.guards import Failure
 from fxckpt.runtime.segment import segment_of
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
-__all__ = ["Dispatcher", "Entry", "MAX_CAPTURES"]
+__all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
 
 log = logging.getLogger(__name__)
 
 MAX_CAPTURES = 16
 """Captures kept per transformed module; beyond it the oldest is dropped (with a warning)."""
+
+RECAPTURE_WARNING = 3
+"""Captures made again for one changed fact before the module warns that this is slow."""
 
 Fingerprint = tuple[int, ...]
 _SHARED: (
@@ -88,6 +97,9 @@ class Dispatcher:
         self.offloader = _make_offloader(config)
         self.takes_use_cache = _takes_use_cache(model)
         self.said_cache = False
+        self.recaptures: dict[str, int] = {}
+        """Captures made again because a fact changed, per fact (see :mod:`fxckpt.passes.guards`).
+        """
         self.compiled_call: Optional[Any] = None
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
 
@@ -165,9 +177,12 @@ class Dispatcher:
         from fxckpt.planner import capture_for
 
         entries = self.entries.setdefault(key, [])
-        for entry in entries:
+        for entry in list(entries):
             if entry.captured.accepts(shapes):
-                return entry
+                failure = entry.captured.guards.failure()
+                if failure is None:
+                    return entry
+                self._stale(entries, entry, failure)
         if sum(len(e) for e in self.entries.values()) >= MAX_CAPTURES:
             oldest = next(k for k, v in self.entries.items() if v)
             log.warning(
@@ -180,7 +195,7 @@ class Dispatcher:
         fingerprint = _fingerprint(tm)
         captured = self._shared(key, shapes, fingerprint)
         if captured is None:
-            captured = capture_for(_view(tm, self.model), self.config, args, kwargs)
+            captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
             self.counts.capture_seconds += time.perf_counter() - start
             _SHARED.setdefault(self.model, {}).setdefault(key, []).append((fingerprint, captured))
@@ -191,12 +206,28 @@ class Dispatcher:
     def _shared(self, key: CallKey, shapes: Shapes, fingerprint: Fingerprint) -> Any:
         """A capture another transform of this model made for such calls, if still valid."""
         for seen, captured in _SHARED.get(self.model, {}).get(key, []):
-            if seen == fingerprint and captured.accepts(shapes):
+            if (seen == fingerprint and captured.accepts(shapes)
+                    and self.config.capture in ("auto", captured.method)
+                    and captured.guards.failure() is None):
                 log.debug(
                     "reusing a capture made by another transform of %s", type(self.model).__name__
                 )
                 return captured
         return None
+
+    def _stale(self, entries: list[Entry], entry: Entry, failure: Failure) -> None:
+        """A capture whose guard failed: dropped if it can never serve again, and said."""
+        if failure.structural:
+            entries.remove(entry)
+        seen = self.recaptures[failure.fact] = self.recaptures.get(failure.fact, 0) + 1
+        log.info("%s: %s; capturing again", type(self.model).__name__, failure)
+        if seen == RECAPTURE_WARNING:
+            log.warning(
+                "fxckpt: %s of %s has changed %d times, and each change captures and plans the "
+                "model again, which is slow. A value that changes every step belongs in a "
+                "buffer: register it once (self.register_buffer('name', torch.tensor(value))) "
+                "and update it in place (self.name.fill_(value)); fxckpt replays buffers every "
+                "call", failure.fact, type(self.model).__name__, seen)
 
     def _plan(
         self, tm: torch.nn.Module, entry: Entry, shapes: Shapes, args: tuple, kwargs: dict

@@ -32,6 +32,7 @@ from fxckpt.passes.graphs import copy_graph_module
 from fxckpt.passes.sharding import full_parameters, recomputable
 from fxckpt.passes.state_guard import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
+from fxckpt.runtime.assign import assign
 from fxckpt.signature import describe_signature, signature_key
 from fxckpt.verify import fake_step_peak
 
@@ -60,12 +61,13 @@ class Compiled:
 
 
 def capture_for(
-    model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict
+    model: torch.nn.Module, config: TransformConfig, args: tuple, kwargs: dict,
+    live: Optional[torch.nn.Module] = None,
 ) -> Captured:
-    """Capture ``model`` for calls like ``model(*args, **kwargs)`` (one micro-batch, for stages).
-    """
+    """Capture ``model`` (a view of ``live``) for calls like ``model(*args, **kwargs)`` (one
+    micro-batch, for stages)."""
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
-    return capture(model, plan_args, plan_kwargs)
+    return capture(model, plan_args, plan_kwargs, method=config.capture, live=live)
 
 
 def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, *,
@@ -94,6 +96,8 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
 def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,
            model: torch.nn.Module) -> Compiled:
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
+    if config.pipelined:
+        _refuse_assignments(captured.gm)
     if config.pipelined and not _batch_is_dynamic(captured):
         _check_even_split(config.chunks or 1, args, kwargs)
     gm = copy_graph_module(captured.gm)
@@ -129,6 +133,20 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
         )
         plan = dataclasses.replace(plan, pipeline=pipeline.view())
     return Compiled(captured, gm, plan, pipeline, signature_key(training, args, kwargs))
+
+
+def _refuse_assignments(gm: torch.fx.GraphModule) -> None:
+    """A pipeline runs the forward once per micro-batch: an attribute the forward assigns would
+    hold the last micro-batch's value, not the batch's."""
+    targets = [getattr(gm, str(n.args[0].target)) for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is assign]
+    if targets:
+        raise PlanError(
+            f"the forward assigns {', '.join(f'`{t.where}`' for t in targets)}, and a pipeline "
+            "runs it once per micro-batch, so the attribute would hold the last micro-batch's "
+            "value instead of the batch's. Return the value from forward instead, or train "
+            "without chunks/devices"
+        )
 
 
 def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict,

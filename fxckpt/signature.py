@@ -62,7 +62,8 @@ class CallKey:
     """``(training, has hooks, compiled on its own)`` of the root and of every submodule, in
     ``modules()`` order: hooked and compiled submodules are called as they are by the graph."""
     autocast: tuple[Hashable, ...]
-    """Autocast enabled/dtype for CPU and CUDA."""
+    """Autocast enabled/dtype for CPU and CUDA, and the default dtype (``torch.zeros(3)`` in
+    forward is exported with it)."""
     spec: pytree.TreeSpec
     """The call's structure: ``(args, kwargs)`` as a pytree."""
     leaves: tuple[Hashable, ...]
@@ -139,13 +140,13 @@ def value_key(value: Any, where: Callable[[], str] = lambda: "an argument") -> H
     """A key equal for equal values; :class:`~fxckpt.errors.InputError` for values that cannot be.
     """
     if isinstance(value, _VALUE_TYPES):
-        return (type(value), value)
+        return (type(value), _exact(value))
     if isinstance(value, torch.Size) or (
         type(value) is tuple and all(isinstance(v, _VALUE_TYPES) for v in value)
     ):
-        return (type(value), tuple(value))
+        return (type(value), tuple(map(_exact, value)))
     if isinstance(value, frozenset) and all(isinstance(v, _VALUE_TYPES) for v in value):
-        return (frozenset, value)
+        return (frozenset, frozenset(map(_exact, value)))
     if isinstance(value, _IDENTITY_TYPES):
         return ("object", value)  # functions and classes compare by identity; the key holds them
     raise InputError(
@@ -157,10 +158,21 @@ def value_key(value: Any, where: Callable[[], str] = lambda: "an argument") -> H
     )
 
 
+def _exact(value: Any) -> Hashable:
+    """A float or complex by its bits (``-0.0`` is not ``0.0``; a NaN equals a NaN), else itself.
+    """
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, complex):
+        return ("complex", value.real.hex(), value.imag.hex())
+    return value  # type: ignore[no-any-return]
+
+
 def _autocast_state() -> tuple[Hashable, ...]:
     return (
         torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
         torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+        torch.get_default_dtype(),
     )
 
 

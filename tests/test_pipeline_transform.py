@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn as nn
 
 import fxckpt
 from models import MLP, Shuffled, UNet, gpt2
@@ -171,3 +172,20 @@ def test_stage_table_names_the_modules_each_stage_runs_in_order(every: int | Non
         mine = [view.nodes[n]["module_path"] for n in ops if view.nodes[n]["stage"] == s.stage]
         assert s.modules == outermost(p for p in mine if p), s.stage
         assert s.nodes == sum(1 for n in ops if view.nodes[n]["stage"] == s.stage)
+
+
+class StoresMap(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        self.last = h.detach()
+        return self.b(h)
+
+
+def test_an_attribute_the_forward_assigns_is_refused_under_micro_batches() -> None:
+    tm = fxckpt.transform(StoresMap(), every=1, chunks=2, devices=["cpu", "cpu"])
+    with pytest.raises(fxckpt.PlanError, match=r"assigns `last`, and a pipeline runs it once per"):
+        tm(torch.randn(4, 8))

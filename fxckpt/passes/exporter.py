@@ -21,14 +21,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import sys
+import threading
 import warnings
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+import torch.utils.checkpoint
+from torch.overrides import TorchFunctionMode
 
 from fxckpt.errors import CaptureError
+from fxckpt.passes.isolation import on_thread
 from fxckpt.passes.simplify import simplify
 from fxckpt.signature import Binder, Shapes
 
@@ -36,6 +42,8 @@ __all__ = ["ShapeRule", "Exported", "export_graph"]
 
 log = logging.getLogger(__name__)
 _function_cls = torch.autograd.function.Function
+_REENTRANT = torch.utils.checkpoint.CheckpointFunction
+"""``checkpoint(..., use_reentrant=True)``: export would inline it and lose its backward."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +82,22 @@ def export_graph(
 ) -> Exported:
     """Export ``model`` for calls like these, dynamic where possible, ``opaque`` modules kept."""
     opaque = tuple(opaque)
-    with _recording(model) as calls:
+    with _recording(model) as calls, _GradUnderAutocast() as nested:
         ep = _export_program(model, args, kwargs, opaque)
+    if nested.left is not None:
+        raise CaptureError(
+            f"{type(model).__name__}.forward turns gradients {'on' if nested.left else 'off'} "
+            "(torch.set_grad_enabled) and leaves them so when it returns; use `with "
+            "torch.no_grad():` around the part that needs it"
+        )
+    if nested.seen:
+        raise CaptureError(
+            f"{type(model).__name__}.forward changes grad mode inside a torch.autocast block "
+            f"({nested.seen[0]}), and torch.export's graph loses such a grad-mode region (a "
+            "limitation of torch.export: the block would compute gradients). Capture with "
+            "symbolic_trace (capture='auto' tries it first), or put the no_grad block around "
+            "the autocast block instead of inside it"
+        )
     callers = _function_callers(model, calls, opaque)
     if callers:  # export again, calling those modules as they are
         log.info(
@@ -117,6 +139,15 @@ def _function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],
                       opaque: tuple[str, ...]) -> tuple[str, ...]:
     """The innermost modules of custom autograd Function calls that are not opaque yet."""
     at_root = sorted({cls.__qualname__ for cls, path in calls if path == ""})
+    reentrant = sorted({path or "<root>" for cls, path in calls if cls is _REENTRANT})
+    if reentrant:
+        raise CaptureError(
+            f"{type(model).__name__} calls torch.utils.checkpoint.checkpoint(..., "
+            f"use_reentrant=True) (in {', '.join(reentrant)}), which torch.export cannot keep "
+            "exact: it would inline the call and lose its backward. fxckpt chooses what to "
+            "recompute itself: drop the call, pass use_reentrant=False (which export keeps "
+            "exact), or capture with symbolic_trace (capture='auto' tries it first)"
+        )
     if at_root:
         raise CaptureError(
             f"{type(model).__name__}.forward calls the custom autograd Function(s) "
@@ -128,6 +159,55 @@ def _function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],
         )
     inside = [p for _, p in calls if not any(p == o or p.startswith(o + ".") for o in opaque)]
     return tuple(dict.fromkeys(inside))
+
+
+class _GradUnderAutocast(TorchFunctionMode):
+    """Notes the grad-mode changes the model's own code makes while it is exported: those inside
+    an autocast block it entered (:attr:`seen`), and whether it leaves the mode changed
+    (:attr:`left`: the mode it left, or ``None``). torch.export restores the mode itself, so
+    only the model's calls count: those whose first caller outside torch is not fxckpt."""
+
+    def __enter__(self) -> "_GradUnderAutocast":
+        self.seen: list[str] = []
+        self.autocast = _autocast_state()
+        self.grad = torch.is_grad_enabled()
+        self.last: Optional[bool] = None
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: Optional[dict] = None) -> Any:
+        if func is torch._C._set_grad_enabled and _called_by_model():
+            self.last = bool(args[0])
+            if _autocast_state() != self.autocast:
+                self.seen.append(f"torch.set_grad_enabled({args[0]}) under autocast")
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def left(self) -> Optional[bool]:
+        return self.last if self.last is not None and self.last != self.grad else None
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_STDLIB_DIR = os.path.dirname(contextlib.__file__)
+_FXCKPT_DIR = os.path.dirname(os.path.dirname(__file__))
+
+
+def _library(path: str) -> bool:
+    """torch's code or Python's standard library (skipped to find whose code made a call)."""
+    return path.startswith(_TORCH_DIR) or (
+        path.startswith(_STDLIB_DIR) and "site-packages" not in path)
+
+
+def _called_by_model() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None and _library(frame.f_code.co_filename):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame is not None and not frame.f_code.co_filename.startswith(_FXCKPT_DIR)
+
+
+def _autocast_state() -> tuple:
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                 for d in ("cpu", "cuda"))
 
 
 @contextlib.contextmanager
@@ -146,13 +226,20 @@ def _recording(model: torch.nn.Module) -> Iterator[list[tuple[type, str]]]:
             stack.pop()
 
     def apply(cls: type, *a: Any, **k: Any) -> Any:
-        if cls.__module__.split(".")[0] != "torch":
+        if cls.__module__.split(".")[0] != "torch" or cls is _REENTRANT:
             calls.append((cls, stack[-1] if stack else ""))
         return original.__func__(cls, *a, **k)
 
-    handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
-               torch.nn.modules.module.register_module_forward_hook(post, always_call=True)]
-    _function_cls.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+    def nothing(*_: Any) -> None:
+        return None
+
+    thread = threading.get_ident()  # global hooks fire for every thread's modules: note ours
+    handles = [
+        torch.nn.modules.module.register_module_forward_pre_hook(on_thread(pre, nothing, thread)),
+        torch.nn.modules.module.register_module_forward_hook(on_thread(post, nothing, thread),
+                                                             always_call=True)]
+    mine = on_thread(apply, original.__func__, thread)
+    _function_cls.apply = classmethod(mine)  # type: ignore[method-assign, assignment]
     try:
         yield calls
     finally:

@@ -33,7 +33,7 @@ refuses (or falls back to ``torch.export``, which refuses data-dependent decisio
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.fx
@@ -69,10 +69,11 @@ class StateRecorder(PreDispatchTorchFunctionMode):
     and exit to modes of that type alone; nothing of the base class runs.
     """
 
-    def __init__(self, tracer: torch.fx.Tracer) -> None:  # no super(): see the class docstring
+    def __init__(self, tracer: torch.fx.Tracer, state: Iterable[torch.Tensor] = ()) -> None:
+        # no super(): see the class docstring
         self.tracer = tracer  # type: ignore[assignment]
         self.entered: list[torch.fx.Node] = []
-        self.draws = _DrawWatch()
+        self.draws = _RealOps(state)
 
     def __enter__(self) -> "StateRecorder":
         super().__enter__()
@@ -80,8 +81,8 @@ class StateRecorder(PreDispatchTorchFunctionMode):
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)  # first: putting state back must not be recorded
         self.draws.__exit__(*exc)
-        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
@@ -105,19 +106,45 @@ class StateRecorder(PreDispatchTorchFunctionMode):
         """Random aten ops that ran on real tensors while tracing (baked into the graph)."""
         return self.draws.seen
 
+    @property
+    def wrote(self) -> list[str]:
+        """aten ops that wrote the model's parameters or buffers while tracing (left out of the
+        graph: ``for p in self.teacher.parameters(): p.mul_(0.99)`` reads real tensors)."""
+        return self.draws.wrote
 
-class _DrawWatch(TorchDispatchMode):
-    """Notes random aten ops that run on real tensors (a traced op never reaches dispatch)."""
 
-    def __init__(self) -> None:
+class _RealOps(TorchDispatchMode):
+    """Notes what runs on real tensors while tracing (a traced op never reaches dispatch): random
+    draws, and in-place writes to the model's state, which it puts back on exit."""
+
+    def __init__(self, state: Iterable[torch.Tensor]) -> None:
         super().__init__()
+        self.state = {t.untyped_storage().data_ptr() for t in state}
         self.seen: list[str] = []
+        self.wrote: list[str] = []
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.seen.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+            for t in pytree.tree_leaves(value):
+                if (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.state
+                        and t.untyped_storage().data_ptr() != 0):
+                    self.wrote.append(str(func.overloadpacket.__name__))
+                    self.saved.setdefault(id(t), (t, t.detach().clone()))
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        with torch.no_grad():
+            for t, value in self.saved.values():
+                t.copy_(value)
 
 
 def _traced(args: tuple, kwargs: dict) -> bool:

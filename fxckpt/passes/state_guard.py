@@ -2,17 +2,20 @@
 replay.
 
 ``StateGuard`` wraps one capture attempt. On exit it puts back everything the attempt may have
-changed — torch, numpy and Python random state, buffer values, module attributes and hook
-tables — and reports the changes that mean a captured graph would diverge from the model:
+changed — buffer values, module attributes, hook tables, and torch, numpy and Python random
+state when no other thread could have drawn meanwhile — and reports the changes that mean a
+captured graph would diverge from the model:
 
 * the forward drew from numpy's or Python's global random generator (Wav2Vec2's SpecAugment
   draws its masks with numpy): a graph would replay one draw forever;
 * the forward changed a Python attribute of a module (``self.calls += 1``) or rebound a tensor
   attribute or buffer: a graph would run with the value seen while tracing.
 
-Attributes the forward only *adds* (a lazily built cache), and hooks it registers (Hugging Face
-installs its output-recording hooks at the first call), are removed again without complaint:
-the graph computes their effect inline every call.
+Attributes the forward only *adds* (``self.attn_map = attn``, a lazily built cache) are removed
+again and listed in :attr:`StateGuard.assigned`: capture makes the graph set them every call
+(:mod:`fxckpt.runtime.assign`), sets plain values once, or refuses. Hooks the forward registers
+(Hugging Face installs its output-recording hooks at the first call) are removed without
+complaint: the graph computes their effect inline every call.
 
 Hooks of the given modules are switched off while the guard is active, so that capture and
 annotation neither fire the user's hooks on fake tensors nor bake them into the graph.
@@ -24,6 +27,7 @@ import contextlib
 import copy
 import random
 import sys
+import threading
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
@@ -49,12 +53,23 @@ class StateGuard:
         self.model = model
         self.quiet = list(quiet)
         self.changes: list[str] = []
+        self.assigned: list[tuple[str, str, Any]] = []
+        """``(module path, name, value)`` of attributes the forward added (and that were removed
+        again): the capture decides what to do with them."""
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "StateGuard":
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        self._stack.enter_context(torch.random.fork_rng(devices=devices))
-        self._stack.enter_context(preserved_tensors(self.model.buffers()))
+        # Random states are put back only when no other thread could have drawn meanwhile: a
+        # capture never rewinds a data-loading or augmentation thread's random numbers.
+        self._alone = threading.active_count() == 1
+        self._torch = _torch_states()
+        self._grad = torch.is_grad_enabled()
+        self._stack.enter_context(torch.set_grad_enabled(self._grad))  # restored on exit
+        self._stack.enter_context(_autocast_kept())
+        # buffers, and tensors kept as plain attributes (torch.export writes those for real)
+        plain = [v for m in self.model.modules() for v in vars(m).values()
+                 if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+        self._stack.enter_context(preserved_tensors([*self.model.buffers(), *plain]))
         self._stack.enter_context(hooks_off(self.quiet))
         self.draws: list[str] = []
         self._stack.enter_context(_recording_draws(self.draws))
@@ -67,23 +82,37 @@ class StateGuard:
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            if torch.is_grad_enabled() != self._grad and exc[0] is None:
+                self.changes.append(
+                    f"the forward turns gradients {'off' if self._grad else 'on'} "
+                    "(torch.set_grad_enabled) and leaves them so when it returns; use `with "
+                    "torch.no_grad():` around the part that needs it")
             self._check_random()
             modules = dict(self.model.named_modules(remove_duplicate=False))
             for path, before in self._attrs.items():
                 if path in modules:
                     self._restore(path, modules[path], before)
         finally:
-            random.setstate(self._random)
-            _set_numpy_state(self._numpy)
+            if self._alone:
+                random.setstate(self._random)
+                _set_numpy_state(self._numpy)
+                _set_torch_states(self._torch)
             self._stack.close()
             torch.clear_autocast_cache()  # fake casts made under a user's autocast must not leak
 
     def _check_random(self) -> None:
+        # This thread's draws through the modules' functions are noted; a draw through a name
+        # imported before (`from random import choice`) shows as a changed state, which only
+        # this thread can have caused when it is the only one.
         where = f" ({'; '.join(dict.fromkeys(self.draws))})" if self.draws else ""
-        if random.getstate() != self._random:
+        python = any(d.startswith("random.") for d in self.draws)
+        if python or (self._alone and random.getstate() != self._random):
             self.changes.append(f"the forward draws from Python's `random` module{where}")
         now = _numpy_state()
-        if now is not None and self._numpy is not None and not _same_numpy_state(now, self._numpy):
+        numpy = any(d.startswith("np.random.") for d in self.draws) or (
+            self._alone and now is not None and self._numpy is not None
+            and not _same_numpy_state(now, self._numpy))
+        if numpy:
             self.changes.append(f"the forward draws from numpy's global random generator{where}")
 
     def _restore(self, path: str, module: torch.nn.Module, before: dict[str, Any]) -> None:
@@ -96,6 +125,8 @@ class StateGuard:
             if old is not _MISSING and key not in _HOOK_KEYS:
                 self.changes.append(f"the forward changes `{_name(where, key)}` "
                                     f"(from {_short(old)} to {_short(new)})")
+            elif old is _MISSING and key not in _HOOK_KEYS and "." not in key:
+                self.assigned.append((path, key, new.value if isinstance(new, _Sized) else new))
             _put_back(module, key, old)
 
 
@@ -259,15 +290,50 @@ def _recording_draws(draws: list[str]) -> Iterator[None]:
 
 
 def _noting(fn: Any, label: str, draws: list[str]) -> Any:
+    thread = threading.get_ident()  # other threads draw as they did, unnoted
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        frame = sys._getframe(1)
-        draws.append(
-            f"{label}() in {frame.f_code.co_name} at "
-            f"{_file(frame.f_code.co_filename)}:{frame.f_lineno}"
-        )
+        if threading.get_ident() == thread:
+            frame = sys._getframe(1)
+            draws.append(
+                f"{label}() in {frame.f_code.co_name} at "
+                f"{_file(frame.f_code.co_filename)}:{frame.f_lineno}"
+            )
         return fn(*args, **kwargs)
 
     return call
+
+
+@contextlib.contextmanager
+def _autocast_kept() -> Iterator[None]:
+    """Put the autocast state back on exit (a forward that enters autocast and fails)."""
+    devices = ("cpu", "cuda")
+    saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
+    cache = torch.is_autocast_cache_enabled()
+    try:
+        yield
+    finally:
+        for device, enabled, dtype in saved:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(cache)
+
+
+def _torch_states() -> list[torch.Tensor]:
+    """torch's CPU generator state, and each initialised CUDA device's."""
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_torch_states(states: list[torch.Tensor]) -> None:
+    now = _torch_states()
+    if len(now) == len(states) and all(torch.equal(a, b) for a, b in zip(now, states)):
+        return
+    torch.set_rng_state(states[0])
+    if len(states) > 1:
+        torch.cuda.set_rng_state_all(states[1:])
 
 
 def _file(path: str) -> str:

@@ -20,6 +20,7 @@ Three things the stock tracer gets silently wrong, each of which changes gradien
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -27,6 +28,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import CaptureError
+from fxckpt.passes.isolation import on_thread
 from fxckpt.passes.regions import StateRecorder
 from fxckpt.runtime.segment import SEGMENT_FIELDS, Segment
 
@@ -53,7 +55,10 @@ def function_call(fn_cls: type) -> Callable[..., Any]:
             return fn_cls.apply(*args, **kwargs)  # type: ignore[attr-defined]
 
         call.__name__ = call.__qualname__ = f"{fn_cls.__name__}_apply"
-        call.__module__ = fn_cls.__module__
+        # Generated code names torch's own objects by their module path (which has no such
+        # function: torch.utils.checkpoint's reentrant CheckpointFunction); others are globals.
+        torchs = fn_cls.__module__.partition(".")[0] == "torch"
+        call.__module__ = "fxckpt.functions" if torchs else fn_cls.__module__
         call.__dict__["fxckpt_function"] = fn_cls
         _FUNCTION_CALLS[fn_cls] = call
     return call
@@ -79,12 +84,20 @@ class FxckptTracer(torch.fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
     def trace(self, root: Any, concrete_args: Optional[dict[str, Any]] = None) -> torch.fx.Graph:
-        with self._opaque_functions(), StateRecorder(self) as recorder:
+        state = _state_tensors(root) if isinstance(root, torch.nn.Module) else []
+        with self._opaque_functions(), StateRecorder(self, state) as recorder:
             graph = super().trace(root, concrete_args)
         if recorder.drew:
             raise CaptureError(
                 f"the forward draws random numbers while it is traced ({', '.join(recorder.drew)}"
                 " on tensors no input reaches), which a traced graph would replay as constants"
+            )
+        if recorder.wrote:
+            raise CaptureError(
+                "the forward writes the model's parameters, buffers or tensor attributes in "
+                f"place on tensors the tracer does not see ({', '.join(dict.fromkeys(recorder.wrote))}"
+                ", e.g. through module.parameters() or a tensor kept as a plain attribute), which "
+                "a traced graph would leave out"
             )
         return graph
 
@@ -99,11 +112,18 @@ class FxckptTracer(torch.fx.Tracer):
                 return tracer.create_proxy("call_function", function_call(cls), args, kwargs)
             return original.__func__(cls, *args, **kwargs)
 
-        _function_cls.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+        mine = on_thread(apply, original.__func__, threading.get_ident())
+        _function_cls.apply = classmethod(mine)  # type: ignore[method-assign, assignment]
         try:
             yield
         finally:
             _function_cls.apply = original  # type: ignore[method-assign]
+
+
+def _state_tensors(root: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's parameters, buffers and tensors kept as plain attributes."""
+    plain = [v for m in root.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    return [*root.parameters(), *root.buffers(), *plain]
 
 
 def to_graph_module(
