@@ -32,17 +32,19 @@ and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.passes.guards import Failure
+from fxckpt.passes.isolation import CAPTURE_LOCK
 from fxckpt.runtime.segment import segment_of
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
@@ -165,11 +167,8 @@ class Dispatcher:
 
         plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
         key, shapes = call_key(module_states(tm), plan_args, plan_kwargs)
-        # Capture and annotate call modules compiled on their own (module.compile()) eagerly:
-        # dynamo marks a frame it first meets under a dispatch mode (annotate's) as never compiled.
-        with torch.compiler.set_stance("force_eager"):
-            entry = self._entry(tm, key, shapes, args, kwargs)
-            return self._plan(tm, entry, shapes, args, kwargs)
+        entry = self._entry(tm, key, shapes, args, kwargs)
+        return self._plan(tm, entry, shapes, args, kwargs)
 
     def _entry(
         self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict
@@ -195,7 +194,8 @@ class Dispatcher:
         fingerprint = _fingerprint(tm)
         captured = self._shared(key, shapes, fingerprint)
         if captured is None:
-            captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
+            with _planning():
+                captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
             self.counts.capture_seconds += time.perf_counter() - start
             _SHARED.setdefault(self.model, {}).setdefault(key, []).append((fingerprint, captured))
@@ -243,9 +243,10 @@ class Dispatcher:
                 log.debug("reusing the plan made for %s for %s", min(larger, key=_volume), key)
         if compiled is None:
             start = time.perf_counter()
-            compiled = build(
-                entry.captured, self.config, args, kwargs, training=tm.training, model=tm
-            )
+            with _planning():
+                compiled = build(
+                    entry.captured, self.config, args, kwargs, training=tm.training, model=tm
+                )
             self.counts.plans += 1
             self.counts.plan_seconds += time.perf_counter() - start
             _attach_offloader(compiled, self.offloader)
@@ -255,6 +256,19 @@ class Dispatcher:
     def _shape_dependent(self, entry: Entry) -> bool:
         """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
         return self.config.budget is not None or not entry.captured.shape_free
+
+
+@contextlib.contextmanager
+def _planning() -> Iterator[None]:
+    """Capture and plan one at a time in the process, with torch.compile off.
+
+    Modules compiled on their own (``module.compile()``) are captured and annotated eagerly:
+    dynamo marks a frame it first meets under a dispatch mode (annotate's) as never compiled.
+    ``set_stance`` is process-wide, so two threads planning at once would put back each other's
+    stance and could leave ``force_eager`` set for good: hence the lock.
+    """
+    with CAPTURE_LOCK, torch.compiler.set_stance("force_eager"):
+        yield
 
 
 def _fingerprint(tm: torch.nn.Module) -> Fingerprint:

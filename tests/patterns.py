@@ -199,6 +199,18 @@ class Stack(nn.Module):
         return self.head(x)
 
 
+class Tempered(nn.Module):
+    """A stack divided by a temperature kept as a plain attribute (a schedule changes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Stack()
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) / self.temperature
+
+
 class HookLog:
     """Counts hook calls per module and checks they saw real tensors."""
 

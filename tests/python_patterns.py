@@ -869,7 +869,7 @@ CASES = [
          between=_set("train_side", True)),
     Case("enable_grad_inside_no_grad", EnableGradInside),
     Case("ema_teacher", EMATeacher, symbolic_error=(
-        CaptureError, r"writes the model's parameters or buffers in place on tensors the tracer")),
+        CaptureError, r"writes the model's parameters, buffers or tensor attributes in place")),
     Case("dino_centre", DinoCentre),
     Case("vq_codebook", VQCodebook),
     Case("no_grad_in_child_forward", FrozenEmbeddingLookup),

@@ -658,7 +658,8 @@ def test_a_segments_kept_count_must_be_a_non_negative_int() -> None:
 def test_a_segment_without_early_stop_saves_and_loads_so(tmp_path) -> None:
     """RReLU in a segment turns torch's early stop off there; the loaded export keeps it off."""
     nn = torch.nn
-    model = nn.Sequential(nn.Linear(8, 8), nn.RReLU(), nn.Linear(8, 8), nn.RReLU(), nn.Linear(8, 2))
+    model = nn.Sequential(nn.Linear(8, 8), nn.RReLU(), nn.Linear(8, 8), nn.RReLU(),
+                          nn.Linear(8, 2))
     x = torch.randn(4, 8)
     tm = fxckpt.transform(model, every=1, example_inputs=(x,))
     flags = {s.name: fxckpt.inspect(tm).graph_module.get_submodule(s.name).early_stop

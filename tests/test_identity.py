@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import fxckpt
-from patterns import Stack
+from patterns import Stack, Tempered
 from support import assert_steps_equal, run_step
 
 FXCKPT_NAMES = (
@@ -183,16 +183,6 @@ def test_train_and_eval_follow_on_the_model_and_to_drops_captured_graphs() -> No
     assert (
         out.dtype == torch.float64 and fxckpt.inspect(tm).captures == 2
     )  # captured again after .to()
-
-
-class Tempered(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = Stack()
-        self.temperature = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x) / self.temperature
 
 
 def test_one_state_attributes_set_on_either_are_set_on_both() -> None:

@@ -87,6 +87,8 @@ def passes(row: dict[str, Any]) -> bool:
 
 
 def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
+    from fxckpt.bench.report import machine_line
+
     lines = [
         "# Guard overhead: the check every call runs, against the step",
         "",
@@ -112,9 +114,7 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
-        f"transformers {machine['transformers']}, {torch.get_num_threads()} thread(s), "
-        f"commit {machine['commit']}.",
+        machine_line(machine),
         "",
     ]
     return "\n".join(lines)

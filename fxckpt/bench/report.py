@@ -163,6 +163,16 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def machine_line(machine: dict[str, Any]) -> str:
+    """``Machine: CPU, N cores, torch ..., transformers ..., T thread(s), commit ...`` for the
+    pages the side benchmarks write (threads as this process runs)."""
+    import torch
+
+    return (f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
+            f"transformers {machine['transformers']}, {torch.get_num_threads()} thread(s), "
+            f"commit {machine['commit']}.")
+
+
 def _mib(n: Optional[float]) -> str:
     return "—" if n is None else f"{n / MiB:.1f}"
 

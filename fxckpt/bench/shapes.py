@@ -75,6 +75,8 @@ def measure(
 
 
 def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
+    from fxckpt.bench.report import machine_line
+
     lines = [
         "# Dynamic padding: captures and plans over varying sequence lengths",
         "",
@@ -107,9 +109,7 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
         "does not depend on sizes: "
         "one capture, one plan.",
         "",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
-        f"transformers {machine['transformers']}, {torch.get_num_threads()} thread(s), "
-        f"commit {machine['commit']}.",
+        machine_line(machine),
         "",
     ]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 __all__ = ["copy_graph_module", "outermost", "compute_nodes", "planned_nodes", "is_guard",
-           "copy_nodes", "COMPUTE_OPS"]
+           "copy_nodes", "subgraph", "COMPUTE_OPS"]
 
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
 """Node kinds that compute something (not placeholders, attribute reads or the output)."""
@@ -77,6 +77,19 @@ def is_guard(n: torch.fx.Node) -> bool:
 def planned_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """The compute nodes strategies and solvers plan over, in topological order."""
     return [n for n in compute_nodes(graph) if not is_guard(n)]
+
+
+def subgraph(nodes: Iterable[torch.fx.Node], inputs: Iterable[torch.fx.Node]
+             ) -> tuple[torch.fx.Graph, dict[torch.fx.Node, torch.fx.Node]]:
+    """A new graph taking ``inputs`` as placeholders (same names and meta) and computing
+    ``nodes``; the map from each node to its copy (the caller adds the output)."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in inputs:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    copy_nodes(graph, nodes, env)
+    return graph, env
 
 
 def copy_nodes(graph: torch.fx.Graph, nodes: Iterable[torch.fx.Node],

@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from fxckpt.errors import PlanError
-from fxckpt.passes.graphs import copy_nodes
+from fxckpt.passes.graphs import subgraph
 from fxckpt.plan import Plan, Segment
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
@@ -149,12 +149,7 @@ def _extract(
 ) -> torch.fx.GraphModule:
     """A GraphModule computing ``outputs`` of ``members`` from ``inputs``, sharing ``gm``'s state;
     each node named in ``keeps`` bracketed by the runtime's keep calls (selective recompute)."""
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for n in inputs:
-        env[n] = graph.placeholder(n.name)
-        env[n].meta = dict(n.meta)
-    copy_nodes(graph, members, env)
+    graph, env = subgraph(members, inputs)
     for index, name in enumerate(keeps):
         _bracket(graph, next(env[m] for m in members if m.name == name), index)
     result = tuple(env[o] for o in outputs)

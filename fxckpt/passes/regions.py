@@ -42,7 +42,7 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import CaptureError
-from fxckpt.passes.graphs import copy_nodes
+from fxckpt.passes.graphs import subgraph
 
 __all__ = ["StateRecorder", "outline_regions", "RANDOM_FACTORIES", "is_region_marker"]
 
@@ -218,12 +218,7 @@ def _outline(gm: torch.fx.GraphModule, span: list[torch.fx.Node], mode: tuple,
                 inputs.append(a)
     outputs = [n for n in body_nodes if any(u not in inside for u in n.users)]
 
-    body = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for a in inputs:
-        env[a] = body.placeholder(a.name)
-        env[a].meta = dict(a.meta)
-    copy_nodes(body, body_nodes, env)
+    body, env = subgraph(body_nodes, inputs)
     body.output(tuple(env[o] for o in outputs))
     kind = mode[0]
     name = _free_name(gm, f"{kind}_region_{index}")

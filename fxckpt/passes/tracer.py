@@ -93,11 +93,12 @@ class FxckptTracer(torch.fx.Tracer):
                 " on tensors no input reaches), which a traced graph would replay as constants"
             )
         if recorder.wrote:
+            ops = ", ".join(dict.fromkeys(recorder.wrote))
             raise CaptureError(
                 "the forward writes the model's parameters, buffers or tensor attributes in "
-                f"place on tensors the tracer does not see ({', '.join(dict.fromkeys(recorder.wrote))}"
-                ", e.g. through module.parameters() or a tensor kept as a plain attribute), which "
-                "a traced graph would leave out"
+                f"place on tensors the tracer does not see ({ops}, e.g. through "
+                "module.parameters() or a tensor kept as a plain attribute), which a traced "
+                "graph would leave out"
             )
         return graph
 

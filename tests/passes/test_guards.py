@@ -15,7 +15,7 @@ from fxckpt.dispatch import RECAPTURE_WARNING
 from fxckpt.errors import CaptureError
 from fxckpt.passes.guards import build_guards
 from fxckpt.passes.reads import recording
-from patterns import Stack
+from patterns import Stack, Tempered
 from support import assert_steps_equal, loss_of, run_step
 
 
@@ -83,16 +83,6 @@ def test_a_read_numpy_generator_is_refused() -> None:
         _ = model.rng
     with pytest.raises(CaptureError, match=r"reads `<root>.rng`, a numpy.random._generator"):
         build_guards(model, reads)
-
-
-class Tempered(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = Stack()
-        self.temperature = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x) / self.temperature
 
 
 def test_a_changed_fact_captures_again_and_an_unchanged_one_reuses(

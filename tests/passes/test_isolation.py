@@ -104,6 +104,7 @@ def test_captures_run_one_at_a_time() -> None:
     capture_module = importlib.import_module("fxckpt.passes.capture")
 
     capture_module.isolated = counting  # type: ignore[attr-defined]
+    stance = _stance()
     try:
         threads = [threading.Thread(target=lambda: fxckpt.transform(
             Stack(), every=1, example_inputs=(torch.randn(4, 16),))) for _ in range(4)]
@@ -114,6 +115,7 @@ def test_captures_run_one_at_a_time() -> None:
     finally:
         capture_module.isolated = original  # type: ignore[attr-defined]
     assert most[0] == 1
+    assert _stance() == stance == "default"  # no thread put back another's "force_eager"
 
 
 def test_a_capture_leaves_the_random_states_as_an_eager_step_does() -> None:
@@ -155,9 +157,15 @@ def _process_state() -> dict[str, object]:
             nn.modules.module._global_backward_hooks,
             nn.modules.module._global_backward_pre_hooks)),
         "fx tracing": torch.fx._symbolic_trace._is_fx_tracing_flag,
+        "compile stance": _stance(),
         "fx patcher": torch.fx._symbolic_trace.CURRENT_PATCHER,
     })
     return state
+
+
+def _stance() -> str:
+    """torch.compile's stance (process-wide: fxckpt plans under "force_eager")."""
+    return str(torch._dynamo.eval_frame._stance.stance)
 
 
 def _random_states() -> tuple:
