@@ -154,9 +154,9 @@ def _device(inner: Any, nodes: Any) -> torch.device:
 
 
 def _function(inner: Any, nodes: Any) -> Any:
-    from fxckpt.export.targets import resolve_function
+    from fxckpt.export.targets import resolve_attribute_function
 
-    return resolve_function(inner, "an attribute of a saved module")
+    return resolve_attribute_function(inner, "an attribute of a saved module")
 
 
 _DECODERS: dict[str, Callable[[Any, Any], Any]] = {

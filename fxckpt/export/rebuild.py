@@ -93,10 +93,11 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
         mod = cls.__new__(cls)
         torch.nn.Module.__init__(mod)
         for name, value in e["attrs"].items():
-            if not check_part(name) or name in _MODULE_KEYS:
-                raise ExportError(f"{where}: the attribute name {str(name)[:80]!r} is not one an "
-                                  "export may set")
-            mod.__dict__[name] = decode(value)
+            _check_attribute_name(cls, name, where)
+            try:
+                mod.__dict__[name] = decode(value)
+            except ExportError as err:
+                raise ExportError(f"{where}, attribute {name!r}: {err}") from None
         return mod
     if kind == "graph":
         name = e.get("class_name", "GraphModule")
@@ -108,6 +109,18 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
                            restores=fields[1], kept=fields[2], early_stop=fields[3])
         return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
     raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")
+
+
+def _check_attribute_name(cls: type, name: Any, where: str) -> None:
+    """A leaf module's saved attribute may be instance data only: never a name its class or a
+    base defines (a method such as ``_call_impl`` or ``forward``, a property, a descriptor, a
+    class default such as ``_compiled_call_impl``), which ``nn.Module.__call__`` and the forward
+    would read from the instance instead. No ``torch.nn`` module's own data shadows one."""
+    if not check_part(name) or name in _MODULE_KEYS or any(
+            name in vars(klass) for klass in cls.__mro__):
+        raise ExportError(f"{where}: the attribute name {str(name)[:80]!r} is not one an export "
+                          f"may set on a {cls.__name__} (its class defines it, or it is "
+                          "nn.Module's own)")
 
 
 def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) -> None:

@@ -11,8 +11,9 @@ built here from torch's and fxckpt's own namespaces, and is found by its exact n
   ``torch.nn.functional.gelu``, ``torch.Tensor.add``, ...); ``operator`` and a few ``math``
   functions; the asserts, pytree helpers and grad-mode / autocast wrappers that traced and
   exported graphs contain; fxckpt's runtime functions (``fxckpt.checkpoint``);
-* ATen operators ``torch.ops.aten.NAME.OVERLOAD``, checked against the dispatcher's schemas
-  (operators that read or write files are refused);
+* ATen operators ``torch.ops.aten.NAME.OVERLOAD``, checked against the dispatcher's schemas;
+  operators that read or write files, and the families that skip validation or point tensors
+  at other memory (:func:`unchecked`), are refused, and so are those functions and methods;
 * ``call_method`` names (public Tensor methods, minus those that register hooks or take a
   Python callable) and ``getattr`` names (Tensor properties such as ``shape`` and ``dtype``);
 * leaf module classes: the public classes of ``torch.nn.modules``, by ``module:QualName``.
@@ -36,6 +37,7 @@ from fxckpt.errors import FxckptError
 
 __all__ = [
     "ExportError", "function_name", "table_name", "resolve_function", "METHODS", "GETATTR_NAMES",
+    "resolve_attribute_function",
     "module_class_path", "resolve_module_class", "DTYPES", "MEMORY_FORMATS", "LAYOUTS",
 ]
 
@@ -129,17 +131,42 @@ def _functions() -> tuple[dict[str, Any], dict[int, str]]:
     table.update({f"math.{n}": getattr(math, n) for n in _MATH})
     table["builtins.getattr"] = getattr
     table.update(_runtime_functions())
-    for namespace in _TORCH_NAMESPACES:
-        for name, obj in vars(_torch_module(namespace)).items():  # vars: no lazy submodule imports
-            if not name.startswith("_") and id(obj) in ids:
-                table.setdefault(f"{namespace}.{name}", obj)
+    for name, obj in _namespace_functions().items():
+        table.setdefault(name, obj)
     for name, member in members.items():
         if callable(member) and f"torch.Tensor.{name}" not in _NO_FUNCTIONS:
             table[f"torch.Tensor.{name}"] = member
+    for name in [n for n in table if unchecked(n.rpartition(".")[2])]:
+        del table[name]
     names: dict[int, str] = {}
     for name, obj in table.items():
         names.setdefault(id(obj), name)
     return table, names
+
+
+@functools.cache
+def _namespace_functions() -> dict[str, Any]:
+    """The tensor functions of torch's namespaces (``torch.relu``, ``torch.nn.functional.gelu``):
+    what a module attribute holding a function (``TransformerEncoderLayer.activation``) may be."""
+    ids, _ = _tensor_overridables()
+    found: dict[str, Any] = {}
+    for namespace in _TORCH_NAMESPACES:
+        for name, obj in vars(_torch_module(namespace)).items():  # vars: no lazy submodule imports
+            if not name.startswith("_") and id(obj) in ids and not unchecked(name):
+                found.setdefault(f"{namespace}.{name}", obj)
+    return found
+
+
+def resolve_attribute_function(name: str, where: str) -> Callable[..., Any]:
+    """A function a saved module attribute holds: a tensor function of torch's namespaces only
+    (never ``getattr``, ``operator.*`` or fxckpt's runtime functions, which a module could call
+    with arguments of its own choosing: ``_call_impl = getattr`` walked to ``exec`` once)."""
+    found = _namespace_functions().get(name) if isinstance(name, str) else None
+    if found is None:
+        raise ExportError(f"{where} holds the function {str(name)[:80]!r}; a saved module's "
+                          "attribute may hold a torch tensor function only (torch.*, "
+                          "torch.nn.functional.*)")
+    return found  # type: ignore[no-any-return]
 
 
 def _torch_module(namespace: str) -> types.ModuleType:
@@ -222,7 +249,28 @@ def _aten(name: str, overload: str, where: str) -> torch._ops.OpOverload:
     if name == "from_file" or any(a.name in _FILE_ARGS for a in schema.arguments):
         raise ExportError(f"{where} names the ATen operator {qualified}, which reads or writes "
                           "files; a loaded export may not call it")
+    if unchecked(name) or any(a.name == "unsafe" for a in schema.arguments):
+        raise ExportError(f"{where} names the ATen operator {qualified}, which {_UNCHECKED_WHY}")
     return op
+
+
+_UNCHECKED = re.compile(
+    r"(^|_)(sparse|csr|csc|bsr|bsc|compressed|nested)(_|$)|unsafe|^set_|as_strided|from_file")
+_MEMORY_SAFE = frozenset({"_unsafe_view", "unsafe_split", "unsafe_chunk",
+                          "unsafe_split_with_sizes"})
+""""unsafe" in torch's autograd sense only: these check their sizes like their safe twins."""
+_UNCHECKED_WHY = ("builds tensors from data without checking it, or points a tensor at other "
+                  "memory (sparse, compressed and nested constructors, unchecked indexing, set_, "
+                  "as_strided); a loaded export may not call it")
+
+
+def unchecked(name: str) -> bool:
+    """An operator, function or method a loaded export may not call, whatever its arguments:
+    the families that skip validation (``_sparse_coo_tensor_with_dims_and_tensors`` and every
+    sparse, compressed or nested constructor: forged indices wrote out of bounds; ``_unsafe_*``
+    indexing) or that point a tensor at other memory (``set_``, ``as_strided``). Models' training
+    graphs do not use them."""
+    return name not in _MEMORY_SAFE and _UNCHECKED.search(name) is not None
 
 
 _PROPERTIES = frozenset({
@@ -235,7 +283,8 @@ _PROPERTIES = frozenset({
 @functools.cache
 def _methods_and_properties() -> tuple[frozenset[str], frozenset[str]]:
     _, members = _tensor_overridables()
-    methods = {n for n, m in members.items() if callable(m) and n not in _NO_METHODS}
+    methods = {n for n, m in members.items()
+               if callable(m) and n not in _NO_METHODS and not unchecked(n)}
     return frozenset(methods), _PROPERTIES
 
 

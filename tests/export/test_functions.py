@@ -7,6 +7,7 @@ load; a function outside the table is refused at save time, and a file naming on
 from __future__ import annotations
 
 import functools
+import sys
 import json
 import re
 from pathlib import Path
@@ -111,7 +112,8 @@ def test_a_function_outside_the_table_is_refused_at_save_naming_the_attribute(
 
 
 @pytest.mark.parametrize("name", ["torch.load", "torch.serialization.load", "os.system",
-                                  "builtins.eval", "torch.nn.functional.F.torch.load"])
+                                  "builtins.eval", "torch.nn.functional.F.torch.load",
+                                  "builtins.getattr", "operator.setitem", "fxckpt.checkpoint"])
 def test_a_file_naming_a_function_outside_the_table_is_refused(tmp_path: Path, name: str) -> None:
     from fxckpt.export.files import content_hash, sha256_bytes
 
@@ -126,5 +128,37 @@ def test_a_file_naming_a_function_outside_the_table_is_refused(tmp_path: Path, n
     manifest["files"]["structure.json"] = sha256_bytes(forged.encode())
     manifest["content_hash"] = content_hash(manifest["files"])
     (root / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match=re.escape(f"names {name!r}, which is not in the table")):
+    with pytest.raises(ExportError, match=re.escape(
+            f"holds the function {name!r}; a saved module's attribute may hold a torch tensor "
+            "function only")):
         fxckpt.load(root)
+
+
+def test_no_callable_a_loaded_export_may_name_reaches_python_itself() -> None:
+    """The tables are closed: no entry hands back functions, modules, frames or attributes of
+    the caller's choosing (``getattr`` only through graph nodes whose name is a checked Tensor
+    property; module attributes only torch tensor functions)."""
+    import builtins
+    import functools
+    import importlib
+    import inspect as inspect_module
+    import operator as op
+
+    from fxckpt.export import targets
+
+    reflective = {builtins.getattr, builtins.setattr, builtins.delattr, builtins.vars,
+                  builtins.globals, builtins.locals, builtins.eval, builtins.exec,
+                  builtins.compile, builtins.__import__, builtins.open, builtins.type,
+                  builtins.object, builtins.super, op.attrgetter, op.methodcaller,
+                  functools.partial, importlib.import_module, sys._getframe,
+                  inspect_module.currentframe}
+    table, _ = targets._functions()
+    found = {name for name, fn in table.items() if fn in reflective}
+    assert found == {"builtins.getattr"}  # graph nodes only: checked against GETATTR_NAMES
+    attribute_table = targets._namespace_functions()
+    assert attribute_table and all(
+        name.startswith(("torch.", "torch.nn.functional.")) and fn not in reflective
+        and not name.startswith(("torch.Tensor.", "torch.ops."))
+        for name, fn in attribute_table.items())
+    assert not any(targets.unchecked(name.rpartition(".")[2]) for name in table)
+    assert not any(targets.unchecked(name) for name in targets.METHODS)
