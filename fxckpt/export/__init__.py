@@ -12,7 +12,8 @@ Why it is built this way:
   its code, after checking every name that torch.fx prints into that code. ``torch.nn`` leaf
   modules are rebuilt from an explicit class table and data-only attributes. Nothing is
   imported by a name the export gives (except ``transformers`` output classes, by a strict
-  pattern), nothing is unpickled (weights are safetensors, or ``weights_only`` torch files).
+  pattern), nothing is unpickled (weights are safetensors, read by a checked parser; old
+  ``weights.pt`` exports only on request, with ``weights_only``).
   So loading needs torch and fxckpt (and ``transformers`` for Hugging Face outputs), never the
   user's classes, and a graph that calls the user's own functions is refused by ``save``.
 * **Verified before use.** Every file's SHA-256 is in the manifest, with a content hash over
@@ -35,6 +36,7 @@ import torch
 
 from fxckpt.export.files import as_key, verify, versions, write_atomically, write_export
 from fxckpt.export.loaded import LoadedModule, Variant
+from fxckpt.errors import ConfigError
 from fxckpt.export.targets import ExportError
 
 __all__ = ["save", "load", "ExportError", "LoadedModule"]
@@ -76,6 +78,8 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
         )
     described = describe(tm)
     described.structure["devices"] = {k: str(t.device) for k, t in described.tensors.items()}
+    described.structure["tensor_bytes"] = sum(
+        t.numel() * t.element_size() for t in described.tensors.values())
     texts = dict(described.texts)
     texts["structure.json"] = json.dumps(described.structure, indent=1)
     texts["plan.json"] = json.dumps(described.plan, indent=2)
@@ -96,7 +100,8 @@ def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
 
 
 def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = None,
-         key: Key = None) -> LoadedModule:
+         key: Key = None, max_bytes: Optional[int] = None, mmap: bool = False,
+         legacy_weights: bool = False) -> LoadedModule:
     """Rebuild the module saved at ``path`` (see :class:`~fxckpt.export.loaded.LoadedModule`).
 
     Every file is checked against the manifest first; a missing or corrupted file raises
@@ -104,14 +109,33 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
     any change to any file is refused too; passing ``key`` for an export without a MAC is
     refused. Nothing in the export is run as code. Tensors go to the devices they were saved
     from, or to ``map_location``.
+
+    The weights are read once into memory the module owns, from the bytes whose hash was
+    checked (:mod:`fxckpt.export.weights`); ``mmap=True`` maps the file instead (its pages are
+    the parameters until written, and a change to the file shows in them: never with ``key=``).
+    ``max_bytes`` bounds the weights file (default: twice the tensor bytes the export declares).
+    ``legacy_weights=True`` reads a ``weights.pt`` (torch.save) export, refused otherwise.
     """
+    from fxckpt.checks import check_int
     from fxckpt.export.rebuild import build_tree
     from fxckpt.export.views import view_from_json
 
-    store = verify(path, as_key(key))
+    secret = as_key(key)
+    device = _map_location(map_location)
+    if max_bytes is not None:
+        check_int("max_bytes", max_bytes, unit="of bytes")
+    if mmap and secret is not None:
+        raise ConfigError("mmap=True cannot be combined with key=: a mapped file can change "
+                          "after its MAC was checked, and the weights in use must be the bytes "
+                          "the key verified. Load keyed exports without mmap")
+    store = verify(path, secret)
     try:
         structure = json.loads(store.read_text("structure.json"))
-        tensors = _materialise(structure, store.tensors(), map_location)
+        declared = structure.get("tensor_bytes")
+        limit = max_bytes if max_bytes is not None else (
+            2 * declared + (1 << 20) if isinstance(declared, int) else None)
+        raw = store.tensors(max_bytes=limit, use_mmap=mmap, legacy=legacy_weights)
+        tensors = _materialise(structure, raw, device, store.root)
         variants = []
         for entry in structure["variants"]:
             root, slots = build_tree(entry["modules"], store, tensors, entry["training"])
@@ -140,7 +164,8 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
         RuntimeError,
     ) as e:
         raise ExportError(
-            f"export {store.root} has an invalid structure ({type(e).__name__}: {str(e)[:200]})"
+            f"export {store.root}: structure.json is not a valid structure ({type(e).__name__}: "
+            f"{str(e)[:200]})"
         ) from e
     return LoadedModule(
         structure["state"], tensors, variants, store.manifest, structure["training"]
@@ -172,8 +197,19 @@ def _pipeline(
     return runner, slots
 
 
+def _map_location(value: Any) -> Optional[torch.device]:
+    """``map_location`` as a device (checked before the export is read)."""
+    if value is None:
+        return None
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"map_location must be a device such as 'cpu' or 'cuda:0' (got "
+                          f"{value!r:.60}): {e}") from None
+
+
 def _materialise(structure: dict[str, Any], raw: dict[str, torch.Tensor],
-                 map_location: Optional[Union[str, torch.device]]) -> dict[str, torch.Tensor]:
+                 map_location: Optional[torch.device], root: Path) -> dict[str, torch.Tensor]:
     """Raw tensors as Parameters (with their ``requires_grad``) or buffers, on their devices."""
     grads = {e["key"]: e["requires_grad"] for e in structure["state"] if e["kind"] == "parameter"}
     for v in structure["variants"]:
@@ -183,6 +219,16 @@ def _materialise(structure: dict[str, Any], raw: dict[str, torch.Tensor],
                     grads.setdefault(key, True)
     out: dict[str, torch.Tensor] = {}
     for key, t in raw.items():
-        t = t.to(map_location or structure.get("devices", {}).get(key, "cpu"))
+        device = map_location or torch.device(structure.get("devices", {}).get(key, "cpu"))
+        _check_available(device, root)
+        t = t.to(device)
         out[key] = torch.nn.Parameter(t, requires_grad=grads[key]) if key in grads else t
     return out
+
+
+def _check_available(device: torch.device, root: Path) -> None:
+    if device.type == "cuda" and (not torch.cuda.is_available()
+                                  or (device.index or 0) >= torch.cuda.device_count()):
+        raise ExportError(f"export {root} holds tensors saved on {device}, which this machine "
+                          "does not have; pass map_location='cpu' (or another device) to "
+                          "fxckpt.load")

@@ -18,7 +18,7 @@ Two promises live here:
 
     target/
       manifest.json     format, versions, files {path: sha256}, content_hash, [mac]
-      structure.json    plan.json   weights.safetensors (or weights.pt)
+      structure.json    plan.json   weights.safetensors
       programs/v0/*.json            graphs/v0.json
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import io
 import json
 import os
 import platform
@@ -39,6 +38,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from fxckpt.export.targets import ExportError
+from fxckpt.export.weights import read_weights, weights_bytes
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify",
            "sha256_bytes", "as_key", "manifest_mac"]
@@ -144,7 +144,7 @@ def write_export(tmp: Path, texts: dict[str, str], tensors: dict[str, torch.Tens
     files: dict[str, str] = {}
     for rel, text in texts.items():
         files[rel] = _write(tmp, rel, text.encode())
-    rel, data = _weights_bytes(tensors)
+    rel, data = weights_bytes(tensors)
     files[rel] = _write(tmp, rel, data)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": versions,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files,
@@ -159,30 +159,6 @@ def _write(root: Path, rel: str, data: bytes) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return sha256_bytes(data)
-
-
-def _weights_bytes(tensors: dict[str, torch.Tensor]) -> tuple[str, bytes]:
-    plain = _unshared(tensors)
-    try:
-        from safetensors.torch import save
-    except ImportError:
-        buf = io.BytesIO()
-        torch.save(plain, buf)
-        return "weights.pt", buf.getvalue()
-    return "weights.safetensors", save(plain)
-
-
-def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Detached, contiguous CPU tensors, none sharing memory with another (safetensors' rule)."""
-    out, storages = {}, set()
-    for key, t in tensors.items():
-        t = t.detach().to("cpu").contiguous()
-        ptr = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.numel() else None
-        if ptr is not None and ptr in storages:
-            t = t.clone()
-        storages.add(ptr)
-        out[key] = t
-    return out
 
 
 class Verified:
@@ -200,16 +176,15 @@ class Verified:
             raise ExportError(_mismatch(self.root, rel))
         return data.decode()
 
-    def tensors(self) -> dict[str, torch.Tensor]:
+    def tensors(self, *, max_bytes: Optional[int] = None, use_mmap: bool = False,
+                legacy: bool = False) -> dict[str, torch.Tensor]:
+        """The weights, read once and checked on the bytes in use (:mod:`fxckpt.export.weights`).
+        """
         rel = next((r for r in self.files if r.startswith("weights.")), None)
         if rel is None:
             raise ExportError(f"export {self.root} lists no weights file")
-        path = self.root / self._listed(rel)
-        if rel.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return read_weights(self.root / self._listed(rel), rel, self.files[rel],
+                            max_bytes=max_bytes, use_mmap=use_mmap, legacy=legacy)
 
     def _listed(self, rel: str) -> str:
         if rel not in self.files:
@@ -235,8 +210,8 @@ def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
         _check_relative(root, rel)
         if not (root / rel).is_file():
             raise ExportError(f"export {root} is incomplete: {rel} is missing")
-        if _sha256_file(root / rel) != digest:
-            raise ExportError(_mismatch(root, rel))
+        if not rel.startswith("weights.") and _sha256_file(root / rel) != digest:
+            raise ExportError(_mismatch(root, rel))  # the weights: checked as they are read
     if manifest.get("content_hash") != content_hash(files):
         raise ExportError(
             f"export {root} was modified: its content hash does not match its manifest "
