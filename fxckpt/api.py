@@ -106,7 +106,7 @@ def transform(
         depth=depth,
         budget=budget,
         plan=_as_plan(plan),
-        force=force or {},  # validate() checks it
+        force={} if force is None else force,  # validate() checks it
         chunks=chunks,
         devices=None if devices is None else _as_tuple(devices, "devices"),
         checkpoint=checkpoint,

@@ -120,6 +120,8 @@ def _parse_size(text: str) -> int:
     number = float(match.group(1))
     if not number > 0:
         raise ConfigError(_help(text, "a size must be positive"))
+    if not math.isfinite(number * UNITS[match.group(2).lower()]):
+        raise ConfigError(_help(text, "it is larger than any memory"))
     size = int(number * UNITS[match.group(2).lower()])
     if size < 1:
         raise ConfigError(_help(text, "it is less than one byte"))

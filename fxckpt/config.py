@@ -263,6 +263,12 @@ def _check_offload(config: TransformConfig) -> None:
             "offload='auto' lets the budget solver choose between recompute and offload; "
             "give budget= too (got budget=None), or use offload=True"
         )
+    if config.offload_device is not None and not config.offload:
+        raise ConfigError(
+            f"offload_device={config.offload_device!r} was given without offload=; pass "
+            "offload=True (or 'auto' with a budget) to move saved tensors there, or drop "
+            "offload_device"
+        )
     check_int("offload_threshold", config.offload_threshold, low=0, unit="of bytes")
     if config.offload_bandwidth is not None:
         check_number("offload_bandwidth", config.offload_bandwidth, strict=True, unit="of bytes/s")
@@ -275,4 +281,4 @@ def _check_offload(config: TransformConfig) -> None:
     if config.offload_device is not None:
         from fxckpt.runtime.pipeline import check_device
 
-        check_device(config.offload_device)
+        check_device(config.offload_device, "offload_device")

@@ -43,6 +43,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from fxckpt.config import TransformConfig
+from fxckpt.errors import CaptureError, PlanError
 from fxckpt.passes.guards import Failure
 from fxckpt.passes.isolation import CAPTURE_LOCK
 from fxckpt.runtime.segment import segment_of
@@ -167,8 +168,14 @@ class Dispatcher:
 
         plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
         key, shapes = call_key(module_states(tm), plan_args, plan_kwargs)
-        entry = self._entry(tm, key, shapes, args, kwargs)
-        return self._plan(tm, entry, shapes, args, kwargs)
+        try:
+            entry = self._entry(tm, key, shapes, args, kwargs)
+            return self._plan(tm, entry, shapes, args, kwargs)
+        except (CaptureError, PlanError):
+            own = _own_error(_view(tm, self.model), args, kwargs)
+            if own is not None:
+                raise own from None  # what the model itself raises for this call, unchanged
+            raise
 
     def _entry(
         self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict
@@ -256,6 +263,26 @@ class Dispatcher:
     def _shape_dependent(self, entry: Entry) -> bool:
         """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
         return self.config.budget is not None or not entry.captured.shape_free
+
+
+def _own_error(view: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Exception]:
+    """The exception the model's own forward raises for this call, if it raises one.
+
+    Asked only when capture or planning failed: a call the model itself refuses (a missing
+    argument, ``tm([x])``, its own ``ValueError`` on bad input) must raise what the model
+    raises, not fxckpt's error. The forward runs under the state guard (buffers, attributes and
+    hooks as they were).
+    """
+    from fxckpt.passes.state_guard import StateGuard
+    from fxckpt.signature import has_hooks
+
+    hooked = [m for m in view.modules() if has_hooks(m)]
+    try:
+        with StateGuard(view, hooked):
+            type(view).forward(view, *args, **kwargs)
+    except Exception as e:  # the model's own: whatever it is, it is the answer
+        return e
+    return None
 
 
 @contextlib.contextmanager

@@ -155,6 +155,18 @@ class Noisy(nn.Module):
         return self.fc(x + torch.randn(x.shape))
 
 
+class Positions(nn.Module):
+    """Adds positions made with ``torch.arange`` (a call_function target with no stable repr)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device, dtype=x.dtype)[None, :, None]
+        return self.fc2(torch.relu(self.fc1(x + pos)))
+
+
 class DataDependent(nn.Module):
     """Branches on a tensor's value: neither symbolic_trace nor export can capture it."""
 

@@ -145,3 +145,85 @@ def test_recompute_mismatch_names_the_segment() -> None:
     assert "tensor at position 0" in text
     assert "saved metadata: {'segment': 'segment_0', 'shape': torch.Size([3, 4])" in text
     assert "recomputed metadata: {'segment': 'segment_0', 'shape': torch.Size([2, 4])" in text
+
+
+class Checked(torch.nn.Module):
+    """Refuses inputs of the wrong width itself, as models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 4:
+            raise ValueError(f"Checked expects 4 features, got {x.shape[-1]}")
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("call", [
+    lambda tm, x: tm(),
+    lambda tm, x: tm(x, x),
+    lambda tm, x: tm(y=x),
+    lambda tm, x: tm([x]),
+    lambda tm, x: tm(torch.randn(2, 5)),
+], ids=["no_argument", "one_too_many", "unknown_keyword", "a_list", "the_models_own_check"])
+@pytest.mark.parametrize("capture_with", ["auto", "symbolic_trace", "export"])
+def test_a_call_the_model_refuses_raises_what_the_model_raises(call, capture_with: str) -> None:
+    x = torch.randn(2, 4)
+    with pytest.raises(Exception) as expected:
+        call(Checked(), x)
+    tm = fxckpt.transform(Checked(), every=1, capture=capture_with)
+    with pytest.raises(type(expected.value)) as got:
+        call(tm, x)
+    assert str(got.value) == str(expected.value)
+    assert not isinstance(got.value, fxckpt.FxckptError)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"budget": "1e400GiB"}, "budget='1e400GiB' is not valid: it is larger than any memory"),
+    ({"every": 1, "offload": True, "offload_device": "nonsense"},
+     "offload_device must be a torch device or a string like 'cpu'"),
+    ({"every": 1, "offload_device": "cpu"}, "offload_device='cpu' was given without offload="),
+    ({"force": []}, r"force must be a dict of module path -> 'recompute' \| 'save' \(got list\)"),
+    ({"force": 0}, r"force must be a dict .* \(got int\)"),
+    ({"force": set()}, r"force must be a dict .* \(got set\)"),
+    ({"capture": "trace"}, "capture must be one of 'auto', 'symbolic_trace', 'export'"),
+])
+def test_bad_options_are_config_errors_that_name_the_argument(options: dict,
+                                                              message: str) -> None:
+    with pytest.raises(fxckpt.ConfigError, match=message):
+        fxckpt.transform(MLP(), **options)
+
+
+def test_a_plan_saved_in_one_process_replays_in_another(tmp_path) -> None:
+    """Anchors name targets as text that is the same in every process (no memory addresses)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+import fxckpt
+from models import Positions
+torch.manual_seed(0)
+x = torch.randn(2, 8, 16)
+if sys.argv[1] == "save":
+    tm = fxckpt.transform(Positions(), every=1, example_inputs=(x,))
+    json.dump(fxckpt.inspect(tm).plan.to_dict(), open({plan!r}, "w"))
+else:
+    plan = json.load(open({plan!r}))
+    tm = fxckpt.transform(Positions(), plan=plan, example_inputs=(x,))
+    replayed = fxckpt.inspect(tm).plan.to_dict()
+    print(json.dumps([s["nodes"] for s in replayed["segments"]]))
+"""
+    tests, plan = str(Path(__file__).resolve().parent), str(tmp_path / "plan.json")
+    code = script.format(tests=tests, plan=plan)
+    for step in ("save", "replay"):
+        out = subprocess.run([sys.executable, "-c", code, step], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    saved = json.loads(Path(plan).read_text())
+    assert "0x" not in json.dumps(saved)  # no `<built-in method arange ... at 0x7f...>`
+    assert json.loads(out.stdout) == [s["nodes"] for s in saved["segments"]]

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 import torch.fx
+from torch.fx.node import _get_qualified_name
 
 from fxckpt.errors import PlanError
 from fxckpt.passes.annotate import module_path_of
 
-__all__ = ["anchors_of", "remap"]
+__all__ = ["anchors_of", "remap", "target_name"]
 
 
 def anchors_of(order: Sequence[torch.fx.Node]) -> dict[str, str]:
@@ -29,11 +31,22 @@ def anchors_of(order: Sequence[torch.fx.Node]) -> dict[str, str]:
     seen: dict[tuple[str, str], int] = {}
     out = {}
     for n in order:
-        what = (module_path_of(n), str(n.target))
+        what = (module_path_of(n), target_name(n.target))
         k = seen.get(what, 0)
         seen[what] = k + 1
         out[n.name] = f"{what[0]}|{what[1]}|{k}"
     return out
+
+
+def target_name(target: object) -> str:
+    """A node's target as text that is the same in every process: ``aten.mul.Tensor``,
+    ``torch.arange``, a module path (never ``<built-in method arange ... at 0x7f...>``)."""
+    if isinstance(target, (str, torch._ops.OpOverload)):
+        return str(target)
+    try:
+        return _get_qualified_name(target)  # type: ignore[arg-type]
+    except Exception:  # a callable torch.fx cannot name: its type and name, without an address
+        return f"{type(target).__qualname__}.{getattr(target, '__name__', '?')}"
 
 
 def remap(order: Sequence[torch.fx.Node], segments: Sequence[tuple[str, tuple[str, ...]]]

@@ -70,14 +70,15 @@ def check_checkpoint(mode: object) -> str:
     return str(mode)
 
 
-def check_device(device: object) -> torch.device:
-    """A ``torch.device`` that exists on this machine, or :class:`ConfigError` saying why not."""
+def check_device(device: object, name: str = "devices") -> torch.device:
+    """A ``torch.device`` that exists on this machine, or :class:`ConfigError` saying why not
+    (``name``: the argument it came from, for the message)."""
     try:
         dev = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError, ValueError) as e:
+        what = "torch devices or strings" if name == "devices" else "a torch device or a string"
         raise ConfigError(
-            f"devices must be torch devices or strings like 'cpu' or 'cuda:0' "
-            f"(got {device!r}: {e})"
+            f"{name} must be {what} like 'cpu' or 'cuda:0' (got {device!r}: {e})"
         ) from e
     if dev.type == "cpu":
         return torch.device("cpu")
