@@ -5,13 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 import torch
@@ -203,7 +199,7 @@ def test_a_failed_save_leaves_nothing_behind(
     def broken(tensors: dict) -> tuple:
         raise OSError("disk full")
 
-    monkeypatch.setattr(files, "_weights_bytes", broken)
+    monkeypatch.setattr(files, "weights_bytes", broken)
     with pytest.raises(OSError, match="disk full"):
         fxckpt.save(tm, tmp_path / "m")
     assert list(tmp_path.iterdir()) == []
@@ -393,174 +389,7 @@ def test_torch_leaf_modules_are_rebuilt_without_their_constructors(tmp_path: Pat
     assert_steps_equal(run_step(tm, (ids,), {}), run_step(loaded, (ids,), {}))
 
 
-# Crafted exports: whoever can write the files can recompute every hash, so loading must refuse
-# anything that is not data it understands, before running or importing anything.
-
-EVIL_SOURCE = """
-import pathlib
-pathlib.Path({marker!r}).write_text("imported")
-
-
-def run(*args, **kwargs):
-    pathlib.Path({marker!r}).write_text("called")
-
-
-class Evil:
-    def __init__(self, *args, **kwargs):
-        run()
-"""
-EVIL = f"fxckpt_evil_{os.getpid()}"
-"""A module the crafted exports name; importing or calling it writes the marker file."""
-
-
-@pytest.fixture(scope="module")
-def saved_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "m"
-    tm = fxckpt.transform(MLP(depth=2), every=1, example_inputs=(torch.randn(4, 32),))
-    fxckpt.save(tm, path)
-    return path
-
-
-@pytest.fixture
-def forge(saved_mlp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A fresh copy of an export, an importable module that writes a marker file when imported
-    or called, and ``edit(rel, change)``: change a file and recompute the manifest's hashes."""
-    from fxckpt.export.files import content_hash, sha256_bytes
-
-    root = tmp_path / "m"
-    shutil.copytree(saved_mlp, root)
-    marker = tmp_path / "pwned"
-    (tmp_path / f"{EVIL}.py").write_text(EVIL_SOURCE.format(marker=str(marker)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def edit(rel: str, change: Callable[[Any], Any]) -> None:
-        path = root / rel
-        data = json.loads(path.read_text()) if path.exists() else None
-        result = change(data)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(result if isinstance(result, str) else json.dumps(data))
-        manifest = json.loads((root / "manifest.json").read_text())
-        manifest["files"][rel] = sha256_bytes(path.read_bytes())
-        manifest["content_hash"] = content_hash(manifest["files"])
-        (root / "manifest.json").write_text(json.dumps(manifest))
-
-    yield types.SimpleNamespace(root=root, marker=marker, edit=edit)
-    assert not marker.exists(), "the crafted export ran code"
-    assert EVIL not in sys.modules, "the crafted export imported a module"
-
-
-ROOT, SEGMENT, STRUCTURE = "programs/v0/root.json", "programs/v0/segment_0.json", "structure.json"
-Change = Callable[[Any, str], None]
-"""Edits a decoded JSON file in place; the second argument is the marker file's path."""
-
-
-def _call(target: str, *args: Any) -> Change:
-    """The first call_function node now calls ``target`` (``MARKER`` in args: the marker path)."""
-    def change(program: dict, marker: str) -> None:
-        node = _first(program, "call_function")
-        node["target"], node["kwargs"] = target, {}
-        node["args"] = [marker if a == "MARKER" else a for a in args]
-    return change
-
-
-def _node(kind: str, **fields: Any) -> Change:
-    """Set ``fields`` of the first ``kind`` node (``MARKER`` inside a string: the marker path)."""
-    def change(program: dict, marker: str) -> None:
-        _first(program, kind).update(json.loads(json.dumps(fields).replace("MARKER", marker)))
-    return change
-
-
-def _first(program: dict, op: str) -> dict:
-    return next(n for n in program["nodes"] if n["op"] == op)
-
-
-def _leaf(**fields: Any) -> Change:
-    def change(structure: dict, marker: str) -> None:
-        modules = structure["variants"][0]["modules"]
-        next(e for e in modules if e.get("kind") == "leaf").update(fields)
-    return change
-
-
-def _spec(node_type: str, context: Any) -> Change:
-    schema = {"type": node_type, "context": json.dumps(context), "children_spec": []}
-    spec = json.dumps([1, schema])
-
-    def change(structure: dict, marker: str) -> None:
-        structure["variants"][0]["modules"][0]["specs"] = {"_spec_0": spec}
-    return change
-
-
-def _pytree(*orig_args: str) -> Change:
-    def change(program: dict, marker: str) -> None:
-        args = [a.replace("MARKER", marker) for a in orig_args]
-        program["pytree"] = {"orig_args": args, "in_spec": None, "out_spec": None}
-    return change
-
-
-X = {"__node__": "x"}
-OPEN = "open('MARKER', 'w')"
-CRAFTED: dict[str, tuple[str, Change, str]] = {
-    # call targets: dotted names, builtins, the attacker's module, ATen ops that touch files
-    "dotted_name": (ROOT, _call("torch.serialization.os.system", "touch MARKER"),
-                    "not in the table"),
-    "os_system": (ROOT, _call("os.system", "touch MARKER"), "not in the table"),
-    "builtins_exec": (ROOT, _call("builtins.exec", OPEN), "not in the table"),
-    "builtins_open": (ROOT, _call("builtins.open", "MARKER", "w"), "not in the table"),
-    "own_module": (ROOT, _call(f"{EVIL}.run"), "not in the table"),
-    "aten_save": (SEGMENT, _call("torch.ops.aten.save.default", X, "MARKER"),
-                  "aten::save, which this torch does not have"),
-    "aten_from_file": (SEGMENT, _call("torch.ops.aten.from_file.default", "MARKER"),
-                       "reads or writes files"),
-    "getattr_dunder": (SEGMENT, _call("builtins.getattr", X, "__class__"),
-                       "reads the attribute '__class__'"),
-    "method_hook": (SEGMENT, _node("call_module", op="call_method", target="register_hook"),
-                    "method 'register_hook'"),
-    # strings that torch.fx prints into the code it generates
-    "node_name": (ROOT, _node("placeholder", name=f"x = {OPEN}#"), "node name must be"),
-    "placeholder": (ROOT, _node("placeholder", target=f"x={OPEN}"), "must be an argument name"),
-    "module_path": (ROOT, _node("get_attr", target=f'a")or {OPEN} or("'),
-                    "not a path of the module's own attributes"),
-    "attribute_walk": (ROOT, _node("get_attr", target="training"),
-                       "not a module, parameter, buffer or tensor the export holds"),
-    "class_walk": (ROOT, _node("get_attr", target="__class__.__init__.__globals__"),
-                   "not a path of the module's own attributes"),
-    "kwarg_name": (ROOT, _node("call_function", kwargs={f"x={OPEN},y": 1}), "keyword argument"),
-    "pytree_args": (ROOT, _pytree(f"x={OPEN}"), "argument names must be identifiers"),
-    # structure.json: classes, attribute values and pytree types
-    "leaf_class": (STRUCTURE, _leaf(cls=f"{EVIL}:Evil"), "not one of the torch.nn module"),
-    "function_attr": (STRUCTURE, _leaf(attrs={"in_features": {"__function__": "os.system"}}),
-                      "not in the table"),
-    "dtype_attr": (STRUCTURE, _leaf(attrs={"in_features": {"__dtype__": "load"}}),
-                   "unknown dtype"),
-    "spec_type": (STRUCTURE, _spec(f"{EVIL}.Evil", None), "pytree node type"),
-    "spec_defaultdict": (STRUCTURE, _spec("collections.defaultdict", {
-        "default_factory_module": EVIL, "default_factory_name": "run", "dict_context": []}),
-        "pytree node type 'collections.defaultdict'"),
-    "spec_enum": (STRUCTURE, _spec("builtins.dict", [{"__enum__": True, "fqn": f"{EVIL}:Evil",
-                                                      "name": "x"}]), "holds a JSON object"),
-}
-
-
-@pytest.mark.parametrize("case", list(CRAFTED))
-def test_crafted_exports_are_refused_before_anything_runs(forge: Any, case: str) -> None:
-    rel, change, message = CRAFTED[case]
-    forge.edit(rel, lambda data: change(data, str(forge.marker)))
-    with pytest.raises(ExportError, match=re.escape(message)):
-        fxckpt.load(forge.root)
-
-
-def test_an_export_with_generated_code_is_refused(forge: Any) -> None:
-    """Format 1 held Python files and dotted import names; none of it is read any more."""
-    code = f"import pathlib\npathlib.Path({str(forge.marker)!r}).write_text('x')\n"
-    forge.edit("code/v0/root.py", lambda _: code + "def forward(self, x):\n    return x\n")
-    dotted = {"torch": {"from": "torch", "name": "serialization.os.system"}}
-    forge.edit(STRUCTURE, lambda s: s["variants"][0]["modules"][0].update(
-        code="code/v0/root.py", globals=dotted))
-    manifest = json.loads((forge.root / "manifest.json").read_text())
-    manifest["format_version"] = 1
-    (forge.root / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match="format version 1, whose graphs are Python code"):
-        fxckpt.load(forge.root)
+SEGMENT = "programs/v0/segment_0.json"
 
 
 def _swap_in(root: Path, rel: str, old: str, new: str) -> None:
