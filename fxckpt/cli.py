@@ -140,6 +140,11 @@ def add_plan_command(commands: Any) -> None:
              "parameters or activations (a 70B config on a laptop); replay the plan with plan=",
     )
     p.add_argument(
+        "--device-profile", choices=("h100", "h200", "a100", "cpu"),
+        help="price the plan for this device (planning on the CPU or --meta for a GPU); default: "
+             "the model's own device",
+    )
+    p.add_argument(
         "--model-dtype", metavar="DTYPE",
         help="dtype of the model's floating parameters (default: a config's dtype, else as built)",
     )
@@ -208,7 +213,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     try:
         return _plan(args)
-    except (CliError, SourceError, FxckptError, ValueError, TypeError) as e:
+    except (CliError, SourceError, FxckptError, Exception) as e:  # the model's own errors too
         if getattr(args, "verbose", False):
             raise
         text = str(e).strip().splitlines() or [type(e).__name__]
@@ -283,6 +288,7 @@ def _strategy(args: argparse.Namespace) -> dict[str, Any]:
         options["chunks"] = args.chunks
     if args.devices:
         options["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]
+    options["device_profile"] = args.device_profile
     return {k: v for k, v in options.items() if v is not None}
 
 
