@@ -38,6 +38,7 @@ def transform(
     verify: Optional[bool] = None,
     selective: bool = True,
     capture: str = "auto",
+    device_profile: Optional[str] = None,
 ) -> TransformedModule:
     """Return ``model`` rewritten to recompute activations in backward instead of keeping them.
 
@@ -86,6 +87,9 @@ def transform(
             ``torch.fx.symbolic_trace`` and falls back to ``torch.export`` (which needs the call's
             inputs: it runs at the first training call, or with ``example_inputs``);
             ``"symbolic_trace"`` or ``"export"`` use that method only.
+        device_profile: the device plans are priced for: ``"h100"``, ``"h200"``, ``"a100"`` or
+            ``"cpu"``, when planning on one device for another (the CPU or ``meta`` for a
+            GPU); ``None`` (default): the model's own device, measured on a GPU.
 
     With no strategy nothing is checkpointed, and the plan says so. The result is the model
     itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's
@@ -120,6 +124,7 @@ def transform(
         verify=verify,
         selective=selective,
         capture=capture,
+        device_profile=device_profile,
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:

@@ -79,6 +79,10 @@ class TransformConfig:
     """How the model is captured: ``auto`` (``torch.fx.symbolic_trace``, else ``torch.export``),
     or only ``symbolic_trace`` or only ``export`` (see :data:`CAPTURES`)."""
 
+    device_profile: Optional[str] = None
+    """The device plans are priced for (``h100``, ``h200``, ``a100``, ``cpu``:
+    :mod:`fxckpt.passes.devices`); ``None``: the model's own (measured on a GPU)."""
+
     @property
     def verifies(self) -> bool:
         """Are training plans of this config verified (never pipelined ones)?"""
@@ -132,6 +136,8 @@ class TransformConfig:
             out["selective"] = False
         if self.capture != "auto":
             out["capture"] = self.capture
+        if self.device_profile is not None:
+            out["device_profile"] = self.device_profile
         if self.offload:
             out.update(
                 offload=self.offload,
@@ -172,6 +178,10 @@ class TransformConfig:
             raise ConfigError(
                 f"capture must be one of {', '.join(map(repr, CAPTURES))} (got {self.capture!r})"
             )
+        if self.device_profile is not None:
+            from fxckpt.passes.devices import profile_for
+
+            profile_for(self.device_profile, torch.device("cpu"))  # a known name
         _check_verify(self)
         if self.pipelined:
             _check_pipeline(self)

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import PlanError
 from fxckpt.passes.flops import counter as flop_counter
-from fxckpt.passes.prices import call_price
+from fxckpt.passes.prices import call_price, traffic
 from fxckpt.passes.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 from fxckpt.scratch import backward_scratch, call_scratch
 
@@ -82,6 +82,9 @@ class NodeInfo:
     scratch: int = 0
     """Most bytes one of the node's kernels, or its backward, allocates for itself while it runs
     (a CPU convolution's reorder buffers: :mod:`fxckpt.scratch`)."""
+    moved: int = 0
+    """Bytes the node's calls read and write (views excluded): the memory traffic a device
+    profile prices (:mod:`fxckpt.passes.devices`)."""
 
 
 def has_info(node: torch.fx.Node) -> bool:
@@ -179,6 +182,7 @@ class _OpRecorder(TorchDispatchMode):
         self.work = 0.0
         self.scratch = 0
         self.written: list[torch.Tensor] = []
+        self.moved = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: Optional[dict[str, Any]] = None) -> Any:
@@ -199,6 +203,8 @@ class _OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if counted:
             self.work += call_price(func, args, kwargs, out, random)
+            if not getattr(func, "is_view", False):
+                self.moved += traffic(args, kwargs, out)
         self.scratch = max(self.scratch, call_scratch(func, args, kwargs),
                            backward_scratch(func, args, kwargs))
         return out
@@ -352,4 +358,5 @@ class _Annotator(torch.fx.Interpreter):
             ops=tuple(rec.ops),
             calls=tuple(rec.calls),
             scratch=self._int(rec.scratch),
+            moved=self._int(rec.moved),
         )

@@ -10,11 +10,13 @@ and produces
 
 Two modelling choices live here:
 
-* **cost** of an op is in FLOP-equivalents: its FLOPs (matmuls, convolutions, attention) plus
-  the price of the aten calls it runs: a fixed price per call and the bytes each memory-bound
-  call writes at its op's price (:mod:`fxckpt.passes.prices`: on this project's CPU a ``mul``
-  costs 3 FLOP-equivalents per byte, ``tanh`` 62, dropout's Bernoulli draw 140). Recomputing
-  memory-bound ops is far from free, and the solver must know which ones;
+* **cost** of an op is in FLOP-equivalents: on the CPU its FLOPs (matmuls, convolutions,
+  attention) plus the price of the aten calls it runs: a fixed price per call and the bytes each
+  memory-bound call writes at its op's price (:mod:`fxckpt.passes.prices`: on this project's CPU
+  a ``mul`` costs 3 FLOP-equivalents per byte, ``tanh`` 62, dropout's Bernoulli draw 140).
+  Recomputing memory-bound ops is far from free, and the solver must know which ones. With a
+  device profile (a GPU's), its roofline time in FLOP-equivalents at that device's bf16 rate,
+  and segments and kept nodes cost the profile's overheads (:mod:`fxckpt.passes.devices`);
 * tensors autograd keeps that no node outputs (dropout masks, a leaf module's insides) become a
   synthetic op ``<node>::saved`` just before the node, read and saved only by it;
 * the step's loss is outside the graph, but its memory is part of the step: a synthetic last op
@@ -24,10 +26,13 @@ Two modelling choices live here:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import networkx as nx
 import torch.fx
 
 from fxckpt.passes.annotate import NodeInfo, has_info, info
+from fxckpt.passes.devices import DeviceProfile
 from fxckpt.passes.graphs import planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
@@ -46,8 +51,10 @@ Llama step. Keeping an op cheaper than this would slow the step down."""
 LOSS = "loss::assumed"
 
 
-def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
-    """Compute nodes (in fx order) and graph inputs, with data-flow edges and cost attributes."""
+def to_networkx(gm: torch.fx.GraphModule,
+                profile: Optional[DeviceProfile] = None) -> nx.DiGraph:
+    """Compute nodes (in fx order) and graph inputs, with data-flow edges and cost attributes
+    (priced for ``profile``'s device; ``None``: the CPU price table)."""
     graph = nx.DiGraph()
     order = planned_nodes(gm.graph)
     members = set(order)
@@ -59,7 +66,7 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
         i = info(n)
         graph.add_node(
             n.name, kind="op", position=position, out_bytes=i.new_bytes,
-            cost=_cost(i), saves=tuple(_root(nodes, s) for s in i.saves),
+            cost=_cost(i, profile), saves=tuple(_root(nodes, s) for s in i.saves),
             internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
             module_path=i.module_path, scratch=i.scratch,
         )
@@ -81,8 +88,10 @@ def to_networkx(gm: torch.fx.GraphModule) -> nx.DiGraph:
     return graph
 
 
-def _cost(i: NodeInfo) -> float:
-    return float(i.flops + i.work)
+def _cost(i: NodeInfo, profile: Optional[DeviceProfile] = None) -> float:
+    if profile is None:
+        return float(i.flops + i.work)
+    return profile.cost(i.flops, i.moved, len(i.calls), i.dtypes[0] if i.dtypes else None)
 
 
 def _floating(dtypes: tuple[str, ...]) -> bool:
@@ -98,8 +107,8 @@ def _root(nodes: dict[str, torch.fx.Node], name: str) -> str:
     return aliases[0] if aliases and info(node).new_bytes == 0 else name
 
 
-def to_problem(graph: nx.DiGraph) -> Problem:
-    """The solver's Problem from a :func:`to_networkx` view."""
+def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None) -> Problem:
+    """The solver's Problem from a :func:`to_networkx` view (overheads for ``profile``)."""
     ops: list[Op] = []
     ops_in_order = sorted((n for n, d in graph.nodes(data=True) if d["kind"] == "op"),
                           key=lambda n: graph.nodes[n]["position"])
@@ -121,10 +130,13 @@ def to_problem(graph: nx.DiGraph) -> Problem:
     ops.append(
         Op(name=LOSS, out_bytes=loss_bytes, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0)
     )
-    return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=SEGMENT_COST,
-                   keep_overhead=KEEP_COST, early_stop=True)
+    segment, keep = SEGMENT_COST, KEEP_COST
+    if profile is not None:
+        segment, keep = profile.segment * profile.unit, profile.keep * profile.unit
+    return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=segment,
+                   keep_overhead=keep, early_stop=True)
 
 
-def problem_of(gm: torch.fx.GraphModule) -> Problem:
-    """``to_problem(to_networkx(gm))``."""
-    return to_problem(to_networkx(gm))
+def problem_of(gm: torch.fx.GraphModule, profile: Optional[DeviceProfile] = None) -> Problem:
+    """``to_problem(to_networkx(gm, profile), profile)``."""
+    return to_problem(to_networkx(gm, profile), profile)

@@ -32,7 +32,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 from fxckpt.passes.flops import EXTRA_FORMULAS
 
-__all__ = ["call_price", "CALL_PRICE", "CPU_PRICES", "DEFAULT_PRICE", "RANDOM_PRICE",
+__all__ = ["call_price", "traffic", "CALL_PRICE", "CPU_PRICES", "DEFAULT_PRICE", "RANDOM_PRICE",
            "OTHER_DEVICE_PRICE", "OTHER_DEVICE_RANDOM_PRICE", "REDUCTIONS"]
 
 CALL_PRICE = 2e5
@@ -106,6 +106,11 @@ def _bytes(value: Any) -> int:
             except Exception:  # noqa: BLE001 - a data-dependent size: unknown, priced as nothing
                 pass
     return total
+
+
+def traffic(args: Any, kwargs: Any, out: Any) -> int:
+    """Bytes a call reads (its tensor arguments) and writes (its outputs)."""
+    return _bytes((args, kwargs)) + _bytes(out)
 
 
 def _device(args: Any, out: Any) -> str:

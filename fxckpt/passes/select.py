@@ -21,6 +21,7 @@ from fxckpt.config import TransformConfig
 from fxckpt.passes.actions import choose_actions
 from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.cleanup import force_notes, pinned, without_kept
+from fxckpt.passes.devices import profile_for
 from fxckpt.passes.graph_view import problem_of
 from fxckpt.passes.anchors import anchors_of
 from fxckpt.passes.keeps import Groups, choices, module_pins
@@ -55,12 +56,16 @@ def select(
     verification steers a budget (:mod:`fxckpt.passes.fit`).
     """
     order = planned_nodes(gm.graph)
-    problem = problem_of(gm)
+    profile = profile_for(config.device_profile, device_of(gm))
+    problem = problem_of(gm, profile)
     replay = config.strategy if isinstance(config.strategy, Replay) else None
     if config.offload == "auto" and replay is None:
-        per_byte = offload_cost_per_byte(
-            config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
-        )
+        if profile is not None and config.offload_bandwidth is None:
+            per_byte = 2 * profile.unit / profile.link  # out and back, over the profile's link
+        else:
+            per_byte = offload_cost_per_byte(
+                config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
+            )
         problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
     modules = module_pins(config.force)
     offered, forced = choices(problem, order, config.force)
