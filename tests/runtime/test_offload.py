@@ -16,7 +16,10 @@ from fxckpt.runtime.offload import HostPool, Offloader
 from models import MLP, ResNet
 from support import assert_steps_equal, loss_of, run_step
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def cuda(test):  # type: ignore[no-untyped-def]
+    """In the CUDA tier (``pytest -m cuda``); skipped without a CUDA device."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(),
+                                               reason="needs CUDA")(test))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,65 @@
+"""The GPU bench's judgement (fxckpt/bench/gpu.py) and the CPU-side predictions
+(fxckpt/bench/predict.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxckpt.bench import gpu, predict
+
+MiB = 2**20
+
+
+def _rows() -> list[gpu.Row]:
+    return [
+        gpu.Row("llama", "unmodified", peak_bytes=1000 * MiB, seconds=1.0, unmodified_seconds=1.0),
+        gpu.Row("llama", "checkpoint_per_block", peak_bytes=200 * MiB, seconds=1.3,
+                unmodified_seconds=1.0),
+        gpu.Row("llama", "fxckpt", budget=0.5, budget_bytes=500 * MiB, peak_bytes=505 * MiB,
+                stated_bytes=500 * MiB, seconds=1.04, unmodified_seconds=1.0),
+        gpu.Row("llama", "fxckpt @checkpoint_per_block", budget=200 * MiB,
+                budget_bytes=200 * MiB, peak_bytes=230 * MiB, stated_bytes=200 * MiB,
+                seconds=1.2, unmodified_seconds=1.0),
+        gpu.Row("llama", "fxckpt_offload", peak_bytes=300 * MiB, seconds=1.05,
+                unmodified_seconds=1.0, copy_seconds=0.5),
+        gpu.Row("llama", "sac_ops", error="RuntimeError: out of memory"),
+    ]
+
+
+def test_targets_judge_each_row_with_its_numbers() -> None:
+    checks = {c.name: c for c in gpu.targets(_rows())}
+    assert checks["budget held: llama fxckpt b=0.5"].passed  # 505 <= 1.02 x 500
+    assert not checks["budget held: llama fxckpt @checkpoint_per_block b=209715200"].passed
+    assert not checks["plan peak within 5%: llama fxckpt @checkpoint_per_block"].passed  # -13%
+    faster = checks["faster at the peer's memory: llama fxckpt @checkpoint_per_block"]
+    assert not faster.passed and "time 0.923x the peer's, memory 1.150x" in faster.detail
+    assert checks["llama at 0.5 within 1.05x unmodified time"].passed
+    hidden = checks["offload hides 80% of its copies: llama"]
+    assert hidden.passed and "90% of 500.0 ms hidden" in hidden.detail
+    assert not any("sac_ops" in name for name in checks)  # an error row is judged by nothing
+
+
+def test_the_report_shows_errors_and_the_summary_counts() -> None:
+    rows = _rows()
+    checks = gpu.targets(rows)
+    text = gpu.render(rows, checks, "cpu", {"cpu": "x", "cores": 2, "torch": "t",
+                                              "transformers": "t", "commit": "c"})
+    assert "| llama | sac_ops | — | RuntimeError: out of memory |" in text
+    assert gpu.summary(rows, checks, 12.0).startswith(
+        "gpu bench: 6 rows, 1 errors, targets 4 PASS / 3 FAIL")
+
+
+@pytest.mark.slow
+def test_predictions_on_meta_are_deterministic_and_priced_for_the_profile() -> None:
+    rows, facts = predict.predict("h100", layers=2, seq=256)
+    again, _ = predict.predict("h100", layers=2, seq=256)
+    assert [(r.method, r.peak_bytes, r.step_seconds) for r in rows] == \
+        [(r.method, r.peak_bytes, r.step_seconds) for r in again]
+    by = {r.method: r for r in rows}
+    assert list(by)[:5] == ["unmodified", "per-block", "op policy", "Megatron selective",
+                            "fxckpt 0.5"]
+    assert by["per-block"].peak_bytes < by["unmodified"].peak_bytes
+    assert by["op policy"].kept > 0 and by["per-block"].kept == 0
+    assert by["per-block"].step_seconds > by["unmodified"].step_seconds > 0
+    assert facts["forward_seconds"] > 0
+    assert "| unmodified | 0 | 0 |" in predict.render(rows, facts)
