@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Callable, Mapping, Optional
 
 import torch
@@ -128,14 +127,7 @@ def measure_profile(device: torch.device) -> DeviceProfile:
 
 def _best(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
     """The fastest of ``repeats`` timed runs after a warm-up (CUDA synchronised)."""
+    from fxckpt.passes.rates import timed
+
     fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return max(min(times), 1e-9)
+    return min(timed(fn, device) for _ in range(repeats))

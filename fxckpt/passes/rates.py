@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["measure_rates", "device_of", "offload_cost_per_byte", "RATE_REPEATS"]
+__all__ = ["measure_rates", "device_of", "offload_cost_per_byte", "timed", "RATE_REPEATS"]
 
 RATE_REPEATS = 3
 """Timings per rate after the warm-up run (which is discarded); the median is kept."""
@@ -24,7 +24,7 @@ RATE_REPEATS = 3
 _RATES: dict[tuple[torch.device, torch.device], tuple[float, float]] = {}
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
+def timed(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds ``fn`` takes on ``device`` (CUDA work is waited for on both sides)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -36,7 +36,7 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def _median_after_warmup(fn: Callable[[], object], device: torch.device) -> float:
-    times = [_timed(fn, device) for _ in range(RATE_REPEATS + 1)][1:]  # the first run warms up
+    times = [timed(fn, device) for _ in range(RATE_REPEATS + 1)][1:]  # the first run warms up
     return sorted(times)[len(times) // 2]
 
 

@@ -225,7 +225,7 @@ def test_rates_are_timed_on_the_device_after_a_discarded_warm_up(monkeypatch) ->
         calls.append(device)
         return [100.0, 3.0, 1.0, 2.0][(len(calls) - 1) % 4]  # a slow first run, then 3 timings
 
-    monkeypatch.setattr(rates, "_timed", timed)
+    monkeypatch.setattr(rates, "timed", timed)
     flops, bandwidth = rates.measure_rates("cpu", "cpu")
     assert calls == [torch.device("cpu")] * 8  # matmul and copy: warm-up + 3 each
     assert flops == 2 * 256**3 / 2.0 and bandwidth == (1 << 22) / 2.0  # medians, warm-up discarded
