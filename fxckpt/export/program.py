@@ -21,6 +21,7 @@ naming the node.
 from __future__ import annotations
 
 import keyword
+import operator
 import re
 from typing import Any, Optional
 
@@ -196,12 +197,19 @@ def _pytree_info(data: Any, where: str) -> Optional[_PyTreeInfo]:
 def install(gm: torch.fx.GraphModule, graph: torch.fx.Graph, info: Optional[_PyTreeInfo],
             where: str) -> None:
     """Give ``gm`` its graph (torch.fx generates and compiles the forward from it)."""
+    modules = set()
     for n in graph.nodes:
         if n.op in ("get_attr", "call_module"):
             value = _attribute(gm, str(n.target), f"node {n.name!r} of {where}")
             if n.op == "call_module" and not isinstance(value, torch.nn.Module):
                 raise ExportError(f"node {n.name!r} of {where} calls {n.target!r}, which is not a "
                                   "module")
+            if n.op == "get_attr" and isinstance(value, torch.nn.Module):
+                modules.add(n)
+        elif n.op == "call_function" and n.target in _SETTERS and n.args and n.args[0] in modules:
+            raise ExportError(f"node {n.name!r} of {where} writes into the module "
+                              f"{n.args[0].target!r} with {n.target.__name__}; a loaded graph "
+                              "writes tensors only")
     if info is not None:
         graph._codegen = _PyTreeCodeGen(info)
     try:
@@ -210,6 +218,11 @@ def install(gm: torch.fx.GraphModule, graph: torch.fx.Graph, info: Optional[_PyT
     except (RuntimeError, SyntaxError, TypeError, ValueError) as e:
         raise ExportError(f"{where}: torch.fx cannot build the saved graph "
                           f"({type(e).__name__}: {e})") from None
+
+
+_SETTERS = frozenset({operator.setitem, operator.delitem, operator.iadd, operator.isub,
+                      operator.imul, operator.itruediv, operator.ior, operator.iand})
+"""``operator`` functions that write into their first argument."""
 
 
 def _attribute(gm: torch.nn.Module, target: str, where: str) -> Any:
