@@ -18,8 +18,10 @@ Two additions make its graph fit fxckpt:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
+import dis
 import logging
 import os
 import sys
@@ -107,9 +109,51 @@ def export_graph(
         ep = _export_program(model, args, kwargs, opaque)
     rule = _shape_rule(ep)
     gm = _swapped(model, ep, opaque, calls) if opaque else ep.module()
+    _mend_guards(gm)
     done = simplify(gm)
     log.debug("simplified the exported graph: %s", done)
     return Exported(gm, rule, opaque)
+
+
+def _mend_guards(gm: torch.fx.GraphModule) -> None:
+    """Silence export's input guards where torch wrote code that cannot run.
+
+    torch 2.11 writes a float argument's guard with a bare ``nan`` or ``inf`` name
+    (``args[1] == nan``), which raises ``NameError`` at every call, even the one exported for.
+    Such a guard function is replaced by a no-op: fxckpt's own call key already matches constant
+    arguments by their bits, and its shape rule the dimensions. torch 2.13 writes them soundly.
+    """
+    guards = getattr(gm, "_guards_fn", None)
+    code = _generated(getattr(guards, "forward", None))
+    if code is None:
+        return
+    known = set(code.__globals__) | set(vars(builtins))
+    read = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    missing = sorted(read - known)
+    if missing:
+        log.info("torch.export's input guards read undefined names %s; fxckpt's call key checks "
+                 "those arguments instead", missing)
+        guards.forward = _no_guards  # type: ignore[union-attr]
+
+
+def _no_guards(*_: Any) -> None:
+    return None
+
+
+def _generated(fn: Any, depth: int = 0) -> Any:
+    """The function torch.export generated for its guards (named ``_``), under its wrappers."""
+    if getattr(fn, "__code__", None) is not None and fn.__code__.co_name == "_":
+        return fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(value) and depth < 4:
+            found = _generated(value, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 def _swapped(model: torch.nn.Module, ep: torch.export.ExportedProgram, opaque: tuple[str, ...],

@@ -83,6 +83,19 @@ class FxckptTracer(torch.fx.Tracer):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
+    def create_arg(self, a: Any) -> Any:
+        # A model-owned generator (``torch.randn(..., generator=self.gen)``) becomes a constant
+        # attribute of the graph, the same object, so the runtime can replay its draws. torch 2.13
+        # does this by itself (an "opaque reference"); torch 2.11 refuses the argument.
+        if isinstance(a, torch.Generator):
+            name = self.tensor_attrs.get(a)  # type: ignore[call-overload]
+            if name is None:
+                name = self.get_fresh_qualname("_generator_")
+                self.tensor_attrs[a] = name  # type: ignore[index]
+                setattr(self.root, name, a)
+            return self.create_node("get_attr", name, (), {})
+        return super().create_arg(a)
+
     def trace(self, root: Any, concrete_args: Optional[dict[str, Any]] = None) -> torch.fx.Graph:
         state = _state_tensors(root) if isinstance(root, torch.nn.Module) else []
         with self._opaque_functions(), StateRecorder(self, state) as recorder:

@@ -1,0 +1,54 @@
+"""torch.export's input guards as fxckpt keeps them (torch 2.11 writes some it cannot run)."""
+
+from __future__ import annotations
+
+import torch
+
+from fxckpt.passes.exporter import _mend_guards, export_graph
+
+
+def _guards(body: str) -> torch.fx.GraphModule:
+    """A GraphModule holding a guard function generated like torch.export's (``def _(*args)``)."""
+    namespace: dict = {"torch": torch}
+    exec(f"def _(*args):\n  torch._assert({body}, 'Guard failed')\n  return\n", namespace)
+    guards = torch.nn.Module()
+    guards.forward = namespace["_"]  # type: ignore[method-assign]
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    gm._guards_fn = guards
+    return gm
+
+
+def test_a_guard_that_reads_an_undefined_name_is_replaced_and_a_sound_one_kept() -> None:
+    broken = _guards("args[1] == nan")  # how torch 2.11 writes a NaN float argument's guard
+    original = broken._guards_fn.forward
+    _mend_guards(broken)
+    assert broken._guards_fn.forward is not original
+    assert broken._guards_fn(torch.ones(2), float("nan")) is None
+
+    sound = _guards("args[0].size()[0] == 2")
+    kept = sound._guards_fn.forward
+    _mend_guards(sound)
+    assert sound._guards_fn.forward is kept
+    try:
+        sound._guards_fn(torch.ones(3))
+    except (AssertionError, RuntimeError) as e:
+        assert "Guard failed" in str(e)
+    else:
+        raise AssertionError("a sound guard stopped checking")
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.lin(x) * scale
+
+
+def test_an_export_for_a_nan_argument_runs_on_the_inputs_it_was_made_for() -> None:
+    model, x = Scaled(), torch.randn(2, 4)
+    exported = export_graph(model, (x,), {"scale": float("nan")}, ())
+    out = exported.gm(x, scale=float("nan"))
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    assert torch.isnan(out).all()
