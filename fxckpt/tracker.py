@@ -100,8 +100,10 @@ class LiveTensorTracker(TorchDispatchMode):
         """Raise the peaks to what was alive while ``func`` ran, its own scratch included."""
         assert self._scratch is not None
         extra = self._scratch(func, args, kwargs)
+        if not extra:
+            return
         tensors = _tensor_leaves(args)
-        if not extra or not tensors:
+        if not tensors:
             return
         device = str(tensors[0].device)
         with self._lock:
@@ -128,7 +130,28 @@ class LiveTensorTracker(TorchDispatchMode):
 
 
 def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
-    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+    """The tensors of an aten call's arguments or outputs: tensors, lists, tuples and dicts of
+    them (``pytree.tree_leaves`` reads the same ones, at a few times the cost per call)."""
+    found: list[torch.Tensor] = []
+    _collect(tree, found)
+    return found
+
+
+def _collect(tree: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (list, tuple)):
+        for x in tree:
+            _collect(x, found)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _collect(x, found)
+    elif not isinstance(tree, _SCALARS):
+        found.extend(x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor))
+
+
+_SCALARS = (int, float, bool, str, type(None), torch.SymInt, torch.SymFloat, torch.SymBool,
+            torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 def _storage_of(t: torch.Tensor, fake: bool = False) -> Optional[torch.UntypedStorage]:

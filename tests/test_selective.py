@@ -146,6 +146,37 @@ def test_pinned_ops_are_kept_in_every_segment_and_batchnorm_updates_once() -> No
     assert_steps_equal(run_step(tm, (x,), {}, seed=3), run_step(eager, (x,), {}, seed=3))
 
 
+class Casts(nn.Module):
+    """An fp32 RMSNorm in bf16 blocks: nodes that are a cast and nothing else."""
+
+    def __init__(self, depth: int = 4, width: int = 64) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            wide = x.to(torch.float32)
+            wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)
+            x = x + layer(wide.to(x.dtype)).relu()
+        return x
+
+
+def test_a_kept_cast_is_kept_not_run_again_and_exact() -> None:
+    """A node whose only call is a copy (``_to_copy``) keeps that copy's output: before, it
+    kept nothing and the first backward through its segment failed as if it were a second."""
+    torch.manual_seed(0)
+    model = Casts().to(torch.bfloat16).train()
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    eager = copy.deepcopy(model)
+    tm = fxckpt.transform(model, every=1, force={"op:aten._to_copy": "save"}, verify=True,
+                          example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert {k for s in plan.segments for k in s.kept_ops} == {"_to_copy"}
+    assert plan.verified_peak is not None
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(eager, (x,), {}))
+    assert_steps_equal(run_step(tm, (x,), {}, seed=2), run_step(eager, (x,), {}, seed=2))
+
+
 def test_an_op_pinned_to_recompute_is_never_kept() -> None:
     torch.manual_seed(0)
     model, x = Blocks().train(), _x()

@@ -5,14 +5,18 @@
 Each configuration is built under ``torch.device("meta")`` in bf16 and planned with
 ``budget=0.5`` for one batch of 1 x 4096 token ids, in a fresh process, so that the process's
 peak RSS (``ru_maxrss``) is the planning's own. Reported: capture and planning seconds (from
-``fxckpt.inspect``), the whole transform's wall time, the peak RSS, the graph's size, the plan.
-Targets: under 30 s and under 2 GiB of RSS each.
+``fxckpt.inspect``), the whole transform's wall time and the CPU time it took, the peak RSS, the
+graph's size, the plan, and the machine's load when each ran. Targets: under 30 s (wall) and
+under 2 GiB of RSS each. On a machine shared with other work the wall time grows with the load,
+and the CPU time too, less (the process shares caches and cores' pipelines): both are shown, the
+target is judged on the wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -53,9 +57,10 @@ def plan_on_meta(name: str, layers: Optional[int] = None) -> dict[str, Any]:
         model: Any = LlamaForCausalLM(config)
         model = model.to(torch.bfloat16).train()
     ids = torch.zeros(BATCH, SEQ, dtype=torch.long, device="meta")
-    built = time.perf_counter()
+    load = os.getloadavg()[0]
+    built, cpu = time.perf_counter(), time.process_time()
     tm = fxckpt.transform(model, budget=BUDGET, example_inputs=(ids,))
-    done = time.perf_counter()
+    done, cpu = time.perf_counter(), time.process_time() - cpu
     info = fxckpt.inspect(tm)
     plan = info.plan
     return {
@@ -64,6 +69,8 @@ def plan_on_meta(name: str, layers: Optional[int] = None) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in model.parameters()),
         "build_s": built - start,
         "transform_s": done - built,
+        "cpu_s": cpu,
+        "load": load,
         "capture_s": info._dispatcher.counts.capture_seconds,
         "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "nodes": plan.node_count,
@@ -98,7 +105,8 @@ def _gib(n: float) -> str:
 def report(rows: list[dict[str, Any]]) -> str:
     """The markdown page: a table, the plans' summaries, the targets."""
     head = ["model", "layers", "parameters", "graph nodes", "capture s", "transform s",
-            "peak RSS", "segments", "kept outputs", "eager peak", "plan peak", "targets"]
+            "transform CPU s", "load", "peak RSS", "segments", "kept outputs", "eager peak",
+            "plan peak", "targets"]
     lines = [
         "# Planning on the meta device at real sizes",
         "",
@@ -106,9 +114,12 @@ def report(rows: list[dict[str, Any]]) -> str:
         f"configurations built under `torch.device(\"meta\")` in bf16, planned with "
         f"`budget={BUDGET}` for {BATCH} x {SEQ} token ids, each in a fresh process. *capture s*: "
         "`torch.export`'s capture, part of *transform s* (the whole `fxckpt.transform`: capture, "
-        "annotate, solve, verify on fake tensors, lower). *peak RSS*: the process's `ru_maxrss`, "
-        f"import of torch and transformers included. Targets: transform under {TARGET_S:.0f} s, "
-        f"peak RSS under {_gib(TARGET_RSS)}. Machine: {platform.machine()}, "
+        "annotate, solve, verify on fake tensors, lower), in wall seconds; *transform CPU s*: the "
+        "CPU time the process spent on it; *load*: the machine's 1-minute load average as it "
+        "started (a load over the CPU count stretches the wall time, and the CPU time less). "
+        "*peak RSS*: the process's `ru_maxrss`, import of torch and transformers included. "
+        f"Targets: transform under {TARGET_S:.0f} s (wall), peak RSS under {_gib(TARGET_RSS)}. "
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, "
         f"{platform.python_version()}; see the recipe in [meta.md](meta.md).",
         "",
         "| " + " | ".join(head) + " |",
@@ -123,7 +134,8 @@ def report(rows: list[dict[str, Any]]) -> str:
               f"RSS {'PASS' if r['rss_bytes'] < TARGET_RSS else 'FAIL'}"]
         lines.append("| " + " | ".join([
             r["model"], str(r["layers"]), f"{r['parameters'] / 1e9:.2f} B", str(r["nodes"]),
-            f"{r['capture_s']:.1f}", f"{r['transform_s']:.1f}", _gib(r["rss_bytes"]),
+            f"{r['capture_s']:.1f}", f"{r['transform_s']:.1f}", f"{r['cpu_s']:.1f}",
+            f"{r['load']:.1f}", _gib(r["rss_bytes"]),
             str(r["segments"]), str(r["kept"]), _gib(r["eager_peak"]), _gib(r["peak"]),
             ", ".join(ok)]) + " |")
     lines += ["", "Plans:", ""]

@@ -24,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import PlanError
+from fxckpt.meta_run import on_meta
 from fxckpt.passes.flops import counter as flop_counter
 from fxckpt.passes.prices import call_price, traffic
 from fxckpt.passes.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
@@ -71,7 +72,7 @@ class NodeInfo:
     is_state: bool
     """A ``get_attr`` of a parameter or buffer."""
     ops: tuple[str, ...]
-    """The aten ops the node ran."""
+    """The aten ops the node ran (not ``prim`` queries such as ``prim.device``)."""
     work: float = 0.0
     """FLOP-equivalents of the node's calls beyond their FLOPs: a fixed price per call and the
     bytes memory-bound calls write, at their op's price (:mod:`fxckpt.passes.prices`)."""
@@ -125,7 +126,18 @@ def _normalise_path(path: str) -> str:
 
 
 def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.GraphModule:
-    """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place."""
+    """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place.
+
+    A graph whose tensors are all on ``meta`` already runs on them as they are, which fake
+    tensors would only wrap (:mod:`fxckpt.meta_run`); on fake tensors if that fails."""
+    if on_meta(gm, tuple(placeholder_values), {}):
+        try:
+            with _kept_state(gm):
+                _Annotator(gm, None).run(*placeholder_values)
+            log.debug("annotated %d nodes on meta tensors", len(gm.graph.nodes))
+            return gm
+        except PlanError as e:
+            log.debug("fxckpt: annotate on meta tensors failed (%s); faking them", e)
     with faking(gm) as fake_mode:
         fake = fake_mode.from_tensor
         fake_args = [pytree.tree_map_only(torch.Tensor, fake, v) for v in placeholder_values]
@@ -144,11 +156,18 @@ def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
     fake_mode = FakeTensorMode(
         allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True
     )
+    with _kept_state(gm), fake_mode:
+        yield fake_mode
+
+
+@contextlib.contextmanager
+def _kept_state(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """RNG states and ``gm``'s buffers as they were, whatever runs inside."""
     saved = [b.detach().clone() for b in gm.buffers()]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices), fake_mode:
-            yield fake_mode
+        with torch.random.fork_rng(devices=devices):
+            yield
     finally:
         # Under a user's autocast region, autocast caches casts of parameters: drop the fake ones.
         torch.clear_autocast_cache()
@@ -187,7 +206,8 @@ class _OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: Optional[dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
-        self.ops.append(str(func.overloadpacket.__name__))
+        if func.namespace != "prim":  # fake tensors answer `.device` through the dispatcher
+            self.ops.append(str(func.overloadpacket.__name__))
         counted = func not in _SAC_IGNORED
         if counted:
             self.calls.append(str(func))
@@ -211,16 +231,19 @@ class _OpRecorder(TorchDispatchMode):
 
 
 class _Annotator(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+    """``fake_mode=None``: the values are meta tensors, run as they are (:func:`annotate`)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, fake_mode: Optional[FakeTensorMode]) -> None:
         super().__init__(gm, garbage_collect_values=False)
         self.fake_mode = fake_mode
+        fake = fake_mode.from_tensor if fake_mode is not None else _same
         self.owner: dict[StorageWeakRef, torch.fx.Node] = {}
         # One fake per parameter and buffer, kept alive here: the converter memoises a fake only
         # while it lives, and a get_attr node must hand out the same fake a module's op sees.
         # A module's op is recorded before fake conversion, so it shows the real buffer: both
         # count.
         buffers, params = dict(gm.named_buffers()), dict(gm.named_parameters())
-        self.fakes = {name: fake_mode.from_tensor(t) for name, t in {**params, **buffers}.items()}
+        self.fakes = {name: fake(t) for name, t in {**params, **buffers}.items()}
         # State a node writes in place is put back around its recompute: buffers (running
         # statistics) and parameters (an EMA teacher updated under no_grad).
         state = {**params, **buffers}
@@ -259,7 +282,9 @@ class _Annotator(torch.fx.Interpreter):
         value = super().get_attr(target, args, kwargs)
         # The memoised fake of a parameter is the one its module's ops see, so views of it
         # alias it.
-        return self.fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+        if self.fake_mode is None or not isinstance(value, torch.Tensor):
+            return value
+        return self.fake_mode.from_tensor(value)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         recorder = _OpRecorder()
@@ -285,7 +310,7 @@ class _Annotator(torch.fx.Interpreter):
     def _settle(self, n: torch.fx.Node, out: Any) -> None:
         """Size new data-dependent dimensions (``x[mask]``) at their upper bound: the element count
         of the node's largest input (a mask selects at most all of it)."""
-        env = self.fake_mode.shape_env
+        env = self.fake_mode.shape_env if self.fake_mode is not None else None
         if env is None:
             return
         sized = [v for v in pytree.tree_leaves(out) if isinstance(v, (torch.Tensor, torch.SymInt))]
@@ -310,7 +335,7 @@ class _Annotator(torch.fx.Interpreter):
     def _int(self, value: Any) -> int:
         """A size, byte count or FLOP count as an int (data-dependent ones at their estimate)."""
         if isinstance(value, torch.SymInt):
-            env = self.fake_mode.shape_env
+            env = self.fake_mode.shape_env if self.fake_mode is not None else None
             assert env is not None
             return int(env.optimization_hint(value.node.expr, fallback=1))
         return int(value)
@@ -360,3 +385,7 @@ class _Annotator(torch.fx.Interpreter):
             scratch=self._int(rec.scratch),
             moved=self._int(rec.moved),
         )
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t

@@ -53,6 +53,7 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
     """Rewrite ``gm``'s masked attention calls in place (see the module docstring)."""
     calls = repeats = expected = 0
     graph = gm.graph
+    verdicts: dict[tuple, Optional[str]] = {}  # one mask node serves every layer: build it once
     for node in list(graph.nodes):
         mask = _boolean_mask(node)
         if mask is None:
@@ -64,7 +65,7 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
             key, value = folded[0][0], folded[1][0]
             kwargs["kv_repeats"] = folded[0][1]
             repeats += 1
-        kind = _expected(mask, query, key)
+        kind = _expected(mask, query, key, verdicts)
         if kind is not None:
             kwargs["expect"] = kind
             expected += 1
@@ -135,8 +136,10 @@ def _repeated(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
     return (source, n) if isinstance(source, torch.fx.Node) else None
 
 
-def _expected(mask: torch.fx.Node, query: Any, key: Any) -> Optional[str]:
-    """The mask's kind at the example's shapes, when shapes alone determine it."""
+def _expected(mask: torch.fx.Node, query: Any, key: Any,
+              verdicts: dict[tuple, Optional[str]]) -> Optional[str]:
+    """The mask's kind at the example's shapes, when shapes alone determine it (``verdicts``
+    remembers it per mask node and query and key lengths)."""
     mask_val, q, k = _val(mask), _val(query), _val(key)
     if not all(isinstance(t, torch.Tensor) for t in (mask_val, q, k)):
         return None
@@ -146,8 +149,12 @@ def _expected(mask: torch.fx.Node, query: Any, key: Any) -> Optional[str]:
         return None
     if math.prod(sizes) > MAX_MASK_ELEMENTS:  # type: ignore[arg-type]
         return None
-    value = _evaluate(mask)
-    return mask_kind(value, queries, keys) if isinstance(value, torch.Tensor) else None
+    seen = (mask, queries, keys)
+    if seen not in verdicts:
+        value = _evaluate(mask)
+        verdicts[seen] = (mask_kind(value, queries, keys) if isinstance(value, torch.Tensor)
+                          else None)
+    return verdicts[seen]
 
 
 def _evaluate(root: torch.fx.Node) -> Any:

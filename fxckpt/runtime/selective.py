@@ -42,6 +42,10 @@ as a view but returns one: ``linear`` on a 3-d input is ``view``, ``mm``, ``_uns
 the ``mm`` is what must be kept (keeping the ``_unsafe_view`` left the ``mm`` to run again)."""
 
 
+def _is_copy(func: Any) -> bool:
+    return func.overloadpacket.__name__ in _COPIES and not getattr(func, "is_view", False)
+
+
 def _is_main_candidate(func: Any) -> bool:
     """Calls that can make a node's output: not views, not copies or casts, and not ``prim``
     queries (``prim.device``, which fake tensors answer through the dispatcher: counting them
@@ -51,23 +55,37 @@ def _is_main_candidate(func: Any) -> bool:
 
 
 class _Record(TorchDispatchMode):
-    """Forward: run the node's calls; remember the last candidate's output and its position."""
+    """Forward: run the node's calls; remember the last candidate's output and its position.
+    A node with no candidate (a cast, ``x.to(torch.float32)``, is a copy only) keeps its last
+    copy's output instead (:attr:`kept`), found by its position among the node's copies."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count = self.copies = 0
         self.last: Optional[tuple] = None
+        self.last_copy: Optional[tuple] = None
+
+    @property
+    def kept(self) -> Optional[tuple]:
+        return self.last if self.last is not None else self.last_copy
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if _is_main_candidate(func):
+        candidate = _is_main_candidate(func)
+        if candidate or _is_copy(func):
             leaves, spec = pytree.tree_flatten(out)
             if any(isinstance(t, torch.Tensor) for t in leaves):
                 leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
                 versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
-                self.last = (self.count, str(func), leaves, versions, spec)
-            self.count += 1
+                if candidate:
+                    self.last = (self.count, str(func), leaves, versions, spec, False)
+                else:
+                    self.last_copy = (self.copies, str(func), leaves, versions, spec, True)
+            if candidate:
+                self.count += 1
+            else:
+                self.copies += 1
         return out
 
 
@@ -80,10 +98,10 @@ class _Replay(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
-        if not _is_main_candidate(func):
+        position, name, leaves, versions, spec, copy = self.kept
+        if not (_is_copy(func) if copy else _is_main_candidate(func)):
             return func(*args, **(kwargs or {}))
         k, self.count = self.count, self.count + 1
-        position, name, leaves, versions, spec = self.kept
         if k != position or str(func) != name:
             return func(*args, **(kwargs or {}))
         for t, version in zip(leaves, versions):
@@ -131,8 +149,8 @@ class Keeper:
         mode, self.mode = self.mode, None
         assert mode is not None
         mode.__exit__(None, None, None)
-        if isinstance(mode, _Record) and mode.last is not None:
-            self.kept[index] = mode.last
+        if isinstance(mode, _Record) and mode.kept is not None:
+            self.kept[index] = mode.kept
 
 
 def active() -> Optional[Keeper]:

@@ -242,3 +242,15 @@ def test_a_mask_drawn_at_random_is_not_built_at_capture() -> None:
     done = simplify(gm).attention
     assert torch.equal(torch.get_rng_state(), state)
     assert (done.calls, done.expected) == (1, 0)
+
+
+def test_the_mask_every_layer_shares_is_built_once_at_capture(monkeypatch) -> None:
+    from fxckpt.passes import eager_attention
+
+    built = []
+    evaluate = eager_attention._evaluate
+    monkeypatch.setattr(eager_attention, "_evaluate", lambda n: built.append(n) or evaluate(n))
+    tm = fxckpt.transform(_llama(2), depth=3, example_inputs=(torch.randint(0, 64, (2, 12)),))
+    gm = fxckpt.inspect(tm).graph_module
+    code = "".join(m.code for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
+    assert code.count("expect = 'causal'") == 2 and len(built) == 1
