@@ -34,7 +34,8 @@ from fxckpt.passes.state_guard import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
 from fxckpt.signature import describe_signature, signature_key
-from fxckpt.verify import fake_step_peak
+from fxckpt.loss_probe import LossProbe
+from fxckpt.verify import STAND_IN, fake_step_peak
 
 __all__ = ["Compiled", "capture_for", "build", "first_micro_batch"]
 
@@ -93,6 +94,22 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
     return compiled
 
 
+def peak_at(compiled: Compiled, config: TransformConfig, args: tuple, kwargs: dict,
+            model: torch.nn.Module) -> Optional[int]:
+    """The verified peak of ``compiled``'s plan for calls like these (``None`` when the step
+    cannot run on fake tensors): what lets a plan serve larger calls without planning again."""
+    from fxckpt.verify import VerifyError
+
+    plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
+    hooked = [model.get_submodule(p) for p in compiled.captured.hooked]
+    verify = _verifier(compiled.captured, config, plan_args, plan_kwargs, hooked,
+                       _device_of(model))
+    try:
+        return verify(compiled.gm)
+    except VerifyError:
+        return None
+
+
 def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,
            model: torch.nn.Module) -> Compiled:
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
@@ -110,16 +127,26 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
     kept = {p for p, m in zip(captured.hooked, hooked) if not recomputable(m)}
     keep = {n.name: str(n.target) for n in gm.graph.nodes
             if n.op == "call_module" and str(n.target) in kept}
+    probe: Optional[LossProbe] = None  # what the user's loss holds, measured when verified
+
     def choose(fitting: Fitting) -> Plan:
         return select(gm, config, capture=captured.method, training=training,
-                      signature=describe_signature(args, kwargs), keep=keep, fitting=fitting)
+                      signature=describe_signature(args, kwargs), keep=keep, fitting=fitting,
+                      loss_bytes=probe.peak(gm) if probe is not None else None)
 
     verify = None
     if training and config.verifies and not any(captured.sharding) and not _offloads_in_place(
             config, model):
-        verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model))
+        if config.loss_fn is not None:
+            probe = LossProbe(config.loss_fn, plan_args, plan_kwargs, _device_of(model))
+        verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model),
+                           probe)
     plan, gm = fit(gm, choose, verify, solved=config.budget is not None,
                    loosen=config.loss_fn is not None)
+    if verify is not None and config.loss_fn is None:
+        plan = dataclasses.replace(plan, notes=plan.notes + (
+            f"no loss_fn: verified with a stand-in loss that holds {STAND_IN}; pass "
+            "loss_fn= to fit the plan to your loss",))
     pipeline = None
     if config.pipelined:
         pipeline = build_pipeline(
@@ -150,12 +177,17 @@ def _refuse_assignments(gm: torch.fx.GraphModule) -> None:
 
 
 def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict,
-              hooked: list[torch.nn.Module], device: str) -> Verify:
-    """The verified peak of a training step of a graph for these inputs (:mod:`fxckpt.verify`)."""
+              hooked: list[torch.nn.Module], device: str,
+              probe: Optional[LossProbe] = None) -> Verify:
+    """The verified peak of a training step of a graph for these inputs (:mod:`fxckpt.verify`);
+    ``probe`` sees the first step's output."""
     def verify(gm: torch.fx.GraphModule) -> int:
+        def run(a: tuple, k: dict) -> Any:
+            output = captured.call(gm, a, k)
+            return output if probe is None else probe.saw(output)
+
         with hooks_off(hooked, keep=weight_computing_hooks()):
-            return fake_step_peak(gm, lambda a, k: captured.call(gm, a, k), args, kwargs,
-                                  loss_fn=config.loss_fn, device=device)
+            return fake_step_peak(gm, run, args, kwargs, loss_fn=config.loss_fn, device=device)
     return verify
 
 

@@ -7,7 +7,8 @@ checkpoint's recompute makes, autograd's copies. On wide layers those decide the
 24 x Linear(1024) MLP at batch 2048: simulated 120 MiB, held 136 MiB).
 
 So a plan is also *run*: the rewritten graph, the loss (the user's ``loss_fn``, or a stand-in
-that makes a full-size gradient for every differentiable output) and backward, with gradients
+that holds at least what cross-entropy or mean squared error would: :func:`stand_in_loss`) and
+backward, with gradients
 accumulated into existing ``.grad`` as in the steady state of training — all on fake tensors
 (``FakeTensorMode``: shapes and dtypes, no memory), under
 :class:`~fxckpt.measure.LiveTensorTracker`, which counts every storage an op makes until it is
@@ -29,9 +30,10 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import FxckptError
 from fxckpt.measure import LiveTensorTracker
+from fxckpt.meta_run import meta_twin, on_meta
 from fxckpt.scratch import call_scratch
 
-__all__ = ["VerifyError", "LossFn", "fake_step_peak"]
+__all__ = ["VerifyError", "LossFn", "fake_step_peak", "stand_in_loss", "STAND_IN"]
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +53,27 @@ def fake_step_peak(
     *,
     loss_fn: Optional[LossFn] = None,
     device: Optional[str] = None,
+    meta: Optional[bool] = None,
 ) -> int:
     """Peak bytes one training step ``loss(run(args, kwargs)).backward()`` adds, on fake tensors.
 
     ``root`` owns every parameter and buffer ``run`` reads (they are swapped for fake twins);
     ``device`` picks the device whose peak is returned (default: all devices together).
+    ``meta``: run on meta twins instead, which is what fake tensors of meta tensors compute
+    (:mod:`fxckpt.meta_run`); by default when every tensor is on meta, on fake tensors if that
+    fails.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)  # constants a loss_fn closes over
+    if meta is None:
+        meta = on_meta(root, args, kwargs)
+    # Constants a loss_fn closes over are allowed (faked where used).
+    mode: Any = contextlib.nullcontext() if meta else FakeTensorMode(allow_non_fake_inputs=True)
     memo: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in memo:
-            memo[id(t)] = mode.from_tensor(t)
+            memo[id(t)] = meta_twin(t) if meta else mode.from_tensor(t)
         return memo[id(t)]
 
     try:
@@ -72,13 +81,20 @@ def fake_step_peak(
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             _existing_grads(memo.values())
             with LiveTensorTracker(fake=True, scratch=call_scratch) as tracker:
-                loss = _loss(run(fake_args, fake_kwargs), loss_fn, fake_args, fake_kwargs)
-                if loss is not None:  # the output is now held only by what saved it
+                output = run(fake_args, fake_kwargs)
+                loss = _loss(output, loss_fn, fake_args, fake_kwargs)
+                if loss_fn is not None:
+                    del output  # the output is now held only by what the user's loss saved
+                if loss is not None:
                     loss.backward()
                 del loss
     except FxckptError:
         raise
     except Exception as e:
+        if meta:  # an op without a meta kernel, a constant on another device: fake them
+            log.debug("fxckpt: the step did not run on meta tensors (%s); faking them", e)
+            return fake_step_peak(root, run, args, kwargs, loss_fn=loss_fn, device=device,
+                                  meta=False)
         raise VerifyError(
             f"the training step could not run on fake tensors: {type(e).__name__}: {e}"
         ) from e
@@ -136,14 +152,36 @@ def _loss(output: Any, loss_fn: Optional[LossFn], args: tuple,
                 "loss_fn(output, *args, **kwargs) with the model's output and call arguments"
             )
         return loss if loss.requires_grad else None
-    # The stand-in: each differentiable output gets a full-size gradient at the start of
-    # backward, as most losses make (mean squared error, cross-entropy over logits), and the
-    # output itself is not kept for it.
+    return stand_in_loss(output)
+
+
+STAND_IN = ("the output through backward and a cross-entropy over its last dimension in fp32 "
+            "(the log-softmax saved, a full-size gradient), which holds at least what "
+            "cross-entropy or F.mse_loss hold")
+"""What the stand-in loss holds (said in the notes of plans made without ``loss_fn``)."""
+
+
+def stand_in_loss(output: Any) -> Optional[torch.Tensor]:
+    """The loss assumed without ``loss_fn``: at least what the common losses hold.
+
+    Cross-entropy over logits (``logits.float()``, the log-softmax saved, a full-size gradient
+    made while it is alive) and ``F.mse_loss`` (the input saved, a full-size gradient) are what
+    most steps end in, and the caller often keeps the output (``out = model(x); loss_fn(out,
+    y).backward()``). So the caller (:func:`fake_step_peak`) keeps the output until backward
+    ends, and each differentiable output goes through ``log_softmax(out.float(), -1).mean()``:
+    three outputs' worth at the start of backward, what cross-entropy holds and more than
+    ``F.mse_loss`` does (``tests/test_stand_in.py``). A hand-written ``(out - y).square().mean()``
+    holds one or two outputs more (its difference and the square's temporaries); on the
+    measured models that stays within the budget (docs/standin.md). ``loss_fn=`` fits the plan
+    to the real loss instead.
+    """
     leaves = [t for t in pytree.tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.requires_grad]
+              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    terms = []
     for t in leaves:
-        t.register_hook(torch.Tensor.contiguous)
-    return sum((t.sum() for t in leaves), torch.zeros(())) if leaves else None
+        wide = t.float()
+        terms.append(torch.log_softmax(wide, dim=-1).mean() if wide.dim() else wide)
+    return sum(terms, torch.zeros(())) if terms else None
 
 
 def _describe(value: object) -> str:

@@ -146,22 +146,37 @@ def _recomputes_less(plan: Plan, than: Plan) -> bool:
 
 def _smallest(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
               fitting: Fitting) -> tuple[Plan, torch.fx.GraphModule]:
+    """The smallest-peak plan when it fits the budget; else one segment per repeated block when
+    that fits (the simulator picks the first, and may be wrong where it peaks: a loss it assumed
+    smaller than it is); else the budget is refused with the smaller of their verified peaks."""
     assert fitting.eager_bytes is not None
-    plan, gm = _verified(base, choose(dataclasses.replace(fitting, minimum=True)), verify,
-                         fitting.eager_bytes)
+    least = dataclasses.replace(fitting, minimum=True)
+    plan, gm = _verified(base, choose(least), verify, fitting.eager_bytes)
+    assert plan.budget is not None and plan.verified_peak is not None
+    if plan.verified_peak > plan.budget:
+        blocks = choose(dataclasses.replace(least, per_block=True))
+        if blocks.segments and _nodes(blocks) != _nodes(plan):
+            plan, gm = min([(plan, gm), _verified(base, blocks, verify, fitting.eager_bytes)],
+                           key=lambda p: p[0].verified_peak or 0)
     assert plan.budget is not None and plan.verified_peak is not None
     if plan.verified_peak <= plan.budget:
         return _note(plan, "tightened to the plan with the smallest peak to fit the budget"), gm
-    eager, least = fitting.eager_bytes, plan.verified_peak
+    eager, least_peak = fitting.eager_bytes, plan.verified_peak
     raise BudgetInfeasibleError(
         plan.budget,
-        least,
+        least_peak,
         f"budget {format_bytes(plan.budget)} ({plan.budget} bytes) cannot be met: the smallest "
         f"peak activation memory any plan reaches for this model and input is "
-        f"{format_bytes(least)} ({least} bytes, verified by running the plan on fake tensors; "
-        f"{least / eager:.3f} of the unmodified step's {format_bytes(eager)}). Give budget >= "
-        f"{least}, or a smaller batch",
+        f"{format_bytes(least_peak)} ({least_peak} bytes, verified by running the plan on fake "
+        f"tensors; {least_peak / eager:.3f} of the unmodified step's {format_bytes(eager)}). "
+        f"Give budget >= {least_peak} (bytes; a fraction >= {least_peak / eager:.3f}), or, for a "
+        "budget in bytes, a smaller batch (a fraction of a smaller step is harder to meet: "
+        "weight gradients and the loss do not shrink with it)",
     )
+
+
+def _nodes(plan: Plan) -> list[tuple[str, ...]]:
+    return [seg.nodes for seg in plan.segments]
 
 
 def _verified(base: torch.fx.GraphModule, plan: Plan, verify: Verify,

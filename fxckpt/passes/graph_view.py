@@ -22,6 +22,9 @@ Two modelling choices live here:
 * the step's loss is outside the graph, but its memory is part of the step: a synthetic last op
   ``loss::assumed`` keeps one tensor as large as the model's floating outputs, as cross-entropy
   keeps its log-softmax and a squared error its difference, and its backward makes their gradients.
+  With the user's ``loss_fn``, what that loss was measured holding instead
+  (:func:`fxckpt.loss_probe.fake_loss_peak`): ``logits.float().square().mean()`` holds five
+  times the logits in its backward, and a plan that keeps much until the loss peaks there.
 """
 
 from __future__ import annotations
@@ -107,8 +110,14 @@ def _root(nodes: dict[str, torch.fx.Node], name: str) -> str:
     return aliases[0] if aliases and info(node).new_bytes == 0 else name
 
 
-def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None) -> Problem:
-    """The solver's Problem from a :func:`to_networkx` view (overheads for ``profile``)."""
+def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
+               loss_bytes: Optional[int] = None) -> Problem:
+    """The solver's Problem from a :func:`to_networkx` view (overheads for ``profile``).
+
+    ``loss_bytes``: the peak the step's loss adds, the outputs it keeps and their gradients
+    included (:func:`fxckpt.loss_probe.fake_loss_peak`); ``None``: one tensor as large as the
+    outputs, and their gradients.
+    """
     ops: list[Op] = []
     ops_in_order = sorted((n for n, d in graph.nodes(data=True) if d["kind"] == "op"),
                           key=lambda n: graph.nodes[n]["position"])
@@ -126,9 +135,16 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None) -> Pr
     outputs = tuple(
         o for o in graph.graph["outputs"] if graph.nodes.get(o, {}).get("kind") == "op"
     )
-    loss_bytes = sum(graph.nodes[o]["grad"] for o in outputs)
+    grads = sum(graph.nodes[o]["grad"] for o in outputs)
+    # The loss op's backward makes the outputs' gradients: it holds the rest itself. Without a
+    # measured loss, one tensor as large as the outputs (what verification finds beyond it, as
+    # for the stand-in loss of fxckpt.verify, is set aside by fxckpt.passes.fit).
+    # A measured loss holds its own temporaries: less the reserve every predicted peak adds
+    # for temporaries (fxckpt.passes.prediction.reserve), so that its peak is not counted twice.
+    reserve = max((max(op.gradient_bytes, op.scratch_bytes) for op in ops), default=0)
+    held = grads if loss_bytes is None else max(0, loss_bytes - grads - reserve)
     ops.append(
-        Op(name=LOSS, out_bytes=loss_bytes, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0)
+        Op(name=LOSS, out_bytes=held, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0)
     )
     segment, keep = SEGMENT_COST, KEEP_COST
     if profile is not None:
@@ -137,6 +153,7 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None) -> Pr
                    keep_overhead=keep, early_stop=True)
 
 
-def problem_of(gm: torch.fx.GraphModule, profile: Optional[DeviceProfile] = None) -> Problem:
-    """``to_problem(to_networkx(gm, profile), profile)``."""
-    return to_problem(to_networkx(gm, profile), profile)
+def problem_of(gm: torch.fx.GraphModule, profile: Optional[DeviceProfile] = None,
+               loss_bytes: Optional[int] = None) -> Problem:
+    """``to_problem(to_networkx(gm, profile), profile, loss_bytes)``."""
+    return to_problem(to_networkx(gm, profile), profile, loss_bytes)

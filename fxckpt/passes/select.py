@@ -48,16 +48,18 @@ def select(
     signature: str,
     keep: Mapping[str, str] = {},
     fitting: Fitting = Fitting(),
+    loss_bytes: Optional[int] = None,
 ) -> Plan:
     """Choose segments for the annotated ``gm`` as ``config`` asks.
 
     ``keep`` maps nodes that must never be recomputed (calls of modules with hooks, which would
     fire again) to their module paths; they are taken out of every segment. ``fitting`` is how
-    verification steers a budget (:mod:`fxckpt.passes.fit`).
+    verification steers a budget (:mod:`fxckpt.passes.fit`). ``loss_bytes``: what the user's
+    loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
     """
     order = planned_nodes(gm.graph)
     profile = profile_for(config.device_profile, device_of(gm))
-    problem = problem_of(gm, profile)
+    problem = problem_of(gm, profile, loss_bytes)
     replay = config.strategy if isinstance(config.strategy, Replay) else None
     if config.offload == "auto" and replay is None:
         if profile is not None and config.offload_bandwidth is None:

@@ -32,7 +32,7 @@ from fxckpt.errors import PlanError
 from fxckpt.passes.anchors import remap
 from fxckpt.passes.annotate import info
 from fxckpt.passes.blocks import block_ranges
-from fxckpt.passes.cleanup import apply_force, frees_memory, safe
+from fxckpt.passes.cleanup import apply_force, frees_memory, opaque_modules, safe
 from fxckpt.passes.prediction import reserve
 from fxckpt.passes.keeps import Groups
 from fxckpt.passes.runs import Run, kept_names, to_runs
@@ -73,6 +73,9 @@ class Fitting:
     """Bytes taken off the solver's target: what verification found over the budget so far."""
     minimum: bool = False
     """Ask for the plan with the smallest simulated peak, whatever it recomputes."""
+    per_block: bool = False
+    """With ``minimum``: one segment per repeated block instead, as a user of
+    ``torch.utils.checkpoint`` places them, the other candidate for the smallest verified peak."""
 
     def set_aside(self, simulated_eager: int) -> int:
         """What the verified unmodified step held beyond the simulator's figure for it: the
@@ -90,13 +93,23 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
         runs, notes = every(order, strategy.units)
         return _cleaned(order, runs, force, notes)
     if isinstance(strategy, Depth):
-        return _cleaned(order, depth(order, strategy.depth), force)
+        runs = depth(order, strategy.depth)
+        chosen = _cleaned(order, runs, force)
+        hidden = [f"{p} ({cls})" for p, cls in opaque_modules(order)
+                  if len(p.split(".")) < strategy.depth]
+        if runs or not hidden:
+            return chosen
+        return dataclasses.replace(chosen, why_none=(
+            f"nothing is checkpointed: no module at depth {strategy.depth} is in the captured "
+            f"graph; {', '.join(hidden)} run(s) as one op each, so what is inside is not in it "
+            "(keep the model's own modules traceable, or choose a smaller depth)"))
     if isinstance(strategy, Budgeted):
-        solved, limit, keeps = budgeted(problem, order, strategy.budget, fitting, keepable)
+        solved, limit, keeps, notes = budgeted(problem, order, strategy.budget, fitting,
+                                               keepable)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Chosen(
             tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit,
-            keeps=keeps,
+            keeps=keeps, notes=notes,
         )
     if isinstance(strategy, Replay):
         runs, names = replayed(order, strategy.plan)
@@ -181,10 +194,10 @@ def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
 def budgeted(
     problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, fitting: Fitting = Fitting(),
     keepable: tuple[Groups, Groups] = ([], []),
-) -> tuple[list[Run], int, tuple[str, ...]]:
+) -> tuple[list[Run], int, tuple[str, ...], tuple[str, ...]]:
     """Runs with the least recompute whose predicted peak fits ``budget`` (less what
     ``fitting`` tightens); the budget in bytes; the nodes kept inside the runs, chosen among
-    ``keepable`` (:mod:`fxckpt.solver.selective`)."""
+    ``keepable`` (:mod:`fxckpt.solver.selective`); the solver's notes (a heuristic's bound)."""
     extra = reserve(problem)
     eager = simulate(problem, ()).peak_bytes + extra
     if fitting.eager_bytes is not None:
@@ -193,7 +206,8 @@ def budgeted(
     limit = budget.resolve(eager)
     blocks = block_ranges(problem, order)
     if fitting.minimum:
-        return to_runs(problem, _min_peak(problem, blocks)[0], order), limit, ()
+        least = tuple(blocks) if fitting.per_block else _min_peak(problem, blocks)[0]
+        return to_runs(problem, least, order), limit, (), ()
     target = limit - extra - fitting.tighten
     if target <= 0:
         raise _infeasible(budget, limit, _min_peak(problem, blocks)[1] + extra, eager)
@@ -212,7 +226,8 @@ def budgeted(
         solution.recompute_cost,
     )
     runs = to_runs(problem, solution.segments, order)
-    return runs, limit, kept_names(problem, solution.keep)
+    notes = (solution.bound.note(solution.recompute_cost),) if solution.bound else ()
+    return runs, limit, kept_names(problem, solution.keep), notes
 
 
 def _large(problem: Problem, blocks: Sequence[tuple[int, int]], size: int = ALONE_FROM) -> bool:
@@ -262,7 +277,7 @@ def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
         return shared
     if shared is not None and (shared.recompute_cost, shared.predicted_peak) < (
             full.recompute_cost, full.predicted_peak):
-        return shared
+        return dataclasses.replace(shared, bound=full.bound)
     return full
 
 
@@ -275,8 +290,14 @@ def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetI
         f"peak activation memory any plan reaches for this model and input is "
         f"{format_bytes(minimum)} "
         f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
-        f"budget >= {minimum}, or a smaller batch",
+        f"budget >= {minimum} (bytes{_as_fraction(minimum, eager)}), or, for a budget in bytes, "
+        "a smaller batch (a fraction of a smaller step is harder to meet: weight gradients and "
+        "the loss do not shrink with it)",
     )
+
+
+def _as_fraction(minimum: int, eager: int) -> str:
+    return f"; a fraction >= {minimum / eager:.3f}" if eager else ""
 
 
 def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], list[str]]:
