@@ -320,7 +320,9 @@ def test_transformer_encoder_layers_save_their_activation_by_name(tmp_path: Path
     from patterns import Encoder
 
     x = torch.randn(2, 6, 16)
-    tm = fxckpt.transform(Encoder(depth=2), depth=2, example_inputs=(x,))
+    model = Encoder(depth=2)
+    model.layers.eval()  # traced through in training (passes.nn_modules); leaves in eval
+    tm = fxckpt.transform(model, depth=2, example_inputs=(x,))
     fxckpt.save(tm, tmp_path / "e")
     structure = json.loads((tmp_path / "e" / "structure.json").read_text())
     attrs = [e["attrs"] for e in structure["variants"][0]["modules"]

@@ -20,6 +20,7 @@ import torch.nn as nn
 
 import fxckpt
 from python_patterns import CASES, Case
+from torch_nn_patterns import NN_CASES
 from support import assert_steps_equal, run_step
 
 STRATEGIES: dict[str, dict[str, Any]] = {
@@ -62,7 +63,7 @@ def _state(model: nn.Module) -> tuple:
 @pytest.mark.slow
 @pytest.mark.parametrize("capture", CAPTURES)
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", CASES + NN_CASES, ids=[c.name for c in CASES + NN_CASES])
 def test_same_bits_or_a_named_refusal(case: Case, strategy: str, capture: str) -> None:
     torch.manual_seed(0)
     model = case.make()

@@ -95,6 +95,7 @@ def _runtime_functions() -> dict[str, Any]:
 
     from fxckpt.runtime.attention import attention
     from fxckpt.runtime.checkpoint import checkpoint
+    from fxckpt.runtime.nn_masks import canonical_mask, causal_hint, check_transformer_inputs
     from fxckpt.runtime.offload import offload_region
     from fxckpt.runtime.selective import keep_begin, keep_end
 
@@ -102,6 +103,9 @@ def _runtime_functions() -> dict[str, Any]:
     return {
         "fxckpt.attention": attention,
         "fxckpt.checkpoint": checkpoint,
+        "fxckpt.canonical_mask": canonical_mask,
+        "fxckpt.causal_hint": causal_hint,
+        "fxckpt.check_transformer_inputs": check_transformer_inputs,
         "fxckpt.keep_begin": keep_begin,
         "fxckpt.keep_end": keep_end,
         "fxckpt.runtime.offload.offload_region": offload_region,

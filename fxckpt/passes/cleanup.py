@@ -156,7 +156,15 @@ def force_notes(
             for n in order
             if pinned(n, force) == "recompute" and _under(info(n).module_path, path)
         ]
-        if not nodes:
+        owner = next((o for o in opaque_modules(order) if _under(path, o[0]) and path != o[0]),
+                     None)
+        if not nodes and owner is not None:
+            notes.append(
+                f"force[{path!r}] = 'recompute' has no effect: it is inside {owner[0]} "
+                f"({owner[1]}), which the captured graph runs as one op; force {owner[0]!r} "
+                "instead"
+            )
+        elif not nodes:
             notes.append(
                 f"force[{path!r}] = 'recompute' has no effect: no compute node of the captured "
                 "graph comes from that module (is it called in forward?)"
@@ -167,6 +175,22 @@ def force_notes(
                 "(every tensor it makes is used after it), or it has hooks"
             )
     return tuple(notes)
+
+
+def opaque_modules(order: Sequence[torch.fx.Node]) -> list[tuple[str, str]]:
+    """``(path, class name)`` of each module with children that the graph calls as one op (a
+    leaf of the capture: its children are not in the graph)."""
+    found: dict[str, str] = {}
+    for n in order:
+        if n.op != "call_module" or n.graph.owning_module is None:
+            continue
+        try:
+            module = n.graph.owning_module.get_submodule(str(n.target))
+        except AttributeError:
+            continue
+        if next(module.children(), None) is not None:
+            found.setdefault(info(n).module_path or str(n.target), type(module).__name__)
+    return list(found.items())
 
 
 def _under(module_path: str, path: str) -> bool:

@@ -128,7 +128,8 @@ def _mend_guards(gm: torch.fx.GraphModule) -> None:
     if code is None:
         return
     known = set(code.__globals__) | set(vars(builtins))
-    read = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    read = {i.argval for i in dis.get_instructions(code)
+            if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     missing = sorted(read - known)
     if missing:
         log.info("torch.export's input guards read undefined names %s; fxckpt's call key checks "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -29,6 +30,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import CaptureError
 from fxckpt.passes.isolation import on_thread
+from fxckpt.passes.nn_modules import traced_forward
 from fxckpt.passes.regions import StateRecorder
 from fxckpt.runtime.segment import SEGMENT_FIELDS, Segment
 
@@ -81,7 +83,16 @@ class FxckptTracer(torch.fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.extra_leaves:
             return True
+        if traced_forward(m) is not None:
+            return False  # torch.nn's transformer modules: traced through (passes.nn_modules)
         return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: torch.nn.Module, forward: Callable[..., Any], args: tuple,
+                    kwargs: dict) -> Any:
+        traced = traced_forward(m)
+        if traced is not None:
+            forward = types.MethodType(traced, m)
+        return super().call_module(m, forward, args, kwargs)
 
     def create_arg(self, a: Any) -> Any:
         # A model-owned generator (``torch.randn(..., generator=self.gen)``) becomes a constant

@@ -25,16 +25,18 @@ from support import assert_steps_equal, run_step
 
 
 class Stack(nn.Module):
-    """Encoder layers inside a model: symbolic_trace keeps them as leaf modules, so the export
-    rebuilds each one from its class and attributes, ``activation`` among them."""
+    """Encoder layers inside a model, in eval mode: fxckpt traces torch.nn's transformer layers
+    through only in training (fxckpt.passes.nn_modules), so these stay leaf modules and the
+    export rebuilds each one from its class and attributes, ``activation`` among them."""
 
     def __init__(self, activation: Any, depth: int = 2) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True,
+            nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True,
                                        activation=activation)
             for _ in range(depth)
         )
+        self.layers.eval()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
