@@ -11,14 +11,14 @@ parameters and buffers it calls and the attribute values the forward read. When 
 (``model.temperature = 0.5``, a new head) the call captures again, and says so at INFO; a
 capture whose children were replaced is dropped, and a fact that keeps changing is warned about
 once. A capture serves one plan for every
-shape, except under a memory budget, where the plan depends on sizes: then each new shape is
-planned on a copy of the captured graph — unless a plan made for a larger shape exists, whose
-peak on the smaller one is lower still. Training with dynamic padding therefore costs one capture
-and, under a budget, a few plans.
+shape, except under a memory budget, where the plan depends on sizes: which plan serves which
+shapes (reuse of a larger one, power-of-two buckets for growing sizes, at most
+:data:`~fxckpt.plan_cache.MAX_PLANS` per capture) is :mod:`fxckpt.plan_cache`'s. Training with
+dynamic padding therefore costs one capture and, under a budget, a few plans.
 
 Captures do not depend on fxckpt's options, so transforms of the same model (comparing
 strategies in a notebook, say) share them, as long as the model still holds the same modules,
-parameters and buffers.
+parameters and buffers; at most :data:`MAX_CAPTURES` per model are kept for sharing.
 
 A training call to a model whose forward takes ``use_cache`` and whose ``config.use_cache`` is on
 (Hugging Face's default) gets ``use_cache=False`` unless the caller passed it, as Hugging Face's
@@ -43,11 +43,14 @@ from typing import Any, Iterator, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import CaptureError, PlanError
 from fxckpt.passes.guards import Failure
 from fxckpt.passes.isolation import CAPTURE_LOCK
+from fxckpt.plan_cache import PlanCache
 from fxckpt.runtime.segment import segment_of
+from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 __all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
@@ -72,7 +75,7 @@ class Entry:
     """One capture and the plans made on it, keyed by shapes (``None``: any shape)."""
 
     captured: Any
-    plans: dict[Optional[Shapes], Any] = dataclasses.field(default_factory=dict)
+    plans: PlanCache = dataclasses.field(default_factory=PlanCache)
 
 
 @dataclasses.dataclass
@@ -162,7 +165,8 @@ class Dispatcher:
 
     def compiled(self) -> list[Any]:
         """Every plan made so far, oldest first."""
-        return [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
+        every = [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
+        return list({id(c): c for c in every}.values())  # one plan may serve several sizes
 
     def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         from fxckpt.planner import first_micro_batch
@@ -171,7 +175,7 @@ class Dispatcher:
         key, shapes = call_key(module_states(tm), plan_args, plan_kwargs)
         try:
             entry = self._entry(tm, key, shapes, args, kwargs)
-            return self._plan(tm, entry, shapes, args, kwargs)
+            return self._plan(tm, key, entry, shapes, args, kwargs)
         except (CaptureError, PlanError):
             own = _own_error(_view(tm, self.model), args, kwargs)
             if own is not None:
@@ -206,7 +210,7 @@ class Dispatcher:
                 captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
             self.counts.capture_seconds += time.perf_counter() - start
-            _SHARED.setdefault(self.model, {}).setdefault(key, []).append((fingerprint, captured))
+            _share(self.model, key, fingerprint, captured)
         entry = Entry(captured)
         entries.append(entry)
         return entry
@@ -237,28 +241,48 @@ class Dispatcher:
                 "and update it in place (self.name.fill_(value)); fxckpt replays buffers every "
                 "call", failure.fact, type(self.model).__name__, seen)
 
-    def _plan(
-        self, tm: torch.nn.Module, entry: Entry, shapes: Shapes, args: tuple, kwargs: dict
-    ) -> Any:
+    def _plan(self, tm: torch.nn.Module, key: CallKey, entry: Entry, shapes: Shapes,
+              args: tuple, kwargs: dict) -> Any:
         from fxckpt.planner import build
 
-        key = shapes if self._shape_dependent(entry) else None
-        compiled = entry.plans.get(key)
-        if compiled is None and key is not None:
-            larger = [s for s in entry.plans if s is not None and dominates(s, key)]
-            if larger:
-                compiled = entry.plans[min(larger, key=_volume)]
-                log.debug("reusing the plan made for %s for %s", min(larger, key=_volume), key)
-        if compiled is None:
-            start = time.perf_counter()
+        plan_key = shapes if self._shape_dependent(entry) else None
+        compiled = entry.plans.find(plan_key)
+        if compiled is not None:
+            return compiled
+
+        def make(a: tuple, k: dict, budget: Optional[Budget]) -> Any:
+            config = self.config if budget is None else dataclasses.replace(
+                self.config, strategy=Budgeted(budget))
             with _planning():
-                compiled = build(
-                    entry.captured, self.config, args, kwargs, training=tm.training, model=tm
-                )
-            self.counts.plans += 1
-            self.counts.plan_seconds += time.perf_counter() - start
-            _attach_offloader(compiled, self.offloader)
-            entry.plans[key] = compiled
+                return build(entry.captured, config, a, k, training=tm.training, model=tm)
+
+        def shapes_of(a: tuple, k: dict) -> Shapes:
+            from fxckpt.planner import first_micro_batch
+
+            return call_key(module_states(tm), *first_micro_batch(self.config, a, k))[1]
+
+        if self.config.pipelined or self.config.budget is None:
+            entry.plans.buckets = False
+        larger = plan_key is not None and any(
+            s is not None and dominates(s, plan_key)
+            for e in self.entries.get(key, ()) for s in e.plans.plans)
+        def fits(compiled: Any, a: tuple, k: dict) -> bool:
+            from fxckpt.planner import peak_at
+
+            budget = compiled.plan.budget
+            if budget is None or compiled.plan.verified_peak is None:
+                return False
+            with _planning():
+                peak = peak_at(compiled, self.config, a, k, tm)
+            return peak is not None and peak <= budget
+
+        start = time.perf_counter()
+        compiled, made = entry.plans.make(plan_key, args, kwargs, make, shapes_of,
+                                          entry.captured.accepts, planned_larger=larger,
+                                          fits=fits)
+        self.counts.plans += made
+        self.counts.plan_seconds += time.perf_counter() - start
+        _attach_offloader(compiled, self.offloader)
         return compiled
 
     def _shape_dependent(self, entry: Entry) -> bool:
@@ -329,6 +353,19 @@ def _planning() -> Iterator[None]:
         yield
 
 
+def _share(model: torch.nn.Module, key: CallKey, fingerprint: Fingerprint,
+           captured: Any) -> None:
+    """Offer a capture to other transforms of ``model``; the oldest beyond
+    :data:`MAX_CAPTURES` (over all call keys) is no longer offered."""
+    shared = _SHARED.setdefault(model, {})
+    shared.setdefault(key, []).append((fingerprint, captured))
+    while sum(len(v) for v in shared.values()) > MAX_CAPTURES:
+        oldest = next(k for k, v in shared.items() if v)
+        shared[oldest].pop(0)
+        if not shared[oldest]:
+            del shared[oldest]
+
+
 def _fingerprint(tm: torch.nn.Module) -> Fingerprint:
     """Identities of every submodule, parameter and buffer: a capture holds references to them."""
     return (
@@ -336,16 +373,6 @@ def _fingerprint(tm: torch.nn.Module) -> Fingerprint:
         + tuple(id(p) for p in tm.parameters())
         + tuple(id(b) for b in tm.buffers())
     )
-
-
-def _volume(shapes: Shapes) -> int:
-    total = 0
-    for shape in shapes:
-        n = 1
-        for s in shape:
-            n *= s
-        total += n
-    return total
 
 
 def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
