@@ -52,13 +52,14 @@ def test_fxckpt_budget_on_llama_is_bit_exact_against_eager() -> None:
 
 
 def test_the_bench_hands_fxckpt_the_step_s_loss() -> None:
-    """Cross-entropy keeps log-probabilities the stand-in loss does not: with the loss handed
-    over, the verified eager peak (what budget=0.5 is half of) counts them, and so do plans."""
+    """With the step's loss handed over, the verified eager peak (what budget=0.5 is half of)
+    and the plans count what that loss holds; the stand-in assumed without it holds at least as
+    much (it also keeps the output through backward)."""
     spec = spec_for("llama")
     model, inputs, loss = spec.build(spec.quick)
     _, stand_in = prepare("fxckpt", copy.deepcopy(model), inputs, spec, 0.5, time_solver=False)
     module, facts = prepare("fxckpt", model, inputs, spec, 0.5, time_solver=False, loss=loss)
-    assert facts["budget_bytes"] > stand_in["budget_bytes"]
+    assert facts["budget_bytes"] < stand_in["budget_bytes"]
     real = step_peak_tracked(lambda: loss(module(*inputs)).backward(), warmup=1, repeats=1)
     assert real["peak_bytes"] <= facts["budget_bytes"]
     assert abs(real["peak_bytes"] - facts["verified_peak"]) <= 0.01 * facts["verified_peak"]

@@ -1,0 +1,76 @@
+"""Without ``loss_fn`` a budget holds under the common losses (issue 33, part 4).
+
+The stand-in loss must hold at least what cross-entropy over the output's last dimension and
+mean squared error hold, with the caller keeping the output (``out = tm(x); loss_fn(out, y)``), in
+fp32 and in bf16; the measured figures (RSS against the budget) are in docs/standin.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxckpt
+from fxckpt.verify import fake_step_peak
+
+
+def _head(dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 512)).to(dtype)
+    return model, torch.randn(256, 64, dtype=dtype)
+
+
+def _peak(model: nn.Module, x: torch.Tensor, loss_fn: Any = None, hold: bool = False) -> int:
+    held: list[Any] = []
+
+    def run(a: tuple, k: dict) -> Any:
+        out = model(*a, **k)
+        if hold:
+            held.append(out)  # the caller keeps the output through backward
+        return out
+
+    return fake_step_peak(model, run, (x,), {}, loss_fn=loss_fn)
+
+
+_LOSSES: dict[str, Callable[..., torch.Tensor]] = {
+    "cross_entropy_fp32": lambda out, x: F.cross_entropy(
+        out.float(), torch.zeros(out.shape[0], dtype=torch.long)),
+    "cross_entropy": lambda out, x: F.cross_entropy(
+        out, torch.zeros(out.shape[0], dtype=torch.long)),
+    "mse_loss": lambda out, x: F.mse_loss(out.float(), torch.zeros(out.shape)),
+    "MSELoss": lambda out, x: nn.MSELoss()(out, torch.ones_like(out)),
+    "sum": lambda out, x: out.sum(),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("loss", list(_LOSSES))
+def test_the_stand_in_holds_at_least_what_common_losses_hold(dtype: torch.dtype,
+                                                             loss: str) -> None:
+    model, x = _head(dtype)
+    stand_in = _peak(model, x)
+    real = _peak(model, x, _LOSSES[loss], hold=True)
+    assert stand_in >= real, (stand_in, real)
+
+
+def test_the_stand_in_holds_the_output_and_two_more_of_its_size() -> None:
+    model, x = _head(torch.float32)
+    out_bytes = 256 * 512 * 4
+    without_loss = _peak(model, x, lambda out, x: out.sum() * 0)  # holds nothing of its own
+    # output kept + the saved log-softmax + a full-size gradient, beyond a loss keeping nothing
+    assert _peak(model, x) - without_loss == 3 * out_bytes
+
+
+def test_a_plan_made_without_loss_fn_says_which_loss_it_assumed() -> None:
+    model, x = _head(torch.float32)
+    tm = fxckpt.transform(model, budget="1GiB", example_inputs=(x,))
+    notes = " ".join(fxckpt.inspect(tm).plan.notes)
+    assert "no loss_fn: verified with a stand-in loss" in notes
+    assert "cross-entropy" in notes
+    tm = fxckpt.transform(model, budget="1GiB", example_inputs=(x,),
+                          loss_fn=_LOSSES["cross_entropy"])
+    assert "stand-in" not in " ".join(fxckpt.inspect(tm).plan.notes)
