@@ -92,12 +92,12 @@ class PlanCache:
             if padded is not None:
                 bucketed = shapes_of(*padded)
                 latest = next(reversed(self.plans.values()))
-                tries = [(key, (args, kwargs))] if bucketed in self.beyond else [
-                    (bucketed, padded)]
-                for sizes, (a, k) in tries:
-                    if accepts(sizes) and fits is not None and fits(latest, a, k):
-                        log.debug("the latest plan holds its budget at %s too", sizes)
-                        return self._keep(sizes, latest), False
+                # beyond the budget at the bucket: whether it holds at the call's own sizes
+                sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
+                                 else (bucketed, padded))
+                if accepts(sizes) and fits is not None and fits(latest, a, k):
+                    log.debug("the latest plan holds its budget at %s too", sizes)
+                    return self._keep(sizes, latest), False
                 if bucketed != key and bucketed not in self.beyond and accepts(bucketed):
                     try:
                         compiled = build(*padded, None)
