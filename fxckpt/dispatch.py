@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import time
 import weakref
@@ -46,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import CaptureError, PlanError
+from fxckpt.integrations import hf
 from fxckpt.passes.guards import Failure
 from fxckpt.passes.isolation import CAPTURE_LOCK
 from fxckpt.plan_cache import PlanCache
@@ -102,7 +102,7 @@ class Dispatcher:
         self.last: Optional[Any] = None
         self.counts = Counts()
         self.offloader = _make_offloader(config)
-        self.takes_use_cache = _takes_use_cache(model)
+        self.takes_use_cache = hf.takes_use_cache(model)
         self.said_cache = False
         self.recaptures: dict[str, int] = {}
         """Captures made again because a fact changed, per fact (see :mod:`fxckpt.passes.guards`).
@@ -206,6 +206,7 @@ class Dispatcher:
         fingerprint = _fingerprint(tm)
         captured = self._shared(key, shapes, fingerprint)
         if captured is None:
+            hf.release_own_checkpointing(self.model)  # switched on behind fxckpt's back
             with _planning():
                 captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
@@ -397,10 +398,3 @@ def _attach_offloader(compiled: Any, offloader: Any) -> None:
         if seg.action == "offload":
             segment_of(compiled.gm, seg.name).offloader = offloader
 
-
-def _takes_use_cache(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s forward has a ``use_cache`` parameter (Hugging Face models)."""
-    try:
-        return "use_cache" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # no signature to read
-        return False

@@ -23,6 +23,7 @@ planning, no overhead.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.dispatch import Dispatcher
+from fxckpt.integrations import hf
 
 __all__ = ["TransformedModule", "make_transformed", "dispatcher_of", "is_transformed", "STATE"]
 
@@ -87,6 +89,7 @@ def make_transformed(model: torch.nn.Module, config: TransformConfig) -> Transfo
     attribute)."""
     cls = _class_for(type(model))
     # object.__new__, not cls(): FSDPModule.__new__ would build a fresh model instance.
+    hf.release_own_checkpointing(model)
     tm: TransformedModule = object.__new__(cls)
     object.__setattr__(tm, "__dict__", model.__dict__)
     object.__setattr__(tm, STATE, Dispatcher(model, config))
@@ -119,9 +122,25 @@ def _class_for(model_cls: type) -> type:
             "__module__": model_cls.__module__,
             "__qualname__": model_cls.__qualname__,
             "__doc__": model_cls.__doc__,
+            "forward": _forward_like(model_cls),
+            **hf.class_overrides(model_cls),
         })
         _CLASSES[model_cls] = cls
     return cls
+
+
+def _forward_like(model_cls: type) -> Callable[..., Any]:
+    """:meth:`TransformedModule.forward` dressed as the model's: its signature, name, docstring
+    and ``__wrapped__``, so frameworks that read ``inspect.signature(model.forward)`` (the
+    Hugging Face Trainer's column filter, PEFT, Lightning, accelerate) see the model's."""
+
+    def forward(self: TransformedModule, *args: Any, **kwargs: Any) -> Any:
+        return TransformedModule.forward(self, *args, **kwargs)
+
+    own = getattr(model_cls, "forward", None)
+    if callable(own) and own is not torch.nn.Module.forward:
+        functools.update_wrapper(forward, own)
+    return forward
 
 
 def _restore(model: torch.nn.Module, config: TransformConfig, training: bool) -> TransformedModule:

@@ -254,6 +254,15 @@ class Binder:
         self.positional = tuple(p.name for p in params if p.kind != p.KEYWORD_ONLY)
         self.keyword_ok = frozenset(p.name for p in params if p.kind != p.POSITIONAL_ONLY)
         self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        self.var_keyword = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+
+    def by_name(self, args: Sequence[Any], kwargs: dict) -> dict[str, Any]:
+        """As :meth:`bind`, with the values caught by ``**kwargs`` under their own names, as
+        ``torch.export`` names its inputs (a wrapper's ``forward(*args, **kwargs)``: PEFT's)."""
+        bound = self.bind(args, kwargs)
+        if self.var_keyword is not None:
+            bound.update(bound.pop(self.var_keyword, {}))
+        return bound
 
     def bind(self, args: Sequence[Any], kwargs: dict) -> dict[str, Any]:
         """Parameter name -> value for the call ``fn(*args, **kwargs)``, defaults filled in."""

@@ -98,9 +98,7 @@ class Captured:
             return list(self.binder.bind(args, kwargs).values())
         if isinstance(self.gm.graph._codegen, _PyTreeCodeGen):  # placeholders: the call's leaves
             return pytree.tree_leaves((args, kwargs))
-        bound = self.binder.bind(
-            args, kwargs
-        )  # swapped-in modules: placeholders named as forward's
+        bound = self.binder.by_name(args, kwargs)  # swapped-in modules: named as forward's
         return [bound[str(n.target)] for n in self.gm.graph.nodes if n.op == "placeholder"]
 
     def call(self, gm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:

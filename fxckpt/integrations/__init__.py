@@ -1,0 +1,1 @@
+"""What fxckpt knows of the frameworks around a model (Hugging Face transformers, diffusers)."""
