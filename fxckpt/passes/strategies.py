@@ -226,7 +226,7 @@ def budgeted(
         solution.recompute_cost,
     )
     runs = to_runs(problem, solution.segments, order)
-    notes: tuple[str, ...] = ()  # the solver's own notes, when it has any to give
+    notes = (solution.bound.note(solution.recompute_cost),) if solution.bound else ()
     return runs, limit, kept_names(problem, solution.keep), notes
 
 
@@ -277,7 +277,7 @@ def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
         return shared
     if shared is not None and (shared.recompute_cost, shared.predicted_peak) < (
             full.recompute_cost, full.predicted_peak):
-        return shared
+        return dataclasses.replace(shared, bound=full.bound)
     return full
 
 

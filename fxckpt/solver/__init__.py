@@ -4,6 +4,7 @@
                            ...), outputs=("loss",))
     simulate(problem, segments=[(2, 5)])     # peak, recompute cost, event timeline
     solve(problem, budget_bytes=...)         # least recompute under a peak budget
+                                             # (.bound: a heuristic's distance from the best)
     min_feasible_peak(problem); pareto(problem)
 
 A bridge elsewhere turns an annotated ``torch.fx`` graph into a :class:`Problem`; everything here
@@ -12,6 +13,7 @@ can be tested with hand-made tables and checked against an exhaustive oracle.
 
 from fxckpt.solver.solve import (
     EXACT_LIMIT,
+    Bound,
     ParetoPoint,
     Solution,
     min_feasible_peak,
@@ -33,6 +35,7 @@ __all__ = [
     "simulate",
     "peak_bytes",
     "Solution",
+    "Bound",
     "ParetoPoint",
     "solve",
     "min_feasible_peak",

@@ -23,25 +23,30 @@ finds the true optimum of the cost model. A fast space places fewer blocks and t
 to its lower convex hull plus entries spread apart in objective (:func:`_thin`). Thinning never
 drops a state's smallest-``H`` entry, and the state a move leads to depends only on the state and
 the move, so whenever some plan of the space fits the budget the search still finds one.
+
+Where many values stay live across cuts the states multiply; the search then gives up on being
+exact and a bounded pass answers, with a relaxed pass to bound its cost (:mod:`.bounds`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
 import operator
-from typing import Optional
+from typing import Iterator, Optional
 
+from fxckpt.solver.bounds import LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, relax
 from fxckpt.solver.moves import Moves, Space, moves, profiles
 from fxckpt.solver.problem import Index, Segments
 from fxckpt.solver.tables import local_peak
 
-__all__ = ["Found", "search"]
+__all__ = ["Found", "search", "lower_bound", "gave_up"]
 
 # An entry: (H, objective, tie-break, parent entry, (block start, block end, is segment)).
 _Entry = tuple
-_Key = tuple  # (A: sorted tuple of held crossing values, held output bytes)
+_Key = tuple  # (A: frozenset of held crossing values, held output bytes)
 _ORDER = operator.itemgetter(0, 1, 2)
 
 
@@ -51,7 +56,12 @@ class Found:
 
     segments: Segments
     peak: int
+    """The DP's peak: the simulator's, or (``exact=False``) at least the simulator's."""
     cost: float
+    exact: bool = True
+    """False when found by the bounded pass (its accounting may count some bytes twice)."""
+    work: int = 0
+    """The work of the passes that found it (see :class:`~fxckpt.solver.bounds.Limits`)."""
 
 
 def _pareto(entries: list[_Entry]) -> list[_Entry]:
@@ -110,16 +120,13 @@ def _thin(front: list[_Entry], space: Space, grain: float) -> list[_Entry]:
     return kept
 
 
-@dataclasses.dataclass
-class _State:
-    """One DP state at a cut: held crossing values and the entries that reached it."""
+STEP = 8
+"""Work counted for one state made, or one state and move tried, against one entry extended
+(in time: a few microseconds against half of one)."""
 
-    held: tuple[int, ...]
-    held_set: frozenset[int]
-    hout: int
-    closed_offset: int
-    """hout + bytes of held non-output crossing values: closed(p) = H - closed_offset."""
-    entries: list[_Entry]
+Mode = str
+"""``"exact"``: the search as designed, giving up past its :class:`Limits`; ``"bounded"``: the
+heuristic pass (pessimistic merging); ``"relaxed"``: the lower-bound pass (optimistic)."""
 
 
 class _Search:
@@ -130,8 +137,12 @@ class _Search:
     """
 
     def __init__(self, ix: Index, space: Space, budget: float, by_peak: bool,
-                 cost_cap: float) -> None:
+                 cost_cap: float, limits: Limits = LIMITS, mode: Mode = "exact",
+                 kept: int = 1) -> None:
         self.ix, self.space, self.budget, self.by_peak = ix, space, budget, by_peak
+        self.limits, self.mode, self.work, self.kept = limits, mode, 0, kept
+        self.capped = False
+        """Whether ``kept`` bound the states somewhere (a pass keeping more would differ)."""
         self.cost_cap = math.inf if by_peak else cost_cap
         self.prof = profiles(ix)
         self.moves: Moves = moves(ix, space)
@@ -140,23 +151,54 @@ class _Search:
         else:
             scale = cost_cap if math.isfinite(cost_cap) else ix.cum_cost[-1]
         self.grain = space.grain * scale
-        self.fronts: dict[int, dict[_Key, list[_Entry]]] = {0: {((), 0): [
-            (0, 0.0, 0, None, (0, 0, False))]}}
+        # Per cut: state key (held crossing values, held output bytes) -> (offset, entries).
+        self.fronts: dict[int, dict[_Key, tuple[int, list[_Entry]]]] = {0: {
+            (frozenset(), 0): (0, [(0, 0.0, 0, None, (0, 0, False))])}}
 
     def _states(self, p: int) -> list[_State]:
-        ix = self.ix
         states = []
-        for (held, hout), entries in self.fronts.pop(p, {}).items():
-            offset = hout + sum(ix.out[j] for j in held if not ix.is_output[j])
-            front = _thin(_pareto(entries), self.space, self.grain)
-            states.append(_State(held, frozenset(held), hout, offset, front))
+        relaxed = self.mode == "relaxed"
+        for (held, hout), (offset, entries) in self.fronts.pop(p, {}).items():
+            front = _pareto(entries)
+            kept = _thin(front, self.space, self.grain)
+            states.append(_State(held, hout, offset, relax(front, kept) if relaxed else kept))
+        self.work += STEP * len(states)
+        return states
+
+    def _limit(self, k: int, p: int, states: list[_State]) -> list[_State]:
+        """The exact pass gives up past its limits; the others share their work out."""
+        limits = self.limits
+        if self.mode == "exact":
+            # Give up on too many states, or on work running ahead of a linear share of the
+            # budget (a large graph is seen to be too large a tenth of the way in).
+            allowed = limits.work * ((k + 1) / len(self.moves.positions) + 0.125)
+            if len(states) > limits.states or self.work > min(allowed, limits.work):
+                raise Exhausted(GaveUp(self.work, len(states)))
+        else:
+            count = self.ix.n - p if self.space.exact else len(self.moves.ends[p])
+            left = len(self.moves.positions) - k
+            share = (limits.bounded_work - self.work) // left
+            states, work, capped = limit(self.ix, states, count + 1, share, limits, self.kept,
+                                         self.mode == "relaxed")
+            self.work += STEP * work
+            self.capped |= capped
+        for st in states:
+            st.index(self.ix)
         return states
 
     def _target(self, st: _State, q: int, new: list[int]) -> list[_Entry]:
         ix = self.ix
-        held = tuple(sorted(j for j in (*st.held, *new) if ix.last_use[j] >= q))
+        held, live = st.crossing(q)
+        alive = [j for j in new if ix.last_use[j] >= q]
+        if alive:
+            held = held.union(alive)
         hout = st.hout + sum(ix.out[j] for j in new if ix.is_output[j])
-        return self.fronts.setdefault(q, {}).setdefault((held, hout), [])
+        slot = self.fronts.setdefault(q, {})
+        got = slot.get((held, hout))
+        if got is None:
+            offset = hout + live + sum(ix.out[j] for j in alive if not ix.is_output[j])
+            got = slot[(held, hout)] = (offset, [])
+        return got[1]
 
     def _push(self, st: _State, move: tuple[int, int, bool], new: list[int], bw: int, fw: int,
               cost: float) -> None:
@@ -171,6 +213,8 @@ class _Search:
         target: Optional[list[_Entry]] = None
         cap = self.cost_cap - cost
         by_peak = self.by_peak
+        keep_parent = self.mode != "relaxed"
+        pushed = 0
         for e in st.entries:
             h = e[0]
             if h > thr:
@@ -184,7 +228,9 @@ class _Search:
                 obj, tie = e[1] + cost, (e[2] if e[2] >= lhs else lhs)
             if target is None:
                 target = self._target(st, move[1], new)
-            target.append((h + dh, obj, tie, e, move))
+            target.append((h + dh, obj, tie, e if keep_parent else None, move))
+            pushed += 1
+        self.work += pushed + STEP
 
     def _unit(self, p: int, states: list[_State]) -> None:
         """Ops ``p`` .. group end outside segments (the group's other ops are null ops)."""
@@ -193,11 +239,11 @@ class _Search:
         move = (p, end, False)
         bw = max(prof.grad_live[p:end])
         for st in states:
-            new = [j for j in ix.saves[p] if j not in st.held_set]
+            new = [j for j in ix.saves[p] if j not in st.held]
             fw, closing = prof.trans[p], 0
             for t in range(p + 1, end):
                 for j in prof.ended_at[t - 1]:
-                    if j in st.held_set or j in new:
+                    if j in st.held or j in new:
                         closing += ix.out[j]
                 fw = max(fw, prof.trans[t] + closing)
             self._push(st, move, new, bw, fw, 0.0)
@@ -215,13 +261,14 @@ class _Search:
                 continue
             move = (p, f.end, True)
             for st in states:
-                new = [j for j in f.keeps if j not in st.held_set]
+                new = [j for j in f.keeps if j not in st.held]
                 self._push(st, move, new, local, f.forward, f.cost)
 
     def run(self) -> Optional[Found]:
-        for p in self.moves.positions:
+        for k, p in enumerate(self.moves.positions):
             states = [st for st in self._states(p) if st.entries]
             if states:
+                states = self._limit(k, p, states)
                 self._unit(p, states)
                 self._segments(p, states)
         return self._finish()
@@ -229,7 +276,7 @@ class _Search:
     def _finish(self) -> Optional[Found]:
         best: Optional[tuple[tuple[float, float], _Entry, int, float]] = None
         start = self.prof.backward_start
-        for (_, hout), entries in self.fronts.get(self.ix.n, {}).items():
+        for (_, hout), (_, entries) in self.fronts.get(self.ix.n, {}).items():
             for e in entries:
                 at_start = e[0] - hout + start
                 if at_start > self.budget:
@@ -241,7 +288,8 @@ class _Search:
                     best = (value, e, peak, cost)
         if best is None:
             return None
-        return Found(segments=_segments_of(best[1]), peak=best[2], cost=best[3])
+        return Found(segments=_segments_of(best[1]), peak=best[2], cost=best[3],
+                     exact=self.mode == "exact", work=self.work)
 
 
 def _segments_of(entry: Optional[_Entry]) -> Segments:
@@ -254,17 +302,68 @@ def _segments_of(entry: Optional[_Entry]) -> Segments:
     return tuple(reversed(segs))
 
 
+def gave_up(ix: Index, space: Space, limits: Limits = LIMITS) -> Optional[GaveUp]:
+    """Where the exact pass of ``space`` gave up on this problem (``None``: it never did)."""
+    got = ix.memo.get(("gave up", space, limits))
+    return got if isinstance(got, GaveUp) else None
+
+
 def search(ix: Index, space: Space, budget: float, *, by_peak: bool = False,
-           cost_cap: float = math.inf) -> Optional[Found]:
-    """Cheapest plan (or, ``by_peak``, lowest-peak plan) with peak <= ``budget``, or None."""
+           cost_cap: float = math.inf, limits: Limits = LIMITS) -> Optional[Found]:
+    """Cheapest plan (or, ``by_peak``, lowest-peak plan) with peak <= ``budget``, or None.
+
+    The exact pass runs first unless it already gave up on this problem and space; past its
+    ``limits`` the bounded pass answers instead (``Found.exact`` is then False).
+    """
     if ix.n == 0:
         return Found(segments=(), peak=0, cost=0.0) if budget >= 0 else None
+    with _no_gc():
+        if gave_up(ix, space, limits) is None:
+            try:
+                return _Search(ix, space, budget, by_peak, cost_cap, limits).run()
+            except Exhausted as e:
+                ix.memo[("gave up", space, limits)] = e.where
+        found = []
+        sizes = sorted(limits.kept)
+        if by_peak:  # the smallest peak (feasibility, not cost): one pass, the middle size
+            sizes = sizes[len(sizes) // 2:][:1]
+        for k in sizes:
+            run = _Search(ix, space, budget, by_peak, cost_cap, limits, "bounded", k)
+            found.append(run.run())
+            if not run.capped:
+                break  # keeping more states would not change a thing
+    plans = [f for f in found if f is not None]
+    if not plans:
+        return None
+    best = min(plans, key=lambda f: (f.peak, f.cost) if by_peak else (f.cost, f.peak))
+    return dataclasses.replace(best, work=sum(f.work for f in plans))
+
+
+def lower_bound(ix: Index, space: Space, budget: float, *, by_peak: bool = False,
+                cost_cap: float = math.inf, limits: Limits = LIMITS) -> Optional[float]:
+    """A lower bound on the objective (cost, or peak ``by_peak``) of every plan of ``space``
+    whose peak fits ``budget``; ``None`` when no plan of the space fits it, or (``cost_cap``,
+    the cost of a plan in hand) none costs less than ``cost_cap``."""
+    if ix.n == 0:
+        return 0.0 if budget >= 0 else None
+    # Dropped entries lower the bound (relax): fronts four times finer than the fast search's.
+    fine = dataclasses.replace(space, ratio=min(space.ratio, 0.01), keep=max(space.keep, 64))
+    with _no_gc():
+        found = _Search(ix, fine, budget, by_peak, cost_cap, limits, "relaxed",
+                        limits.relaxed_kept).run()
+    if found is None:
+        return None
+    return float(found.peak) if by_peak else found.cost
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
     # The search allocates millions of small acyclic tuples; the cyclic collector would rescan
     # every live one again and again (superlinear on big graphs), and there is nothing to collect.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Search(ix, space, budget, by_peak, cost_cap).run()
+        yield
     finally:
         if was_enabled:
             gc.enable()

@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 
 from fxckpt.solver.problem import Index, Problem, Segments, check_segments
 from fxckpt.solver.simulate import kept_span, peak_bytes, profile
-from fxckpt.solver.solve import Mode, min_feasible_peak, min_peak_segments, solve
+from fxckpt.solver.solve import (Bound, Mode, bound_for, heuristic, min_feasible_peak,
+                                 min_peak_segments, solve)
 
 __all__ = ["Selection", "keep_within", "solve_selective", "EXACT_CHOICES", "TIGHTER"]
 
@@ -69,6 +70,9 @@ class Selection:
     predicted_peak: int
     recompute_cost: float
     """The segments' cost less the cost of the kept ops."""
+    bound: Optional[Bound] = None
+    """Set when a bounded heuristic chose the segments (:attr:`Solution.bound`); its lower
+    bound holds for kept ops too."""
 
 
 Choices = Sequence[tuple[int, ...]]
@@ -206,6 +210,21 @@ def _free_keeps(problem: Problem, choices: Choices) -> Problem:
     return free
 
 
+def _cheapest_keeps(problem: Problem, choices: Choices) -> Problem:
+    """``problem`` with each keepable op costing what is left of it when it is kept."""
+    key = ("cheapest keeps", tuple(choices))
+    memo = problem.index.memo
+    if key not in memo:
+        ix = problem.index
+        keepable = {j for g in choices for j in g}
+        ops = tuple(dataclasses.replace(op, cost=op.cost - max(0.0, ix.gain[j]))
+                    if j in keepable else op for j, op in enumerate(problem.ops))
+        memo[key] = dataclasses.replace(problem, ops=ops)
+    cheapest = memo[key]
+    assert isinstance(cheapest, Problem)
+    return cheapest
+
+
 def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,
                     forced: Choices = (), *, mode: Mode = "auto",
                     tighter: Optional[Sequence[float]] = None) -> Selection:
@@ -216,27 +235,42 @@ def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,
     by :func:`keep_within`. Raises :class:`~fxckpt.solver.problem.BudgetInfeasible` as
     :func:`~fxckpt.solver.solve` does (keeping ops never lowers a peak).
     """
-    first = solve(problem, budget_bytes, mode=mode)
+    first = solve(problem, budget_bytes, mode=mode, bound=False)
     found = [keep_within(problem, first.segments, budget_bytes, choices, forced)]
-    if not choices:
-        return found[0]
+    if choices:
+        found += _tighter(problem, budget_bytes, choices, forced, mode, first.segments, tighter)
+        if problem.index.n <= LOCAL_LIMIT:
+            found = [_improve(problem, sel, budget_bytes, choices, forced) for sel in found]
+    best = min(found, key=lambda sel: (sel.recompute_cost, sel.predicted_peak))
+    # Keeping an op saves at most its gain: the bound is taken with every keepable op at its
+    # cost less that gain, so it holds for plans with kept ops too.
+    keepable = [*choices, *forced]
+    bound = bound_for(problem, budget_bytes, mode=mode, cost=best.recompute_cost,
+                      priced=_cheapest_keeps(problem, keepable) if keepable else None)
+    return best if bound is None else dataclasses.replace(best, bound=bound)
+
+
+def _tighter(problem: Problem, budget_bytes: int, choices: Choices, forced: Choices,
+             mode: Mode, first: Segments,
+             tighter: Optional[Sequence[float]]) -> list[Selection]:
+    """Plans for tighter budgets (where keeping is free), filled with kept ops."""
     if tighter is None:
         tighter = TIGHTER_SMALL if problem.index.n <= LOCAL_LIMIT else TIGHTER
+    if heuristic(problem, mode=mode):
+        tighter = [f for f in tighter if f == 0]  # bounded searches: only the memoised one
     free = _free_keeps(problem, [*choices, *forced])
     low = min_feasible_peak(problem, mode=mode)
-    tried = {first.segments}
+    tried, found = {first}, []
     for f in tighter:
         target = int(low + f * (budget_bytes - low))
         if target > budget_bytes:
             continue
         segments = (min_peak_segments(problem, mode=mode) if f == 0
-                    else solve(free, target, mode=mode).segments)
+                    else solve(free, target, mode=mode, bound=False).segments)
         if segments not in tried:
             tried.add(segments)
             found.append(keep_within(problem, segments, budget_bytes, choices, forced))
-    if problem.index.n <= LOCAL_LIMIT:
-        found = [_improve(problem, sel, budget_bytes, choices, forced) for sel in found]
-    return min(found, key=lambda sel: (sel.recompute_cost, sel.predicted_peak))
+    return found
 
 
 def _better(a: Selection, b: Selection) -> bool:

@@ -19,6 +19,11 @@ more than a percent.
 
 Every plan the solver returns has been re-simulated, so ``predicted_peak <= budget`` holds in
 every mode; only the optimality of the cost is approximate in fast mode.
+
+Work is bounded on every graph (:mod:`fxckpt.solver.bounds`): where the search gives up on
+being exact (many values live across cuts), a bounded heuristic answers, and the solution
+carries a :class:`Bound`: a lower bound on the recompute of every plan the search considers,
+from a relaxed search, so the plan's distance from the best is known.
 """
 
 from __future__ import annotations
@@ -30,13 +35,12 @@ from typing import Literal, NamedTuple, Optional
 
 from fxckpt.solver.moves import Space
 from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
-from fxckpt.solver.search import Found, search
+from fxckpt.solver.search import Found, gave_up, lower_bound, search
 from fxckpt.solver.simulate import peak_bytes
 
 __all__ = [
-    "Solution", "ParetoPoint", "solve", "min_feasible_peak", "min_peak_segments", "pareto",
-    "EXACT_LIMIT",
-    "REFINE_LIMIT",
+    "Solution", "Bound", "ParetoPoint", "solve", "min_feasible_peak", "min_peak_segments",
+    "pareto", "bound_for", "heuristic", "EXACT_LIMIT", "REFINE_LIMIT",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,31 @@ _REPAIRS = 3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Bound:
+    """Why a plan came from the bounded heuristic, and how far from the best it may be."""
+
+    work: int
+    """Steps (entries extended) the exact search took before it gave up."""
+    states: int
+    """States at the cut where it gave up (values live across it, held or not)."""
+    lower_bound: float
+    """No plan the search considers, with a peak within the budget, recomputes less."""
+
+    def gap(self, cost: float) -> float:
+        """At most this share of ``cost`` could be saved: ``(cost - lower_bound) / cost``."""
+        return max(0.0, cost - self.lower_bound) / cost if cost > 0 else 0.0
+
+    def note(self, cost: float) -> str:
+        """The plan note: what happened and the distance from the bound."""
+        head = (f"solver: heuristic after {self.work:,} steps ({self.states} states at one "
+                "cut); ")
+        if self.lower_bound <= 0 < cost:
+            return head + f"no lower bound above 0 found for its recompute ({cost:.4g})"
+        return head + (f"recompute within {self.gap(cost):.1%} of the lower bound "
+                       f"({self.lower_bound:.4g} for any plan searched, this plan {cost:.4g})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Solution:
     """A plan chosen for a budget."""
 
@@ -69,6 +98,8 @@ class Solution:
     """Total cost of the ops inside segments."""
     optimal: bool
     """True when the search covered every plan (``mode="exact"``): no plan is cheaper."""
+    bound: Optional[Bound] = None
+    """Set when the search gave up on being exact and a bounded heuristic chose the plan."""
 
 
 class ParetoPoint(NamedTuple):
@@ -104,7 +135,8 @@ def _check_budget(budget_bytes: object) -> int:
 
 def _verified(problem: Problem, found: Found) -> int:
     peak = peak_bytes(problem, found.segments)
-    if peak != found.peak:
+    # The bounded pass may count bytes twice (never too few); the exact one is the simulator.
+    if peak > found.peak or (found.exact and peak != found.peak):
         log.error("solver predicted peak %d but the simulator says %d for %s",
                   found.peak, peak, found.segments)
     return peak
@@ -115,18 +147,20 @@ def _search_cost(problem: Problem, space: Space, budget: int,
     """Exact search; or a fast pass, refined under its cost when the problem is not huge."""
     ix = problem.index
     found = search(ix, space, budget)
-    if space.exact or found is None or not refine or ix.n > REFINE_LIMIT:
+    if space.exact or found is None or not found.exact or not refine or ix.n > REFINE_LIMIT:
         return found
     refined = search(ix, _REFINE, budget, cost_cap=found.cost * (1 + 1e-9))
     return refined if refined is not None and refined.cost < found.cost else found
 
 
 def solve(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
-          refine: bool = True) -> Solution:
+          refine: bool = True, bound: bool = True) -> Solution:
     """The least-recompute plan whose simulated peak is at most ``budget_bytes``.
 
     ``refine=False`` skips the second, finer pass of the fast search (about 40% of its time;
-    callers that solve many budgets and keep only the plans' shapes use it).
+    callers that solve many budgets and keep only the plans' shapes use it). ``bound=False``
+    skips the relaxed search that bounds a heuristic plan's cost (``Solution.bound`` is then
+    None).
 
     Raises :class:`~fxckpt.solver.problem.BudgetInfeasible` (a ``ValueError``) with the smallest
     feasible budget when no plan fits.
@@ -142,10 +176,48 @@ def solve(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
         if peak <= budget:
             log.info("budget %d: %d segments, peak %d, recompute cost %g",
                      budget, len(found.segments), peak, found.cost)
-            return Solution(segments=found.segments, predicted_peak=peak,
-                            recompute_cost=found.cost, optimal=space.exact)
+            return _solution(problem, space, budget, found.segments, peak, found.cost, bound)
         target -= peak - budget
-    raise BudgetInfeasible(budget, min_feasible_peak(problem, mode=mode))
+    low_segments, low = _min_peak_plan(problem, mode)
+    if low <= budget and gave_up(problem.index, space) is not None:
+        # The heuristic missed a plan that fits: the smallest-peak plan it found does.
+        cost = sum(problem.index.segment_cost(s, e) for s, e in low_segments)
+        return _solution(problem, space, budget, low_segments, low, cost, bound)
+    raise BudgetInfeasible(budget, low)
+
+
+def _solution(problem: Problem, space: Space, budget: int, segments: Segments, peak: int,
+              cost: float, bound: bool) -> Solution:
+    where = gave_up(problem.index, space)
+    return Solution(segments=segments, predicted_peak=peak, recompute_cost=cost,
+                    optimal=space.exact and where is None,
+                    bound=bound_for(problem, budget, mode="exact" if space.exact else "fast",
+                                    cost=cost) if where is not None and bound else None)
+
+
+def heuristic(problem: Problem, *, mode: Mode = "auto") -> bool:
+    """Whether the exact search gave up on ``problem`` (its plans now come from the bounded
+    heuristic)."""
+    return gave_up(problem.index, _space(problem, mode)) is not None
+
+
+def bound_for(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
+              cost: float = math.inf, priced: Optional[Problem] = None) -> Optional[Bound]:
+    """Where the exact search gave up on ``problem``, a lower bound on the recompute cost of
+    every plan it considers under ``budget_bytes`` (at most ``cost``); None where it never did.
+    ``priced``: the same ops at lower costs, to take the bound on instead."""
+    space = _space(problem, mode)
+    where = gave_up(problem.index, space)
+    if where is None:
+        return None
+    # Capped at the plan's cost: entries dearer than it cannot lower the bound, and pruning
+    # them leaves the relaxed pass's work to the rest. Nothing under the cap: the plan's cost.
+    cap = cost * (1 + 1e-9) if math.isfinite(cost) else math.inf
+    low = lower_bound((priced or problem).index, space, _check_budget(budget_bytes),
+                      cost_cap=cap)
+    return Bound(work=where.work, states=where.states,
+                 lower_bound=min(cost, low) if low is not None else
+                 (cost if math.isfinite(cost) else 0.0))
 
 
 def _min_peak_plan(problem: Problem, mode: str) -> tuple[Segments, int]:
@@ -184,7 +256,7 @@ def pareto(problem: Problem, points: int = 9, *, mode: Mode = "auto",
     budgets = sorted({low + (high - low) * k // max(1, points - 1) for k in range(points)})
     plans: list[tuple[float, int, Segments]] = [(0.0, high, ())]
     for budget in budgets:
-        sol = solve(problem, budget, mode=mode, refine=refine)
+        sol = solve(problem, budget, mode=mode, refine=refine, bound=False)
         plans.append((sol.recompute_cost, sol.predicted_peak, sol.segments))
     curve = []
     for budget in budgets:
