@@ -71,9 +71,13 @@ class TransformedModule(torch.nn.Module):
     __call__ = _wrapped_call_impl
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "TransformedModule":
-        # Captured graphs keep references to tensors that .to() / .half() replace: capture again.
-        dispatcher_of(self).forget()
-        return super()._apply(fn, recurse)
+        # Captured graphs keep references to tensors that .to() / .half() replace: capture again,
+        # unless nothing moved (Lightning calls .to(device) as fit starts and .cpu() as it ends).
+        before = _tensor_states(self)
+        out = super()._apply(fn, recurse)
+        if _tensor_states(self) != before:
+            dispatcher_of(self).forget()
+        return out
 
     def _get_name(self) -> str:
         return "fxckpt." + super()._get_name()
@@ -127,6 +131,15 @@ def _class_for(model_cls: type) -> type:
         })
         _CLASSES[model_cls] = cls
     return cls
+
+
+def _tensor_states(module: torch.nn.Module) -> list[tuple]:
+    """Identity, storage, dtype and device of every parameter and buffer (``_apply`` may
+    replace a tensor, or its ``.data``, or neither)."""
+    return [
+        (id(t), t.data_ptr() if t.device.type != "meta" else 0, t.dtype, t.device)
+        for t in (*module.parameters(), *module.buffers())
+    ]
 
 
 def _forward_like(model_cls: type) -> Callable[..., Any]:

@@ -185,6 +185,20 @@ def test_train_and_eval_follow_on_the_model_and_to_drops_captured_graphs() -> No
     )  # captured again after .to()
 
 
+def test_a_to_that_moves_nothing_keeps_captures_and_plans() -> None:
+    """Lightning calls ``.to(device)`` as ``fit`` starts and ``.cpu()`` as it ends."""
+    tm = fxckpt.transform(Stack(), every=1)
+    tm(torch.randn(4, 16)).sum().backward()
+    plan = fxckpt.inspect(tm).plan
+    tm.to("cpu").cpu().float().to(torch.float32)
+    assert fxckpt.inspect(tm).plan is plan
+    tm(torch.randn(4, 16)).sum().backward()
+    assert fxckpt.inspect(tm).captures == 1 and fxckpt.inspect(tm).plans_made == 1
+    tm.half()
+    with pytest.raises(fxckpt.NotPlannedError):
+        fxckpt.inspect(tm).plan
+
+
 def test_one_state_attributes_set_on_either_are_set_on_both() -> None:
     model = Tempered()
     tm = fxckpt.transform(model, every=1)
