@@ -296,26 +296,39 @@ def _recording(model: torch.nn.Module) -> Iterator[list[tuple[type, str]]]:
 def _export_program(model: torch.nn.Module, args: tuple, kwargs: dict,
                     opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
     """Export with every dimension dynamic where the model allows; for these shapes if it refuses.
+
+    A model on the meta device is exported for these shapes only: it is planned, never trained
+    (``to_empty()`` replaces its tensors, and the capture with them), and symbolic sizes cost a
+    third of the capture (a 70B Llama: 28 s against 17 s on this machine).
     """
+    if _on_meta(model, args, kwargs):
+        return _export(model, args, kwargs, opaque)
+    return _export_dynamic(model, args, kwargs, opaque)
 
-    def run(shapes: Optional[dict[str, Any]]) -> torch.export.ExportedProgram:
-        return torch.export.export(
-            model,
-            tuple(args),
-            dict(kwargs),
-            strict=False,
-            dynamic_shapes=shapes,
-            preserve_module_call_signature=opaque,
-        )
 
+def _on_meta(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    first = next(iter(model.parameters()), None)
+    return bool(tensors) and all(t.is_meta for t in tensors) and (first is None or first.is_meta)
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict, opaque: tuple[str, ...],
+            shapes: Optional[dict[str, Any]] = None) -> torch.export.ExportedProgram:
+    """``torch.export``: with these dynamic dimensions, or for these shapes only."""
+    return torch.export.export(model, tuple(args), dict(kwargs), strict=False,
+                               dynamic_shapes=shapes, preserve_module_call_signature=opaque)
+
+
+def _export_dynamic(model: torch.nn.Module, args: tuple, kwargs: dict,
+                    opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
     try:
-        return run(_dynamic_shapes(model, args, kwargs))
+        return _export(model, args, kwargs, opaque, _dynamic_shapes(model, args, kwargs))
     except Exception as e:  # export refused symbolic sizes somewhere: specialise to these shapes
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         log.info(
             "torch.export with dynamic shapes failed (%s); exporting for these shapes only", first
         )
-        return run(None)
+        return _export(model, args, kwargs, opaque)
 
 
 def _dynamic_shapes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -52,3 +52,14 @@ def test_an_export_for_a_nan_argument_runs_on_the_inputs_it_was_made_for() -> No
     out = exported.gm(x, scale=float("nan"))
     out = out[0] if isinstance(out, (tuple, list)) else out
     assert torch.isnan(out).all()
+
+
+def test_a_model_on_meta_is_exported_for_its_shapes_and_a_real_one_for_every_batch() -> None:
+    """Meta models are planned, never trained: symbolic sizes would only slow their capture."""
+    real = export_graph(Scaled(), (torch.randn(2, 4),), {}, ())
+    assert real.shapes is not None and real.shapes.accepts(((7, 4),))
+    with torch.device("meta"):
+        model = Scaled()
+    on_meta = export_graph(model, (torch.empty(2, 4, device="meta"),), {}, ())
+    assert on_meta.shapes is not None
+    assert on_meta.shapes.accepts(((2, 4),)) and not on_meta.shapes.accepts(((7, 4),))
