@@ -121,6 +121,10 @@ class StateGuard:
         for key in set(before) | set(after):
             old, new = before.get(key, _MISSING), after.get(key, _MISSING)
             if _same(old, new):
+                if _other_object(old, new):
+                    # An equal copy (torch.export rebuilds every dict and list attribute of every
+                    # module on exit): the model's own object back, which guards and users hold.
+                    _put_back(module, key, old)
                 continue
             if old is not _MISSING and key not in _HOOK_KEYS:
                 self.changes.append(f"the forward changes `{_name(where, key)}` "
@@ -169,6 +173,12 @@ def _same(old: Any, new: Any) -> bool:
             return old.size == new.size  # grown or shrunk in place
         return _equal(old.value, new.value)
     return old is new or _equal(old, new)
+
+
+def _other_object(old: Any, new: Any) -> bool:
+    if isinstance(old, _Sized) and isinstance(new, _Sized):
+        return old.value is not new.value
+    return old is not new
 
 
 def _equal(old: Any, new: Any) -> bool:

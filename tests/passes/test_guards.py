@@ -125,3 +125,35 @@ def test_a_replaced_child_drops_the_capture_that_called_the_old_one() -> None:
     assert len(entries) == 1  # the old graph (and the old child it holds) is gone
     assert all(m is not old for m in entries[0].captured.gm.modules())
 
+
+
+class _Options:
+    def __init__(self) -> None:
+        self.scale = 2.0
+
+
+class _Configured(nn.Module):
+    """A dict of config objects read by forward (PEFT's ``LoraModel.peft_config``), in a model
+    only torch.export captures (a Python loop over the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.opts = {"default": _Options()}
+        self.names = ["fc"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = [self.fc(x[i]) for i in range(x.shape[0])]
+        return torch.relu(torch.stack(rows)) * self.opts["default"].scale * len(self.names)
+
+
+def test_an_export_leaves_the_models_own_dicts_and_lists_in_place() -> None:
+    """torch.export puts back rebuilt copies of every dict and list attribute; fxckpt puts the
+    model's own objects back, so identity guards hold and nothing is captured again."""
+    net = nn.Sequential(_Configured())
+    opts, names = net[0].opts, net[0].names
+    tm = fxckpt.transform(net, every=1)
+    for _ in range(3):
+        tm(torch.randn(4, 8)).sum().backward()
+    assert net[0].opts is opts and net[0].names is names
+    assert fxckpt.inspect(tm).captures == 1
