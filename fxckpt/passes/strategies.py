@@ -37,7 +37,9 @@ from fxckpt.passes.prediction import reserve
 from fxckpt.passes.keeps import Groups
 from fxckpt.passes.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
-from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, simulate
+from fxckpt.solver import (
+    BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, peak_bytes, simulate,
+)
 from fxckpt.solver.problem import Segments
 from fxckpt.solver.selective import Selection, solve_selective
 from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM, families, min_peak_shared, solve_shared
@@ -259,6 +261,9 @@ def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
     search is tried below :data:`~fxckpt.solver.shared.SHARED_FROM` ops: near the smallest peak
     it finds plans the per-block solve does not (segments over the embeddings, say).
     """
+    idle = peak_bytes(problem)
+    if idle <= target:  # the unmodified step fits: nothing to recompute, nothing to search
+        return Selection(segments=(), keep=(), predicted_peak=idle, recompute_cost=0.0)
     shared: Optional[Selection] = None
     infeasible: Optional[BudgetInfeasible] = None
     try:

@@ -12,9 +12,10 @@ from fxckpt.passes.fit import ATTEMPTS, fit
 from fxckpt.passes.strategies import Fitting
 from fxckpt.plan import Plan
 from fxckpt.verify import VerifyError
-from handmade import Tiny, plan, traced
+from handmade import Tiny, plan, segment, traced
 
 BUDGET = 1000
+FIRST = segment("seg_0", ("fc1", "relu"), inputs=("x",), outputs=("relu",))
 
 
 def _base() -> torch.fx.GraphModule:
@@ -34,7 +35,7 @@ class Scripted:
         predicted = BUDGET - 100 - fitting.tighten
         if fitting.minimum:
             predicted = 10
-        return dataclasses.replace(plan(), predicted_peak=predicted, eager_peak=2000,
+        return dataclasses.replace(plan(FIRST), predicted_peak=predicted, eager_peak=2000,
                                    budget=BUDGET)
 
     def verify(self, gm: torch.fx.GraphModule) -> int:
@@ -48,6 +49,21 @@ def test_a_plan_that_fits_at_once_is_kept() -> None:
     got, _ = fit(_base(), s.choose, s.verify)
     assert (got.verified_peak, got.verified_eager_peak, got.notes) == (950, 2000, ())
     assert s.fittings == [Fitting(eager_bytes=2000)]
+
+
+def test_a_plan_without_segments_is_the_eager_graph_and_is_not_verified_again() -> None:
+    verified: list[torch.fx.GraphModule] = []
+
+    def verify(gm: torch.fx.GraphModule) -> int:
+        verified.append(gm)
+        return 700
+
+    def choose(fitting: Fitting) -> Plan:
+        return dataclasses.replace(plan(), predicted_peak=690, eager_peak=700, budget=BUDGET)
+
+    got, gm = fit(_base(), choose, verify)
+    assert (got.verified_peak, got.verified_eager_peak) == (700, 700)
+    assert len(verified) == 1 and gm is not verified[0]
 
 
 def test_an_overshoot_is_solved_again_lower_until_it_fits() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
 import fxckpt
 from fxckpt.config import TransformConfig
+from fxckpt.errors import PlanError
 from fxckpt.passes import annotate, capture, select
 from models import MLP, UNet
 from support import assert_steps_equal, run_step
@@ -116,3 +118,19 @@ def test_no_candidate_at_all_still_says_the_strategy_found_none() -> None:
     plan = _plan(UnusedDeep(), torch.randn(4, 8), depth=2)
     assert plan.segments == ()
     assert plan.notes == ("nothing is checkpointed: the strategy found no segment",)
+
+
+def test_a_byte_budget_the_unmodified_step_meets_is_met_without_a_search(monkeypatch) -> None:
+    import fxckpt.passes.strategies as strategies
+
+    def no_search(*args: object, **kwargs: object) -> None:
+        raise AssertionError("searched for a plan although the unmodified step fits")
+
+    monkeypatch.setattr(strategies, "solve_shared", no_search)
+    monkeypatch.setattr(strategies, "solve_selective", no_search)
+    x = torch.randn(8, 32)
+    tm = fxckpt.transform(MLP(), budget="1GiB", example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert plan.segments == () and plan.verified_peak == plan.verified_eager_peak
+    with pytest.raises(PlanError, match="searched for a plan"):  # the control: a real search
+        fxckpt.transform(MLP(), budget=0.5, example_inputs=(x,))
