@@ -37,14 +37,20 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import operator
 from typing import Sequence
 
 from fxckpt.solver.problem import Index
 
-__all__ = ["Limits", "LIMITS", "GaveUp", "Exhausted", "State", "limit", "relax", "cap"]
+__all__ = [
+    "Limits", "LIMITS", "GaveUp", "Exhausted", "State", "limit", "relax", "cap", "pareto_front",
+]
 
 Entry = tuple
 """(H, objective, tie-break, parent entry, (block start, block end, is segment))."""
+
+_ORDER = operator.itemgetter(0, 1, 2)
+"""Entries by H, then objective, then tie-break."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,15 +245,15 @@ def limit(ix: Index, states: list[State], moves: int, share: int, limits: Limits
         work = len(states) * k
         states = _merge(ix, states, k, optimistic)
         for st in states:
-            st.entries = _front(st.entries)
+            st.entries = pareto_front(st.entries)
     for st in states:
         st.entries = cap(st.entries, front, optimistic)
     return states, work, affordable > kept
 
 
-def _front(entries: list[Entry]) -> list[Entry]:
+def pareto_front(entries: list[Entry]) -> list[Entry]:
     """Non-dominated entries: sorted by H, objective strictly falling."""
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    entries.sort(key=_ORDER)
     front: list[Entry] = []
     best = math.inf
     for e in entries:

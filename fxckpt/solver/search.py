@@ -37,7 +37,9 @@ import math
 import operator
 from typing import Iterator, Optional
 
-from fxckpt.solver.bounds import LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, relax
+from fxckpt.solver.bounds import (
+    LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, pareto_front, relax,
+)
 from fxckpt.solver.moves import Moves, Space, moves, profiles
 from fxckpt.solver.problem import Index, Segments
 from fxckpt.solver.tables import local_peak
@@ -62,18 +64,6 @@ class Found:
     """False when found by the bounded pass (its accounting may count some bytes twice)."""
     work: int = 0
     """The work of the passes that found it (see :class:`~fxckpt.solver.bounds.Limits`)."""
-
-
-def _pareto(entries: list[_Entry]) -> list[_Entry]:
-    """Non-dominated entries: sorted by H, objective strictly falling."""
-    entries.sort(key=_ORDER)
-    front: list[_Entry] = []
-    best = math.inf
-    for e in entries:
-        if e[1] < best:
-            front.append(e)
-            best = e[1]
-    return front
 
 
 def _lower_hull(front: list[_Entry]) -> list[_Entry]:
@@ -159,7 +149,7 @@ class _Search:
         states = []
         relaxed = self.mode == "relaxed"
         for (held, hout), (offset, entries) in self.fronts.pop(p, {}).items():
-            front = _pareto(entries)
+            front = pareto_front(entries)
             kept = _thin(front, self.space, self.grain)
             states.append(_State(held, hout, offset, relax(front, kept) if relaxed else kept))
         self.work += STEP * len(states)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import fxckpt
+import tiny
 import gloo
 
 pytestmark = pytest.mark.integration
@@ -30,13 +31,7 @@ SEQ = 16
 STEPS = 3
 
 
-def _model() -> Any:
-    cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).train()
+_model = tiny.llama
 
 
 def _reset() -> None:

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import fxckpt
+import tiny
 
 pytestmark = [
     pytest.mark.integration,
@@ -40,14 +41,7 @@ SEQ = 16
 COLUMNS = {"input_ids", "attention_mask", "labels"}  # what the Trainer hands the model
 
 
-def _model() -> Any:
-    """A tiny Llama with its random weights drawn from a fixed seed."""
-    cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg)
+_model = tiny.llama
 
 
 def _rows(n: int = 16) -> list[dict[str, Any]]:

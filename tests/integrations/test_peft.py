@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import fxckpt
+import tiny
 from fxckpt.module import is_transformed
 
 pytestmark = [
@@ -33,13 +34,7 @@ transformers = pytest.importorskip("transformers")
 SEQ = 16
 
 
-def _base() -> Any:
-    cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).train()
+_base = tiny.llama
 
 
 def _lora(**more: Any) -> Any:

@@ -18,7 +18,8 @@ from solver_oracle import random_chain, random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, Segments, peak_bytes
 from fxckpt.solver.moves import Space
-from fxckpt.solver.search import _lower_hull, _pareto, search
+from fxckpt.solver.bounds import pareto_front as _pareto
+from fxckpt.solver.search import _lower_hull, search
 
 EXACT, FAST = Space(exact=True), Space(exact=False)
 
