@@ -251,11 +251,12 @@ class Dispatcher:
         if compiled is not None:
             return compiled
 
-        def make(a: tuple, k: dict, budget: Optional[Budget]) -> Any:
+        def make(a: tuple, k: dict, budget: Optional[Budget], eager: Optional[int]) -> Any:
             config = self.config if budget is None else dataclasses.replace(
                 self.config, strategy=Budgeted(budget))
             with _planning():
-                return build(entry.captured, config, a, k, training=tm.training, model=tm)
+                return build(entry.captured, config, a, k, training=tm.training, model=tm,
+                             eager_peak=eager)
 
         def shapes_of(a: tuple, k: dict) -> Shapes:
             from fxckpt.planner import first_micro_batch
@@ -267,20 +268,16 @@ class Dispatcher:
         larger = plan_key is not None and any(
             s is not None and dominates(s, plan_key)
             for e in self.entries.get(key, ()) for s in e.plans.plans)
-        def fits(compiled: Any, a: tuple, k: dict) -> bool:
+        def verified(compiled: Any, a: tuple, k: dict) -> Optional[int]:
             from fxckpt.planner import peak_at
 
-            budget = compiled.plan.budget
-            if budget is None or compiled.plan.verified_peak is None:
-                return False
             with _planning():
-                peak = peak_at(compiled, self.config, a, k, tm)
-            return peak is not None and peak <= budget
+                return peak_at(compiled, self.config, a, k, tm)
 
         start = time.perf_counter()
         compiled, made = entry.plans.make(plan_key, args, kwargs, make, shapes_of,
                                           entry.captured.accepts, planned_larger=larger,
-                                          fits=fits)
+                                          peak_at=verified)
         self.counts.plans += made
         self.counts.plan_seconds += time.perf_counter() - start
         _attach_offloader(compiled, self.offloader)

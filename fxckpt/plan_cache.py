@@ -13,6 +13,17 @@ plan serves every shape of a capture. Under a budget:
   bucketed sizes cannot be planned (the model allows no such size, a ``loss_fn`` closes over
   tensors of the call's size) the call's own sizes are planned, and buckets are not tried again
   for that capture.
+* **Peaks seen, extrapolated** (:class:`Growth`). Every verified peak is noted with the size
+  of the call it was measured at. A step's bytes are nearly affine in a growing batch (weights
+  and their gradients fixed, activations proportional), so two peaks of one plan give the part
+  that does not grow, and a plan's peak at a larger size is predicted from its latest one. A
+  check the prediction says fails is not run: the call is planned at once. When the latest plan
+  is predicted to hold well under its budget a few buckets further on, it is checked there
+  first, and one check serves every size up to it. A prediction only skips or moves checks;
+  every plan that serves a call was verified at sizes at least as large.
+* **A failed check is not wasted.** The latest plan with no segments runs the unmodified step,
+  so its peak at the bucket is the eager one the next plan is fitted against: the build is
+  given it instead of measuring it again.
 * **Bounded.** A capture keeps at most :data:`MAX_PLANS` plans; the least recently used goes.
 * **Never a failure mid-training.** When a smaller call's own plan cannot meet the budget (a
   fraction of a small step is mostly what does not shrink with the batch) but a larger call was
@@ -39,12 +50,20 @@ MAX_PLANS = 8
 """Plans kept per capture under a budget (least recently used dropped first): enough for the
 power-of-two buckets of a batch from 1 to 128, or of a few sequence lengths."""
 
-Build = Callable[[tuple, dict, Optional[Budget]], Any]
-"""Plan for these call arguments (with this budget instead of the configured one, if given)."""
+Build = Callable[[tuple, dict, Optional[Budget], Optional[int]], Any]
+"""Plan for these call arguments (with this budget instead of the configured one, if given;
+with the unmodified step's verified peak at these sizes, if already known)."""
 ShapesOf = Callable[[tuple, dict], Shapes]
 """The shapes a call's arguments are planned at (the first micro-batch's)."""
-Fits = Callable[[Any, tuple, dict], bool]
-"""Whether a plan's verified peak for calls like these is within its budget."""
+PeakAt = Callable[[Any, tuple, dict], Optional[int]]
+"""A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
+
+JUMP = 3
+"""Doublings past the bucket at which the latest plan may be checked first, when predicted to
+hold there (:class:`Growth`)."""
+JUMP_SHARE = 0.9
+"""A check further on is tried only where the predicted peak is at most this share of the
+budget (a miss costs one check more)."""
 
 
 class PlanCache:
@@ -56,6 +75,8 @@ class PlanCache:
         """Whether bucketed sizes may still be tried on this capture."""
         self.beyond: set[Shapes] = set()
         """Bucketed sizes the budget cannot be met at (the call's own sizes are planned)."""
+        self.growth = Growth()
+        """The verified peaks seen, by size: what predicts a plan's peak at a larger size."""
 
     def values(self) -> list[Any]:
         return list(self.plans.values())
@@ -77,32 +98,44 @@ class PlanCache:
 
     def make(self, key: Optional[Shapes], args: tuple, kwargs: dict, build: Build,
              shapes_of: ShapesOf, accepts: Callable[[Shapes], bool],
-             planned_larger: bool, fits: Optional[Fits] = None) -> tuple[Any, bool]:
+             planned_larger: bool, peak_at: Optional[PeakAt] = None) -> tuple[Any, bool]:
         """The plan for a call with shapes ``key``, kept; and whether it was made now.
 
-        A larger call first tries the latest plan: when ``fits`` says its verified peak at the
-        bucketed sizes is within its budget, that plan serves them too, and nothing is planned.
+        A larger call first tries the latest plan: when its verified peak at the bucketed sizes
+        (``peak_at``) is within its budget, that plan serves them too, and nothing is planned.
         Else a plan is made for the bucketed sizes, or for the call's own.
         ``planned_larger``: a call at least as large was planned under the budget before (in
         any capture of such calls), so a budget this call cannot meet falls back to the plan
         with the smallest peak instead of failing training.
         """
         if key is not None and self.buckets and self.plans:
-            padded = _padded(args, kwargs, key, self._grown(key))
+            grown = self._grown(key)
+            padded = _padded(args, kwargs, key, grown)
             if padded is not None:
                 bucketed = shapes_of(*padded)
                 latest = next(reversed(self.plans.values()))
                 # beyond the budget at the bucket: whether it holds at the call's own sizes
                 sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
                                  else (bucketed, padded))
-                if accepts(sizes) and fits is not None and fits(latest, a, k):
-                    log.debug("the latest plan holds its budget at %s too", sizes)
-                    return self._keep(sizes, latest), False
+                eager = None
+                if accepts(sizes) and peak_at is not None and _budget(latest) is not None:
+                    if sizes == bucketed:
+                        ahead = self._ahead(latest, key, grown, args, kwargs, shapes_of,
+                                            accepts, peak_at)
+                        if ahead is not None:
+                            return self._keep(shapes_of(*ahead), latest), False
+                    held, peak = self._check(latest, sizes, a, k, peak_at)
+                    if held:
+                        log.debug("the latest plan holds its budget at %s too", sizes)
+                        return self._keep(sizes, latest), False
+                    if peak is not None and sizes == bucketed and not _segments(latest):
+                        eager = peak  # the unmodified step's peak at the bucket
                 if bucketed != key and bucketed not in self.beyond and accepts(bucketed):
                     try:
-                        compiled = build(*padded, None)
+                        compiled = build(*padded, None, eager)
                         if _unverified(compiled):
                             raise RuntimeError("the plan could not be verified at those sizes")
+                        self.growth.saw(compiled, _volume(bucketed), _verified(compiled))
                         return self._keep(bucketed, compiled), True
                     except BudgetInfeasibleError:  # the budget binds before the bucket's sizes
                         self.beyond.add(bucketed)
@@ -111,7 +144,7 @@ class PlanCache:
                         log.info("fxckpt: planning for bucketed sizes %s failed (%s: %s); "
                                  "planning each size as it comes", bucketed, type(e).__name__, e)
         try:
-            compiled = build(args, kwargs, None)
+            compiled = build(args, kwargs, None, None)
         except BudgetInfeasibleError as e:
             if not planned_larger:
                 raise
@@ -120,8 +153,48 @@ class PlanCache:
                 "bytes), but a larger call was planned under it; this call uses the plan with "
                 "the smallest peak. A budget in bytes holds for every batch size", key,
                 e.min_budget)
-            compiled = build(args, kwargs, Budget(bytes=e.min_budget))
+            compiled = build(args, kwargs, Budget(bytes=e.min_budget), None)
+        if key is not None:
+            self.growth.saw(compiled, _volume(key), _verified(compiled))
         return self._keep(key, compiled), True
+
+    def _check(self, compiled: Any, sizes: Shapes, args: tuple, kwargs: dict,
+               peak_at: PeakAt) -> tuple[bool, Optional[int]]:
+        """Whether ``compiled`` holds its budget at ``sizes``, and the peak measured there
+        (``None`` when not measured: the prediction said it would not hold)."""
+        budget = _budget(compiled)
+        assert budget is not None
+        predicted = self.growth.predict(compiled, _volume(sizes))
+        if predicted is not None and predicted > budget:
+            log.debug("the latest plan is predicted at %d bytes at %s, over its budget: not "
+                      "checked", predicted, sizes)
+            return False, None
+        peak = peak_at(compiled, args, kwargs)
+        if peak is None:
+            return False, None
+        self.growth.saw(compiled, _volume(sizes), peak)
+        return peak <= budget, peak
+
+    def _ahead(self, latest: Any, key: Shapes, grown: set[tuple[int, int]], args: tuple,
+               kwargs: dict, shapes_of: ShapesOf, accepts: Callable[[Shapes], bool],
+               peak_at: PeakAt) -> Optional[tuple[tuple, dict]]:
+        """Placeholder arguments a few buckets further on at which ``latest`` was checked and
+        holds its budget (one check for all the sizes up to them), or ``None``."""
+        budget = _budget(latest)
+        assert budget is not None
+        for doublings in range(JUMP, 0, -1):
+            far = _scaled(key, grown, 1 << doublings)
+            predicted = self.growth.predict(latest, _volume(far))
+            if predicted is None or predicted > JUMP_SHARE * budget or not accepts(far):
+                continue
+            padded = _padded(args, kwargs, key, grown, 1 << doublings)
+            if padded is None or shapes_of(*padded) != far:
+                return None
+            held, _ = self._check(latest, far, *padded, peak_at)
+            log.debug("the latest plan checked %d bucket(s) ahead, at %s: %s", doublings, far,
+                      "holds" if held else "over its budget")
+            return padded if held else None
+        return None
 
     def _grown(self, key: Shapes) -> set[tuple[int, int]]:
         """``(tensor, dim)`` positions where ``key`` is larger than the largest plan so far."""
@@ -142,6 +215,63 @@ class PlanCache:
         return compiled
 
 
+class Growth:
+    """Verified peaks noted with the total size (elements over every input) of the call they
+    were measured at; from them, the bytes that do not grow with the inputs and a plan's peak at
+    a larger size (a straight line through its latest peak and those fixed bytes)."""
+
+    KEEP = 16
+    """Peaks remembered (the latest)."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[Any, int, int]] = []
+
+    def saw(self, compiled: Any, volume: int, peak: Optional[int]) -> None:
+        if peak is not None:
+            self.points.append((compiled, volume, peak))
+            del self.points[:-self.KEEP]
+
+    def fixed(self) -> Optional[float]:
+        """The bytes at size 0 of the line through the latest two peaks one plan had at two
+        sizes (weights, gradients: what a larger call does not add to), or ``None``."""
+        for i in range(len(self.points) - 1, 0, -1):
+            plan, v2, p2 = self.points[i]
+            for other, v1, p1 in reversed(self.points[:i]):
+                if other is plan and v1 != v2:
+                    slope = (p2 - p1) / (v2 - v1)
+                    return min(max(0.0, p1 - slope * v1), float(min(p1, p2)))
+        return None
+
+    def predict(self, compiled: Any, volume: int) -> Optional[float]:
+        """``compiled``'s peak at a call of ``volume`` elements, extrapolated; ``None`` before
+        there is anything to extrapolate from."""
+        own = [(v, p) for plan, v, p in self.points if plan is compiled and v > 0]
+        fixed = self.fixed()
+        if not own or fixed is None:
+            return None
+        size, peak = own[-1]
+        return fixed + (peak - fixed) * volume / size
+
+
+def _budget(compiled: Any) -> Optional[int]:
+    """The budget in bytes a verified budget plan holds (``None``: not such a plan)."""
+    plan = getattr(compiled, "plan", None)
+    if plan is None or plan.verified_peak is None:
+        return None
+    budget: Optional[int] = plan.budget
+    return budget
+
+
+def _segments(compiled: Any) -> bool:
+    return bool(compiled.plan.segments)
+
+
+def _verified(compiled: Any) -> Optional[int]:
+    plan = getattr(compiled, "plan", None)
+    peak: Optional[int] = None if plan is None else plan.verified_peak
+    return peak
+
+
 def _unverified(compiled: Any) -> bool:
     """A budget plan left with simulated figures only (its step failed on fake tensors)."""
     plan = getattr(compiled, "plan", None)
@@ -153,10 +283,16 @@ def bucket(size: int) -> int:
     return 1 << max(0, size - 1).bit_length()
 
 
-def _padded(args: tuple, kwargs: dict, key: Shapes,
-            grown: set[tuple[int, int]]) -> Optional[tuple[tuple, dict]]:
-    """Placeholder arguments with the grown dimensions bucketed (zeros: planning reads shapes
-    only), or ``None`` when nothing grew."""
+def _scaled(key: Shapes, grown: set[tuple[int, int]], scale: int = 1) -> Shapes:
+    """``key`` with the grown dimensions bucketed, times ``scale``."""
+    return tuple(tuple(bucket(n) * scale if (i, d) in grown else n for d, n in enumerate(shape))
+                 for i, shape in enumerate(key))
+
+
+def _padded(args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
+            scale: int = 1) -> Optional[tuple[tuple, dict]]:
+    """Placeholder arguments with the grown dimensions bucketed (times ``scale``; zeros:
+    planning reads shapes only), or ``None`` when nothing grew."""
     if not grown:
         return None
     index = 0
@@ -164,7 +300,7 @@ def _padded(args: tuple, kwargs: dict, key: Shapes,
     def pad(t: torch.Tensor) -> torch.Tensor:
         nonlocal index
         i, index = index, index + 1
-        shape = [bucket(n) if (i, d) in grown else n for d, n in enumerate(t.shape)]
+        shape = [bucket(n) * scale if (i, d) in grown else n for d, n in enumerate(t.shape)]
         if list(t.shape) == shape:
             return t
         return torch.zeros(shape, dtype=t.dtype, device=t.device).requires_grad_(t.requires_grad)

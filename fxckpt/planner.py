@@ -72,15 +72,19 @@ def capture_for(
 
 
 def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, *,
-          training: bool, model: torch.nn.Module) -> Compiled:
+          training: bool, model: torch.nn.Module, eager_peak: Optional[int] = None) -> Compiled:
     """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``.
+
+    ``eager_peak``: the unmodified step's verified peak for such calls when already measured
+    (:mod:`fxckpt.plan_cache` checked a plan with no segments there); not measured again unless
+    a ``loss_fn`` must see the step's output.
 
     A failure inside fxckpt's passes surfaces as an :class:`~fxckpt.errors.FxckptError` naming
     the model and the pass, never as a bare ``KeyError`` from the internals.
     """
     start = time.perf_counter()
     try:
-        compiled = _build(captured, config, args, kwargs, training, model)
+        compiled = _build(captured, config, args, kwargs, training, model, eager_peak)
     except FxckptError:
         raise
     except Exception as e:
@@ -111,7 +115,7 @@ def peak_at(compiled: Compiled, config: TransformConfig, args: tuple, kwargs: di
 
 
 def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,
-           model: torch.nn.Module) -> Compiled:
+           model: torch.nn.Module, eager_peak: Optional[int] = None) -> Compiled:
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     if config.pipelined:
         _refuse_assignments(captured.gm)
@@ -142,7 +146,8 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
         verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model),
                            probe)
     plan, gm = fit(gm, choose, verify, solved=config.budget is not None,
-                   loosen=config.loss_fn is not None)
+                   loosen=config.loss_fn is not None,
+                   eager=eager_peak if verify is not None and probe is None else None)
     if verify is not None and config.loss_fn is None:
         plan = dataclasses.replace(plan, notes=plan.notes + (
             f"no loss_fn: verified with a stand-in loss that holds {STAND_IN}; pass "

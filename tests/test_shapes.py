@@ -81,11 +81,15 @@ def test_a_growing_batch_is_planned_at_power_of_two_buckets() -> None:
         else:
             tm(x).sum().backward()
     info = fxckpt.inspect(tm)
-    # 1 first, then the sizes 2, 4, 8, 16, 32, 64 (40 rounds up to 64): each served by the
-    # latest plan when it verifies under the budget there, else planned; never one per size
+    # 1 first, then power-of-two sizes up to 64 (40 rounds up to 64): each served by the
+    # latest plan when it verifies under the budget there, else planned; never one per size.
+    # Once two peaks give the line, the check jumps ahead to where the plan is predicted to
+    # hold (3 -> 32), so 4, 8 and 16 cost no check of their own.
     from fxckpt.module import dispatcher_of
     (entry,) = [e for es in dispatcher_of(tm).entries.values() for e in es]
-    assert sorted(s[0][0] for s in entry.plans.plans) == [1, 2, 4, 8, 16, 32, 64]
+    sizes = sorted(s[0][0] for s in entry.plans.plans)
+    assert sizes[:2] == [1, 2] and sizes[-1] == 64 and len(sizes) < 7
+    assert all(n & (n - 1) == 0 for n in sizes)
     assert info.captures == 1 and 1 <= info.plans_made < 7
     assert len(info.plans) == info.plans_made
     for p in info.plans:
@@ -101,7 +105,7 @@ def test_plans_per_capture_are_bounded_least_recently_used_first() -> None:
 
     cache, built = PlanCache(), []
 
-    def build(args: tuple, kwargs: dict, budget: object) -> tuple:
+    def build(args: tuple, kwargs: dict, budget: object, eager: object) -> tuple:
         built.append(tuple(args[0].shape))
         return tuple(args[0].shape)
 

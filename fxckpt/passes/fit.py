@@ -60,19 +60,22 @@ Verify = Callable[[torch.fx.GraphModule], int]
 
 
 def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
-        solved: bool = True, loosen: bool = False) -> tuple[Plan, torch.fx.GraphModule]:
+        solved: bool = True, loosen: bool = False,
+        eager: Optional[int] = None) -> tuple[Plan, torch.fx.GraphModule]:
     """The plan for the annotated ``base`` and the rewritten graph that runs it.
 
     ``base`` is left unlowered when ``verify`` is given (each attempt lowers a copy). Only a
     ``solved`` plan (``budget=``) is tightened; others (``every=``, a replayed plan) are verified
     and reported as they are. ``loosen``: a fitting plan verified well under its prediction is
     solved again (only when ``verify`` runs the user's own loss: see the module docstring).
+    ``eager``: ``verify(base)``, when the caller measured it already.
     """
     if verify is None:
         plan = choose(Fitting())
         return plan, lower(base, plan)
     try:
-        eager = verify(base)
+        if eager is None:
+            eager = verify(base)
         if not solved:
             plan = choose(Fitting())
             return _verified(base, plan, verify, eager)
