@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from fxckpt.export.targets import ExportError
-from fxckpt.export.weights import read_weights, weights_bytes
+from fxckpt.export.weights import read_weights, sha256_bytes, weights_bytes
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify",
            "sha256_bytes", "as_key", "manifest_mac"]
@@ -49,10 +49,6 @@ FORMAT_VERSION = 2
 MAC_ALGORITHM = "hmac-sha256"
 MANIFEST = "manifest.json"
 PathLike = Union[str, os.PathLike]
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _sha256_file(path: Path) -> str:

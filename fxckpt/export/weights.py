@@ -22,6 +22,7 @@ Three promises of :func:`fxckpt.load` live here:
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import io
 import json
 import math
@@ -84,11 +85,13 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def read_weights(path: Path, rel: str, expected_sha256: str, *, max_bytes: Optional[int],
                  use_mmap: bool = False, legacy: bool = False) -> dict[str, torch.Tensor]:
     """The tensors of the weights file ``rel`` at ``path``, read as the module docstring says."""
-    from fxckpt.export.files import sha256_bytes
-
     where = f"{rel} of export {path.parent}"
     if rel == LEGACY and not legacy:
         raise ExportError(f"{where}: the export holds torch.save weights (a zip of pickles); "

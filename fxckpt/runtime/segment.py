@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, ContextManager, Optional, Protocol
 
 import torch
 import torch.fx
@@ -29,10 +29,16 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch.fx.graph import PythonCode
 
-if TYPE_CHECKING:
-    from fxckpt.runtime.offload import Offloader
+__all__ = ["Recomputable", "Segment", "SEGMENT_FIELDS", "NO_EARLY_STOP", "segment_of",
+           "Offloading"]
 
-__all__ = ["Recomputable", "Segment", "SEGMENT_FIELDS", "NO_EARLY_STOP", "segment_of"]
+
+class Offloading(Protocol):
+    """What a segment needs of its offloader (:class:`fxckpt.runtime.offload.Offloader`, which
+    imports this module: the protocol keeps the dependency one way)."""
+
+    def hooks(self, module: torch.nn.Module, new_step: bool = True) -> ContextManager[Any]:
+        """Saved-tensor hooks for a forward of ``module``."""
 
 # The exception checkpoint raises to stop a recompute early (a private name: if it moves, no
 # exception is let through and fx's wrapper handles all of them, as before).
@@ -69,7 +75,7 @@ class Recomputable(nn.Module):
 class Segment(torch.fx.GraphModule, Recomputable):
     """A lowered segment: a GraphModule sharing the model's tensors, and the runtime's fields."""
 
-    offloader: Optional["Offloader"] = None
+    offloader: Optional[Offloading] = None
     """Set for a segment the plan offloads: its forward runs under these saved-tensor hooks."""
 
     kept: int = 0

@@ -1,0 +1,66 @@
+"""The package's import graph: no cycle, and a runtime that never reaches for the planner.
+
+Every ``import`` counts, wherever it is written: at module level, inside a function (the lazy
+imports that keep start-up short) or under ``TYPE_CHECKING``. A cycle of any of them means two
+modules that cannot be read, tested or moved one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fxckpt"
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> nx.DiGraph:
+    """Module -> module it imports (``from a.b import c`` names ``a.b.c`` when that is a
+    module); a package's edges to its own modules and to the root are left out."""
+    modules = {_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for target in names:
+                if (target in modules and target != "fxckpt" and target != module
+                        and not target.startswith(module + ".")):
+                    graph.add_edge(module, target)
+    return graph
+
+
+def test_the_graph_sees_the_package() -> None:
+    graph = _graph()
+    assert graph.number_of_nodes() > 100
+    assert graph.has_edge("fxckpt.runtime.offload", "fxckpt.runtime.segment")
+    assert graph.has_edge("fxckpt.planner", "fxckpt.passes.fit")  # module level
+    assert graph.has_edge("fxckpt.dispatch", "fxckpt.planner")  # imported inside functions
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    cycles = sorted(sorted(c) for c in nx.simple_cycles(_graph()))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_runtime_never_imports_the_planner() -> None:
+    """A transformed or loaded module runs on ``fxckpt.runtime`` alone: the passes, the solver
+    and the planner stay out of its imports (and out of a saved export's)."""
+    graph = _graph()
+    planning = ("fxckpt.passes", "fxckpt.solver", "fxckpt.planner", "fxckpt.dispatch",
+                "fxckpt.bench")
+    reached = {m for r in graph if r.startswith("fxckpt.runtime")
+               for m in nx.descendants(graph, r)}
+    assert not sorted(m for m in reached if m.startswith(planning))
