@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import time
 import weakref
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -53,6 +53,11 @@ from fxckpt.runtime.segment import segment_of
 from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
+if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
+    from fxckpt.passes.capture import Captured
+    from fxckpt.planner import Compiled
+    from fxckpt.runtime.offload import Offloader
+
 __all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
 
 log = logging.getLogger(__name__)
@@ -65,7 +70,7 @@ RECAPTURE_WARNING = 3
 
 Fingerprint = tuple[int, ...]
 _SHARED: (
-    "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Any]]]]"
+    "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Captured]]]]"
 ) = weakref.WeakKeyDictionary()
 """Captures per model object, shared by every transform of it (see the module docstring)."""
 
@@ -74,8 +79,8 @@ _SHARED: (
 class Entry:
     """One capture and the plans made on it, keyed by shapes (``None``: any shape)."""
 
-    captured: Any
-    plans: PlanCache = dataclasses.field(default_factory=PlanCache)
+    captured: Captured
+    plans: PlanCache[Compiled] = dataclasses.field(default_factory=PlanCache)
 
 
 @dataclasses.dataclass
@@ -99,7 +104,7 @@ class Dispatcher:
         self.model = model
         self.config = config
         self.entries: dict[CallKey, list[Entry]] = {}
-        self.last: Optional[Any] = None
+        self.last: Optional[Compiled] = None
         self.counts = Counts()
         self.offloader = _make_offloader(config)
         self.takes_use_cache = hf.takes_use_cache(model)
@@ -107,7 +112,7 @@ class Dispatcher:
         self.recaptures: dict[str, int] = {}
         """Captures made again because a fact changed, per fact (see :mod:`fxckpt.passes.guards`).
         """
-        self.compiled_call: Optional[Any] = None
+        self.compiled_call: Optional[Callable[..., Any]] = None
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
 
     def runs_model_itself(self, training: bool) -> bool:
@@ -139,7 +144,7 @@ class Dispatcher:
             return compiled(args, kwargs)
 
     @torch.compiler.disable(reason=_SERVE_REASON)
-    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
         """The plan that runs this call (captured and planned now if needed).
 
         ``torch.compile`` does not trace this lookup (one graph break, before any segment): it
@@ -152,7 +157,7 @@ class Dispatcher:
             self.offloader.stats = type(self.offloader.stats)()
         return compiled
 
-    def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
         """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
         compiled = self.compiled_for(tm, args, self.step_kwargs(tm, kwargs))
         self.last = compiled
@@ -163,12 +168,12 @@ class Dispatcher:
         self.entries.clear()
         self.last = None
 
-    def compiled(self) -> list[Any]:
+    def compiled(self) -> list[Compiled]:
         """Every plan made so far, oldest first."""
         every = [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
         return list({id(c): c for c in every}.values())  # one plan may serve several sizes
 
-    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
         from fxckpt.planner import first_micro_batch
 
         plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
@@ -216,7 +221,8 @@ class Dispatcher:
         entries.append(entry)
         return entry
 
-    def _shared(self, key: CallKey, shapes: Shapes, fingerprint: Fingerprint) -> Any:
+    def _shared(self, key: CallKey, shapes: Shapes,
+                fingerprint: Fingerprint) -> Optional[Captured]:
         """A capture another transform of this model made for such calls, if still valid."""
         for seen, captured in _SHARED.get(self.model, {}).get(key, []):
             if (seen == fingerprint and captured.accepts(shapes)
@@ -243,7 +249,7 @@ class Dispatcher:
                 "call", failure.fact, type(self.model).__name__, seen)
 
     def _plan(self, tm: torch.nn.Module, key: CallKey, entry: Entry, shapes: Shapes,
-              args: tuple, kwargs: dict) -> Any:
+              args: tuple, kwargs: dict) -> Compiled:
         from fxckpt.planner import build
 
         plan_key = shapes if self._shape_dependent(entry) else None
@@ -251,7 +257,8 @@ class Dispatcher:
         if compiled is not None:
             return compiled
 
-        def make(a: tuple, k: dict, budget: Optional[Budget], eager: Optional[int]) -> Any:
+        def make(a: tuple, k: dict, budget: Optional[Budget],
+                 eager: Optional[int]) -> Compiled:
             config = self.config if budget is None else dataclasses.replace(
                 self.config, strategy=Budgeted(budget))
             with _planning():
@@ -268,7 +275,7 @@ class Dispatcher:
         larger = plan_key is not None and any(
             s is not None and dominates(s, plan_key)
             for e in self.entries.get(key, ()) for s in e.plans.plans)
-        def verified(compiled: Any, a: tuple, k: dict) -> Optional[int]:
+        def verified(compiled: Compiled, a: tuple, k: dict) -> Optional[int]:
             from fxckpt.planner import peak_at
 
             with _planning():
@@ -352,7 +359,7 @@ def _planning() -> Iterator[None]:
 
 
 def _share(model: torch.nn.Module, key: CallKey, fingerprint: Fingerprint,
-           captured: Any) -> None:
+           captured: Captured) -> None:
     """Offer a capture to other transforms of ``model``; the oldest beyond
     :data:`MAX_CAPTURES` (over all call keys) is no longer offered."""
     shared = _SHARED.setdefault(model, {})
@@ -381,7 +388,7 @@ def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     return view
 
 
-def _make_offloader(config: TransformConfig) -> Any:
+def _make_offloader(config: TransformConfig) -> Optional[Offloader]:
     if not config.offload:
         return None
     from fxckpt.runtime.offload import Offloader
@@ -389,7 +396,7 @@ def _make_offloader(config: TransformConfig) -> Any:
     return Offloader(config.offload_device or "cpu", threshold=config.offload_threshold)
 
 
-def _attach_offloader(compiled: Any, offloader: Any) -> None:
+def _attach_offloader(compiled: Compiled, offloader: Optional[Offloader]) -> None:
     """Segments the plan offloads run their forward under this module's offloader."""
     for seg in compiled.plan.segments:
         if seg.action == "offload":

@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Callable, Optional
+from typing import Callable, Generic, Optional, Protocol, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.plan import Plan
 from fxckpt.signature import Shapes, dominates
 
-__all__ = ["PlanCache", "MAX_PLANS", "bucket"]
+__all__ = ["PlanCache", "Planned", "Growth", "MAX_PLANS", "bucket"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,23 @@ MAX_PLANS = 8
 """Plans kept per capture under a budget (least recently used dropped first): enough for the
 power-of-two buckets of a batch from 1 to 128, or of a few sequence lengths."""
 
-Build = Callable[[tuple, dict, Optional[Budget], Optional[int]], Any]
+
+
+class Planned(Protocol):
+    """What the cache keeps: anything with a plan (:class:`fxckpt.planner.Compiled`)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+
+P = TypeVar("P", bound=Planned)
+
+Build = Callable[[tuple, dict, Optional[Budget], Optional[int]], P]
 """Plan for these call arguments (with this budget instead of the configured one, if given;
 with the unmodified step's verified peak at these sizes, if already known)."""
 ShapesOf = Callable[[tuple, dict], Shapes]
 """The shapes a call's arguments are planned at (the first micro-batch's)."""
-PeakAt = Callable[[Any, tuple, dict], Optional[int]]
+PeakAt = Callable[[P, tuple, dict], Optional[int]]
 """A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
 
 JUMP = 3
@@ -66,22 +78,22 @@ JUMP_SHARE = 0.9
 budget (a miss costs one check more)."""
 
 
-class PlanCache:
+class PlanCache(Generic[P]):
     """The plans made on one capture, keyed by shapes (``None``: one plan for every shape)."""
 
     def __init__(self) -> None:
-        self.plans: collections.OrderedDict[Optional[Shapes], Any] = collections.OrderedDict()
+        self.plans: collections.OrderedDict[Optional[Shapes], P] = collections.OrderedDict()
         self.buckets = True
         """Whether bucketed sizes may still be tried on this capture."""
         self.beyond: set[Shapes] = set()
         """Bucketed sizes the budget cannot be met at (the call's own sizes are planned)."""
-        self.growth = Growth()
+        self.growth: Growth[P] = Growth()
         """The verified peaks seen, by size: what predicts a plan's peak at a larger size."""
 
-    def values(self) -> list[Any]:
+    def values(self) -> list[P]:
         return list(self.plans.values())
 
-    def find(self, key: Optional[Shapes]) -> Optional[Any]:
+    def find(self, key: Optional[Shapes]) -> Optional[P]:
         """The plan for exactly these shapes, or the smallest made for larger ones."""
         if key in self.plans:
             self.plans.move_to_end(key)
@@ -96,9 +108,9 @@ class PlanCache:
         self.plans.move_to_end(best)
         return self.plans[best]
 
-    def make(self, key: Optional[Shapes], args: tuple, kwargs: dict, build: Build,
+    def make(self, key: Optional[Shapes], args: tuple, kwargs: dict, build: Build[P],
              shapes_of: ShapesOf, accepts: Callable[[Shapes], bool],
-             planned_larger: bool, peak_at: Optional[PeakAt] = None) -> tuple[Any, bool]:
+             planned_larger: bool, peak_at: Optional[PeakAt[P]] = None) -> tuple[P, bool]:
         """The plan for a call with shapes ``key``, kept; and whether it was made now.
 
         A larger call first tries the latest plan: when its verified peak at the bucketed sizes
@@ -158,8 +170,8 @@ class PlanCache:
             self.growth.saw(compiled, _volume(key), _verified(compiled))
         return self._keep(key, compiled), True
 
-    def _check(self, compiled: Any, sizes: Shapes, args: tuple, kwargs: dict,
-               peak_at: PeakAt) -> tuple[bool, Optional[int]]:
+    def _check(self, compiled: P, sizes: Shapes, args: tuple, kwargs: dict,
+               peak_at: PeakAt[P]) -> tuple[bool, Optional[int]]:
         """Whether ``compiled`` holds its budget at ``sizes``, and the peak measured there
         (``None`` when not measured: the prediction said it would not hold)."""
         budget = _budget(compiled)
@@ -175,9 +187,9 @@ class PlanCache:
         self.growth.saw(compiled, _volume(sizes), peak)
         return peak <= budget, peak
 
-    def _ahead(self, latest: Any, key: Shapes, grown: set[tuple[int, int]], args: tuple,
+    def _ahead(self, latest: P, key: Shapes, grown: set[tuple[int, int]], args: tuple,
                kwargs: dict, shapes_of: ShapesOf, accepts: Callable[[Shapes], bool],
-               peak_at: PeakAt) -> Optional[tuple[tuple, dict]]:
+               peak_at: PeakAt[P]) -> Optional[tuple[tuple, dict]]:
         """Placeholder arguments a few buckets further on at which ``latest`` was checked and
         holds its budget (one check for all the sizes up to them), or ``None``."""
         budget = _budget(latest)
@@ -206,7 +218,7 @@ class PlanCache:
         return {(i, d) for i, (new, old) in enumerate(zip(key, largest))
                 for d, (n, o) in enumerate(zip(new, old)) if n > o}
 
-    def _keep(self, key: Optional[Shapes], compiled: Any) -> Any:
+    def _keep(self, key: Optional[Shapes], compiled: P) -> P:
         self.plans[key] = compiled
         self.plans.move_to_end(key)
         while len(self.plans) > MAX_PLANS:
@@ -215,7 +227,7 @@ class PlanCache:
         return compiled
 
 
-class Growth:
+class Growth(Generic[P]):
     """Verified peaks noted with the total size (elements over every input) of the call they
     were measured at; from them, the bytes that do not grow with the inputs and a plan's peak at
     a larger size (a straight line through its latest peak and those fixed bytes)."""
@@ -224,9 +236,9 @@ class Growth:
     """Peaks remembered (the latest)."""
 
     def __init__(self) -> None:
-        self.points: list[tuple[Any, int, int]] = []
+        self.points: list[tuple[P, int, int]] = []
 
-    def saw(self, compiled: Any, volume: int, peak: Optional[int]) -> None:
+    def saw(self, compiled: P, volume: int, peak: Optional[int]) -> None:
         if peak is not None:
             self.points.append((compiled, volume, peak))
             del self.points[:-self.KEEP]
@@ -242,7 +254,7 @@ class Growth:
                     return min(max(0.0, p1 - slope * v1), float(min(p1, p2)))
         return None
 
-    def predict(self, compiled: Any, volume: int) -> Optional[float]:
+    def predict(self, compiled: P, volume: int) -> Optional[float]:
         """``compiled``'s peak at a call of ``volume`` elements, extrapolated; ``None`` before
         there is anything to extrapolate from."""
         own = [(v, p) for plan, v, p in self.points if plan is compiled and v > 0]
@@ -253,29 +265,23 @@ class Growth:
         return fixed + (peak - fixed) * volume / size
 
 
-def _budget(compiled: Any) -> Optional[int]:
+def _budget(compiled: Planned) -> Optional[int]:
     """The budget in bytes a verified budget plan holds (``None``: not such a plan)."""
-    plan = getattr(compiled, "plan", None)
-    if plan is None or plan.verified_peak is None:
-        return None
-    budget: Optional[int] = plan.budget
-    return budget
+    plan = compiled.plan
+    return None if plan.verified_peak is None else plan.budget
 
 
-def _segments(compiled: Any) -> bool:
+def _segments(compiled: Planned) -> bool:
     return bool(compiled.plan.segments)
 
 
-def _verified(compiled: Any) -> Optional[int]:
-    plan = getattr(compiled, "plan", None)
-    peak: Optional[int] = None if plan is None else plan.verified_peak
-    return peak
+def _verified(compiled: Planned) -> Optional[int]:
+    return compiled.plan.verified_peak
 
 
-def _unverified(compiled: Any) -> bool:
+def _unverified(compiled: Planned) -> bool:
     """A budget plan left with simulated figures only (its step failed on fake tensors)."""
-    plan = getattr(compiled, "plan", None)
-    return plan is not None and plan.budget is not None and plan.verified_peak is None
+    return compiled.plan.budget is not None and compiled.plan.verified_peak is None
 
 
 def bucket(size: int) -> int:

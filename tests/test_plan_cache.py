@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from fxckpt.plan_cache import Growth, PlanCache
+from fxckpt.plan_cache import MAX_PLANS, Growth, PlanCache
 
 FIXED, EAGER, CHECKPOINTED = 100, 10, 4
 """Bytes a step holds at any batch, and per sample without and with checkpointing."""
@@ -98,3 +98,30 @@ def test_growth_finds_the_fixed_bytes_from_one_plans_two_peaks() -> None:
     for i in range(Growth.KEEP + 1):
         growth.saw(b, i + 1, i)
     assert len(growth.points) == Growth.KEEP
+
+
+def test_plans_per_capture_are_bounded_least_recently_used_first() -> None:
+    cache: PlanCache = PlanCache()
+    built = []
+
+    def build(args: tuple, kwargs: dict, budget: object, eager: object) -> Any:
+        built.append(tuple(args[0].shape))
+        plan = SimpleNamespace(budget=None, verified_peak=None, segments=())
+        return SimpleNamespace(plan=plan, shape=tuple(args[0].shape))
+
+    def plan(*shape: int) -> tuple:
+        key = (shape,)
+        found = cache.find(key) or cache.make(key, (torch.zeros(shape),), {}, build,
+                                              lambda a, k: (tuple(a[0].shape),),
+                                              lambda s: True, planned_larger=False)[0]
+        return found.shape
+
+    assert plan(4, 3) == (4, 3)
+    assert plan(5, 3) == (8, 3)  # grew past every plan: made for the bucket
+    assert plan(6, 2) == (8, 3)  # a larger plan serves it
+    for k in range(MAX_PLANS + 2):  # shapes no plan dominates: one halves as the other doubles
+        assert plan(2 ** k, 2 ** (12 - k)) == (2 ** k, 2 ** (12 - k))
+    assert len(cache.plans) == MAX_PLANS
+    assert ((4, 3),) not in cache.plans  # the least recently used went first
+    assert plan(2 ** 9, 2 ** 3) == (2 ** 9, 2 ** 3)  # still kept: served as it is
+    assert len(built) == 2 + MAX_PLANS + 2

@@ -100,32 +100,6 @@ def test_a_growing_batch_is_planned_at_power_of_two_buckets() -> None:
     assert peak is not None and peak <= budget  # the plan serving 33..40 holds at 64 too
 
 
-def test_plans_per_capture_are_bounded_least_recently_used_first() -> None:
-    from fxckpt.plan_cache import MAX_PLANS, PlanCache
-
-    cache, built = PlanCache(), []
-
-    def build(args: tuple, kwargs: dict, budget: object, eager: object) -> tuple:
-        built.append(tuple(args[0].shape))
-        return tuple(args[0].shape)
-
-    def plan(*shape: int) -> tuple:
-        key = (shape,)
-        return cache.find(key) or cache.make(key, (torch.zeros(shape),), {}, build,
-                                             lambda a, k: (tuple(a[0].shape),), lambda s: True,
-                                             planned_larger=False)[0]
-
-    assert plan(4, 3) == (4, 3)
-    assert plan(5, 3) == (8, 3)  # grew past every plan: made for the bucket
-    assert plan(6, 2) == (8, 3)  # a larger plan serves it
-    for k in range(MAX_PLANS + 2):  # shapes no plan dominates: one halves as the other doubles
-        assert plan(2 ** k, 2 ** (12 - k)) == (2 ** k, 2 ** (12 - k))
-    assert len(cache.plans) == MAX_PLANS
-    assert ((4, 3),) not in cache.plans  # the least recently used went first
-    assert plan(2 ** 9, 2 ** 3) == (2 ** 9, 2 ** 3)  # still kept: served as it is
-    assert len(built) == 2 + MAX_PLANS + 2
-
-
 def test_buckets_give_way_when_the_loss_fn_holds_the_batch_size() -> None:
     """A ``loss_fn`` closing over targets of the call's size cannot run at bucketed sizes: the
     call's own sizes are planned, and buckets are not tried again."""
