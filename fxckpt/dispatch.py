@@ -20,10 +20,8 @@ Captures do not depend on fxckpt's options, so transforms of the same model (com
 strategies in a notebook, say) share them, as long as the model still holds the same modules,
 parameters and buffers; at most :data:`MAX_CAPTURES` per model are kept for sharing.
 
-A training call to a model whose forward takes ``use_cache`` and whose ``config.use_cache`` is on
-(Hugging Face's default) gets ``use_cache=False`` unless the caller passed it, as Hugging Face's
-own gradient checkpointing does: a key/value cache is for generation, and its cache object is
-not a graph output fxckpt can capture.
+A training call to a Hugging Face model runs without a key/value cache (``use_cache=False``,
+unless the caller passed it: :func:`fxckpt.integrations.hf.without_cache`).
 
 Capture and planning happen only when a training step needs them (``training`` with grad
 enabled) or when asked (:meth:`Dispatcher.plan_for`). The model's own forward serves ``eval()``
@@ -120,18 +118,16 @@ class Dispatcher:
         return not self.config.pipelined and not (training and torch.is_grad_enabled())
 
     def step_kwargs(self, tm: torch.nn.Module, kwargs: dict) -> dict:
-        """``kwargs`` with ``use_cache=False`` added for a training call to a model that would
-        otherwise build a key/value cache (see the module docstring)."""
-        if not (self.takes_use_cache and tm.training) or "use_cache" in kwargs:
+        """``kwargs`` as a training call runs them: without a key/value cache for a Hugging Face
+        model (:func:`fxckpt.integrations.hf.without_cache`, said once at INFO)."""
+        if not (self.takes_use_cache and tm.training):
             return kwargs
-        if not getattr(getattr(self.model, "config", None), "use_cache", False):
+        announce = not self.said_cache and not torch.compiler.is_compiling()  # no log in a graph
+        changed = hf.without_cache(self.model, kwargs, announce=announce)
+        if changed is None:
             return kwargs
-        if not self.said_cache and not torch.compiler.is_compiling():  # no log in a graph
-            self.said_cache = True
-            log.info("%s: config.use_cache is on; training calls run with use_cache=False "
-                     "(no key/value cache, as under Hugging Face's gradient checkpointing)",
-                     type(self.model).__name__)
-        return {**kwargs, "use_cache": False}
+        self.said_cache = True
+        return changed
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         kwargs = self.step_kwargs(tm, kwargs)

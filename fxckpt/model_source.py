@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import sys
 from typing import Any, Optional
 
 import torch
+
+from fxckpt.integrations import hf
 
 __all__ = ["SourceError", "build_model", "load_target", "hf_config_path"]
 
@@ -59,35 +60,9 @@ def hf_config_path(target: str) -> Optional[str]:
 
 def _from_hf_config(path: str, dtype: Optional[torch.dtype]) -> torch.nn.Module:
     try:
-        import transformers
-    except ImportError as e:
-        raise SourceError("a config.json target needs the transformers package") from e
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SourceError(f"{path} is not a readable JSON file: {e}") from e
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise SourceError(f"{path} is not a Hugging Face model config (it has no model_type)")
-    fields = {k: v for k, v in data.items() if k != "model_type"}
-    try:
-        config = transformers.AutoConfig.for_model(data["model_type"], **fields)
+        return hf.model_from_config_file(path, dtype)
     except ValueError as e:
-        raise SourceError(f"{path}: {e}") from e
-    if hasattr(config, "use_cache"):
-        config.use_cache = False  # training: no key/value cache
-    archs = [a for a in (data.get("architectures") or []) if hasattr(transformers, a)]
-    cls = getattr(transformers, archs[0]) if archs else transformers.AutoModel
-    configured = getattr(config, "dtype", None) or data.get("torch_dtype")
-    model_dtype = dtype or (getattr(torch, configured) if isinstance(configured, str)
-                            else configured)
-    kwargs = {"dtype": model_dtype} if isinstance(model_dtype, torch.dtype) else {}
-    try:
-        return cls._from_config(config, **kwargs) if hasattr(cls, "_from_config") \
-            else cls.from_config(config, **kwargs)
-    except Exception as e:
-        raise SourceError(f"building {cls.__name__} from {path} failed: "
-                          f"{type(e).__name__}: {e}") from e
+        raise SourceError(str(e)) from e
 
 
 def load_target(text: str) -> torch.nn.Module:

@@ -27,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import InputError
+from fxckpt.integrations import hf
 
 __all__ = [
     "CallKey",
@@ -78,17 +79,12 @@ def module_states(root: torch.nn.Module) -> tuple[tuple[bool, bool, bool], ...]:
     )
 
 
-TRANSPARENT_HOOKS = ("transformers.utils.output_capturing",)
-"""Modules whose hooks are part of the model's own forward (Hugging Face installs them to collect
-router logits and hidden states): capture traces through them, like any other code of the model."""
-
-
 def has_hooks(module: torch.nn.Module) -> bool:
     """True when the module has forward, pre-forward or backward hooks of the user's."""
     tables = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
               module._backward_pre_hooks)
     return any(
-        getattr(h, "__module__", None) not in TRANSPARENT_HOOKS for t in tables for h in t.values()
+        getattr(h, "__module__", None) not in hf.TRANSPARENT_HOOKS for t in tables for h in t.values()
     )
 
 

@@ -130,13 +130,13 @@ def test_a_causal_lm_with_its_default_cache_trains_without_one(
     model = GPT2LMHeadModel(cfg).train()
     reference = copy.deepcopy(model)
     ids = torch.randint(0, 64, (2, 12))
-    with caplog.at_level("INFO", logger="fxckpt.dispatch"):
+    with caplog.at_level("INFO", logger="fxckpt"):
         tm = fxckpt.transform(model, budget=0.6, example_inputs=(ids,))  # planned without one
         for step in range(2):
             got = run_step(tm, (ids,), {"labels": ids}, seed=step)
             want = run_step(reference, (ids,), {"labels": ids, "use_cache": False}, seed=step)
             assert_steps_equal(got, want)
-    said = [r.getMessage() for r in caplog.records if "use_cache" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "config.use_cache" in r.getMessage()]
     assert said == ["GPT2LMHeadModel: config.use_cache is on; training calls run with "
                     "use_cache=False (no key/value cache, as under Hugging Face's gradient "
                     "checkpointing)"]

@@ -64,3 +64,35 @@ def test_the_runtime_never_imports_the_planner() -> None:
     reached = {m for r in graph if r.startswith("fxckpt.runtime")
                for m in nx.descendants(graph, r)}
     assert not sorted(m for m in reached if m.startswith(planning))
+
+
+FRAMEWORKS = ("transformers", "diffusers", "peft", "accelerate", "lightning")
+"""Frameworks whose rules live in ``fxckpt/integrations/`` (the bench builds their models)."""
+
+
+def _outside_integrations() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py")
+            if p.relative_to(PACKAGE).parts[0] not in ("integrations", "bench")]
+
+
+def test_framework_rules_live_in_integrations() -> None:
+    """No module outside ``integrations/`` imports a framework or names one of its modules in
+    code (docstrings and messages may mention them)."""
+    found = []
+    for path in _outside_integrations():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings):
+                names = [w for w in node.value.replace("(", " ").split()
+                         if w.startswith(tuple(f + "." for f in FRAMEWORKS))]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[0] in FRAMEWORKS]
+    assert not found, "\n".join(found)

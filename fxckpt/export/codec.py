@@ -15,10 +15,8 @@ JSON object.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import re
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -26,6 +24,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, ExportError, lookup, table_name
+from fxckpt.integrations import hf
 
 __all__ = ["ExportError", "Unencodable", "encode", "decode", "dump_spec", "load_spec"]
 
@@ -37,8 +36,6 @@ _SPEC_TYPES = frozenset({
 })
 """Pytree node types an export may use besides Hugging Face outputs (not ``defaultdict``: torch
 reads its factory by importing a module the data names)."""
-_HF_OUTPUT = re.compile(r"(transformers\.(?:modeling_outputs"
-                        r"|models\.[a-z0-9_]+\.modeling_[a-z0-9_]+))\.[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Unencodable(ExportError, TypeError):
@@ -197,11 +194,7 @@ def load_spec(text: str, where: str) -> Any:
     if protocol != 1:
         raise ExportError(f"{where}: unknown pytree format {str(protocol)[:20]!r}")
     for type_name in _type_names(schema, where):
-        module = _HF_OUTPUT.fullmatch(type_name)
-        if module is not None and type_name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-            importlib.import_module(module.group(1))  # transformers registers outputs on import
-        registered = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(type_name)
-        if module is not None and not _is_model_output(registered):
+        if hf.output_class(type_name, pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE) is False:
             raise ExportError(f"{where}: {type_name} is not a transformers ModelOutput class")
     try:
         return pytree.treespec_loads(text)
@@ -210,14 +203,8 @@ def load_spec(text: str, where: str) -> Any:
                           f"({type(e).__name__}: {e})") from None
 
 
-def _is_model_output(cls: Any) -> bool:
-    from transformers.utils import ModelOutput
-
-    return isinstance(cls, type) and issubclass(cls, ModelOutput)
-
-
 def _check_type(type_name: str, where: str) -> None:
-    if type_name not in _SPEC_TYPES and _HF_OUTPUT.fullmatch(type_name) is None:
+    if type_name not in _SPEC_TYPES and hf.OUTPUT_TYPE.fullmatch(type_name) is None:
         raise ExportError(
             f"{where} uses the pytree node type {type_name[:120]!r}; an export holds only tuples, "
             "lists, dicts, OrderedDicts, deques, torch.Size, registered namedtuples and "

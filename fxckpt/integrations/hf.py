@@ -1,4 +1,20 @@
-"""The model's own gradient checkpointing (Hugging Face transformers and diffusers) under fxckpt.
+"""Every rule fxckpt follows for Hugging Face models (transformers, diffusers, PEFT), in one place.
+
+* **Their own gradient checkpointing** (below): turned off, one checkpointing layer.
+* **Training calls build no key/value cache** (:func:`without_cache`).
+* **Hooks that are the model's own code** (:data:`TRANSPARENT_HOOKS`) are traced through.
+* **Outputs**: a ``ModelOutput`` is recognised without importing transformers
+  (:func:`is_model_output`), and an export names its class by a pattern that is checked before
+  anything is imported (:data:`OUTPUT_TYPE`, :func:`output_class`).
+* **A model from a ``config.json``** (the CLI's targets): :func:`model_from_config_file`.
+* **Attention in exported graphs**: the pluggable ``attention_interface(...)`` call and the
+  ``repeat_kv`` that feeds it (:func:`from_attention_interface`, :func:`repeated_kv`), which
+  :mod:`fxckpt.passes.eager_attention` folds into one call.
+
+This module imports nothing of transformers (a rule that needs it imports it when used) and
+nothing of fxckpt, so the runtime, the export loader and the passes may all ask it.
+
+The model's own gradient checkpointing:
 
 Both libraries checkpoint a model's layers on request: ``model.gradient_checkpointing_enable()``
 or ``activation_checkpointing_enable()`` (transformers, and ``TrainingArguments(
@@ -21,15 +37,22 @@ attribute on the module.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import inspect
+import json
 import logging
+import re
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
+import torch.fx
 
 __all__ = [
     "release_own_checkpointing", "class_overrides", "checkpointing_layers", "takes_use_cache",
+    "without_cache", "TRANSPARENT_HOOKS", "is_model_output", "OUTPUT_TYPE", "output_class",
+    "from_attention_interface", "repeated_kv", "GQA_HEAD_LIMIT", "model_from_config_file",
 ]
 
 log = logging.getLogger("fxckpt")
@@ -114,3 +137,137 @@ def _parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # no signature to read
         return {}
+
+
+def without_cache(model: torch.nn.Module, kwargs: dict, announce: bool = False) -> Optional[dict]:
+    """``kwargs`` with ``use_cache=False`` for a training call to a model whose forward takes it
+    (:func:`takes_use_cache`, asked once by the caller) and whose ``config.use_cache`` is on
+    (the default), as Hugging Face's own gradient checkpointing does: a key/value cache is for
+    generation, and its cache object is not a graph output fxckpt can capture. ``None`` when
+    the call is left as it is (the caller passed ``use_cache`` itself, or the config has it off).
+    ``announce``: log at INFO that training calls run without the cache.
+    """
+    if "use_cache" in kwargs or not getattr(getattr(model, "config", None), "use_cache", False):
+        return None
+    if announce:
+        log.info("%s: config.use_cache is on; training calls run with use_cache=False "
+                 "(no key/value cache, as under Hugging Face's gradient checkpointing)",
+                 type(model).__name__)
+    return {**kwargs, "use_cache": False}
+
+
+TRANSPARENT_HOOKS = ("transformers.utils.output_capturing",)
+"""Modules whose hooks are part of the model's own forward (Hugging Face installs them to collect
+router logits and hidden states): capture traces through them, like any other code of the model."""
+
+
+def is_model_output(x: Any) -> bool:
+    """A Hugging Face ``ModelOutput`` instance (an OrderedDict and a dataclass), without importing
+    transformers."""
+    return isinstance(x, dict) and dataclasses.is_dataclass(x)
+
+
+OUTPUT_TYPE = re.compile(r"(transformers\.(?:modeling_outputs"
+                         r"|models\.[a-z0-9_]+\.modeling_[a-z0-9_]+))\.[A-Za-z_][A-Za-z0-9_]*")
+"""The serialized name of a transformers output class: the only pytree node type outside torch
+and the builtins an export may name; its module is imported (which registers the outputs) only
+when the name matches."""
+
+
+def output_class(type_name: str, registered: dict[str, Any]) -> Optional[bool]:
+    """For a pytree type name: ``None`` when it is not a transformers output's name; else whether
+    the class it names, once its module is imported (``registered``: torch's table of serialized
+    names, filled by the import), is a ``ModelOutput``."""
+    match = OUTPUT_TYPE.fullmatch(type_name)
+    if match is None:
+        return None
+    if type_name not in registered:
+        importlib.import_module(match.group(1))  # transformers registers outputs on import
+    cls = registered.get(type_name)
+    from transformers.utils import ModelOutput
+
+    return isinstance(cls, type) and issubclass(cls, ModelOutput)
+
+
+GQA_HEAD_LIMIT = 256
+"""Hugging Face's eager attention uses ``enable_gqa`` only for head sizes up to this."""
+
+_INTERFACE = "attention_interface("
+"""How Hugging Face's modeling code calls its pluggable attention (``sdpa_attention_forward``)."""
+
+
+def from_attention_interface(node: torch.fx.Node) -> bool:
+    """Traced from a Hugging Face module's ``attention_interface(...)`` call: the innermost
+    module's class is transformers', and the line export recorded is that call."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return False
+    _, cls = list(stack.values())[-1]
+    name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+    return name.startswith("transformers.") and _in_interface(node)
+
+
+def _in_interface(node: torch.fx.Node) -> bool:
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    return bool(lines) and _INTERFACE in lines[-1]
+
+
+def repeated_kv(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
+    """``(x, n)`` for Hugging Face's ``repeat_kv`` as export records it,
+    ``reshape(expand(unsqueeze(x, 2), [b, h, n, s, d]), [b, h * n, s, d])`` traced inside the
+    attention interface, each step used once; else ``None``."""
+    aten = torch.ops.aten
+    if not (isinstance(node, torch.fx.Node) and node.target is aten.reshape.default
+            and _in_interface(node) and len(node.users) == 1):
+        return None
+    expand = node.args[0]
+    if not (isinstance(expand, torch.fx.Node) and expand.target is aten.expand.default
+            and len(expand.users) == 1):
+        return None
+    sizes, shape = expand.args[1], node.args[1]
+    if not (isinstance(sizes, (list, tuple)) and len(sizes) == 5
+            and isinstance(shape, (list, tuple)) and len(shape) == 4):
+        return None
+    unsqueeze, n = expand.args[0], sizes[2]
+    if not (isinstance(unsqueeze, torch.fx.Node) and unsqueeze.target is aten.unsqueeze.default
+            and unsqueeze.args[1] == 2 and len(unsqueeze.users) == 1
+            and isinstance(n, int) and n > 1):
+        return None
+    source = unsqueeze.args[0]
+    return (source, n) if isinstance(source, torch.fx.Node) else None
+
+
+def model_from_config_file(path: str, dtype: Optional[torch.dtype]) -> torch.nn.Module:
+    """The model a Hugging Face ``config.json`` describes (its first ``architectures`` entry
+    transformers has, else ``AutoModel``), with random weights, ``use_cache`` off (training), in
+    ``dtype`` or the config's own. Raises ``ValueError`` saying what is wrong."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ValueError("a config.json target needs the transformers package") from e
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not a readable JSON file: {e}") from e
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ValueError(f"{path} is not a Hugging Face model config (it has no model_type)")
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    try:
+        config = transformers.AutoConfig.for_model(data["model_type"], **fields)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # training: no key/value cache
+    archs = [a for a in (data.get("architectures") or []) if hasattr(transformers, a)]
+    cls = getattr(transformers, archs[0]) if archs else transformers.AutoModel
+    configured = getattr(config, "dtype", None) or data.get("torch_dtype")
+    model_dtype = dtype or (getattr(torch, configured) if isinstance(configured, str)
+                            else configured)
+    kwargs = {"dtype": model_dtype} if isinstance(model_dtype, torch.dtype) else {}
+    try:
+        return cls._from_config(config, **kwargs) if hasattr(cls, "_from_config") \
+            else cls.from_config(config, **kwargs)
+    except Exception as e:
+        raise ValueError(f"building {cls.__name__} from {path} failed: "
+                          f"{type(e).__name__}: {e}") from e

@@ -28,6 +28,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from fxckpt.integrations import hf
 from fxckpt.runtime.attention import attention, mask_kind
 
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
@@ -60,8 +61,9 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
             continue
         query, key, value = node.args[:3]
         kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
-        folded = [_repeated(key), _repeated(value)]
-        if _hugging_face(node) and folded[0] and folded[1] and folded[0][1] == folded[1][1]:
+        folded = [hf.repeated_kv(key), hf.repeated_kv(value)]
+        if (hf.from_attention_interface(node) and folded[0] and folded[1]
+                and folded[0][1] == folded[1][1]):
             key, value = folded[0][0], folded[1][0]
             kwargs["kv_repeats"] = folded[0][1]
             repeats += 1
@@ -92,48 +94,6 @@ def _boolean_mask(node: torch.fx.Node) -> Optional[torch.fx.Node]:
         assert isinstance(mask, torch.fx.Node)
         return mask
     return None
-
-
-_INTERFACE = "attention_interface("
-"""How Hugging Face's modeling code calls its pluggable attention (``sdpa_attention_forward``)."""
-
-
-def _hugging_face(node: torch.fx.Node) -> bool:
-    """Traced from a Hugging Face module's ``attention_interface(...)`` call."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return False
-    _, cls = list(stack.values())[-1]
-    name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
-    return name.startswith("transformers.") and _traced_in_interface(node)
-
-
-def _traced_in_interface(node: torch.fx.Node) -> bool:
-    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    return bool(lines) and _INTERFACE in lines[-1]
-
-
-def _repeated(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
-    """``(x, n)`` for ``reshape(expand(unsqueeze(x, 2), [b, h, n, s, d]), [b, h * n, s, d])``
-    traced inside the attention interface (``repeat_kv``), each step used once; else ``None``."""
-    if not (isinstance(node, torch.fx.Node) and node.target is aten.reshape.default
-            and _traced_in_interface(node) and len(node.users) == 1):
-        return None
-    expand = node.args[0]
-    if not (isinstance(expand, torch.fx.Node) and expand.target is aten.expand.default
-            and len(expand.users) == 1):
-        return None
-    sizes, shape = expand.args[1], node.args[1]
-    if not (isinstance(sizes, (list, tuple)) and len(sizes) == 5
-            and isinstance(shape, (list, tuple)) and len(shape) == 4):
-        return None
-    unsqueeze, n = expand.args[0], sizes[2]
-    if not (isinstance(unsqueeze, torch.fx.Node) and unsqueeze.target is aten.unsqueeze.default
-            and unsqueeze.args[1] == 2 and len(unsqueeze.users) == 1
-            and isinstance(n, int) and n > 1):
-        return None
-    source = unsqueeze.args[0]
-    return (source, n) if isinstance(source, torch.fx.Node) else None
 
 
 def _expected(mask: torch.fx.Node, query: Any, key: Any,

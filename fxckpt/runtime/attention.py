@@ -38,13 +38,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
+from fxckpt.integrations import hf
+
 __all__ = ["attention", "mask_kind", "CAUSAL", "FULL"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
 CAUSAL, FULL = "causal", "full"
-GQA_HEAD_LIMIT = 256
-"""Hugging Face's eager attention uses ``enable_gqa`` only for head sizes up to this."""
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -61,7 +61,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         elif kind == FULL:
             attn_mask = None
     if kv_repeats > 1:
-        if attn_mask is None and key.shape[-1] == value.shape[-1] <= GQA_HEAD_LIMIT:
+        if attn_mask is None and key.shape[-1] == value.shape[-1] <= hf.GQA_HEAD_LIMIT:
             enable_gqa = True
         else:
             key, value = _repeat(key, kv_repeats), _repeat(value, kv_repeats)
