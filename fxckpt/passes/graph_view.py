@@ -45,12 +45,14 @@ __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS", "SEGM
 SYNTHETIC = "::saved"
 SEGMENT_COST = 3e7
 """FLOP-equivalents of one checkpointed segment's fixed overhead: about 0.3 ms per segment per
-step (forward, recompute, hooks and RNG state) measured on this CPU, at 94 GFLOP/s."""
+step (forward, recompute, hooks and RNG state) measured on the benchmark machine, at 94 GFLOP/s
+(``python -m fxckpt.bench.calibrate`` measures it again: ``docs/tuning.md``)."""
 KEEP_COST = 1e7
 """FLOP-equivalents of keeping one node's output in a checkpointed segment, about 100 us per step
-on this CPU: the runtime's dispatch mode around the node in forward and in the recompute
-(:mod:`fxckpt.runtime.selective`) took 30-40 us alone, and 120 us per kept node in a profiled
-Llama step. Keeping an op cheaper than this would slow the step down."""
+on the benchmark machine (re-measured by ``python -m fxckpt.bench.calibrate``): the runtime's
+dispatch mode around the node in forward and in the recompute (:mod:`fxckpt.runtime.selective`)
+took 30-40 us alone, and 120 us per kept node in a profiled Llama step. Keeping an op cheaper
+than this would slow the step down."""
 LOSS = "loss::assumed"
 
 

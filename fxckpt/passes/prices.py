@@ -19,7 +19,9 @@ tanh approximation 45; ``tanh`` 62; ``_safe_softmax`` 74; ``bernoulli_`` 140. Re
 one price for all memory-bound calls (their kernels are bandwidth-bound) and one for random ones.
 
 Prices are estimates for planning, not measurements of the user's machine: they decide which of
-two plans recomputes less time, and a plan's peak never depends on them.
+two plans recomputes less time, and a plan's peak never depends on them. Where each was measured,
+and ``python -m fxckpt.bench.calibrate`` to measure them again on another machine:
+``docs/tuning.md``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Between them a torch dispatch mode sits below autograd, as in torch's own select
 * in the recompute it runs every call but the main one, whose kept output it returns.
 
 The mode is active for the kept node only (one or a few aten calls), not for the whole segment:
-a mode over every call of a segment cost about 8% of a GPT-2 step on this CPU. Calls are counted
-per node, so the two runs may differ in calls that are never kept (autocast's cached weight
+a mode over every call of a segment cost about 8% of a GPT-2 step on the benchmark CPU. Calls are
+counted per node, so the two runs may differ in calls that are never kept (autocast's cached weight
 casts). Outside a checkpointed run (eval, ``no_grad``, ``torch.compile``) the brackets do
 nothing. As in torch, a kept tensor written in place before the recompute is an error, and a
 segment with kept outputs can be backpropagated through once.

@@ -9,6 +9,10 @@
 
 A bridge elsewhere turns an annotated ``torch.fx`` graph into a :class:`Problem`; everything here
 can be tested with hand-made tables and checked against an exhaustive oracle.
+
+The thresholds that trade solve time against plan quality (``EXACT_LIMIT``, ``REFINE_LIMIT``,
+``bounds.LIMITS``, the selective and per-block solvers' sizes) were set on the benchmark machine;
+``docs/tuning.md`` lists each with the bench command that checks it again.
 """
 
 from fxckpt.solver.solve import (
