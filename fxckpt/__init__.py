@@ -23,7 +23,7 @@ from fxckpt.errors import (
 )
 from fxckpt.inspection import Inspection, inspect
 from fxckpt.module import TransformedModule
-from fxckpt.plan import PipelineView, Plan, Segment, StageView
+from fxckpt.plan import PipelineView, Plan, SegmentSpec, StageView
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.viz import plot_memory, plot_pareto, plot_schedule, show
 
@@ -45,7 +45,7 @@ __all__ = [
     "TransformConfig",
     "TransformedModule",
     "Plan",
-    "Segment",
+    "SegmentSpec",
     "PipelineView",
     "StageView",
     "FxckptError",
@@ -64,4 +64,11 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("fxckpt.distributed")
+    if name == "Segment":  # the plan's segment type before it was named SegmentSpec
+        import warnings
+
+        warnings.warn("fxckpt.Segment is now fxckpt.SegmentSpec (a plan's segment; the runtime's "
+                      "module is fxckpt.runtime.segment.SegmentModule)", DeprecationWarning,
+                      stacklevel=2)
+        return SegmentSpec
     raise AttributeError(f"module 'fxckpt' has no attribute {name!r}")

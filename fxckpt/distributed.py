@@ -42,7 +42,7 @@ from fxckpt.passes.annotate import has_info, info
 from fxckpt.passes.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.pipeline import check_device
-from fxckpt.runtime.segment import Recomputable, Segment
+from fxckpt.runtime.segment import Recomputable, SegmentModule
 
 __all__ = ["build_stage", "schedule", "stage_state", "StageModule", "SCHEDULES"]
 
@@ -139,7 +139,7 @@ def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 def _model_name(graph: nn.Module, name: str, renamed: dict[str, str]) -> str:
     head, _, rest = name.partition(".")
     child = graph._modules.get(head)
-    if rest and isinstance(child, Segment):
+    if rest and isinstance(child, SegmentModule):
         return _model_name(child, rest, renamed)
     return renamed.get(head, head) + ("." + rest if rest else "")
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from fxckpt.runtime.schedule import bubble_fraction, checkpoint_stop, schedule_chart
 
-__all__ = ["Plan", "PipelineView", "Segment", "StageView", "format_bytes"]
+__all__ = ["Plan", "PipelineView", "SegmentSpec", "StageView", "format_bytes"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Segment:
+class SegmentSpec:
     """One recompute segment: a contiguous run of graph nodes run under checkpoint."""
 
     name: str
@@ -69,7 +69,7 @@ class Segment:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Segment":
+    def from_dict(cls, d: dict[str, Any]) -> "SegmentSpec":
         fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         return cls(**fields)
 
@@ -181,7 +181,7 @@ class Plan:
     """The module mode the graph was captured in."""
     signature: str
     """A readable description of the inputs the plan was made for."""
-    segments: tuple[Segment, ...]
+    segments: tuple[SegmentSpec, ...]
     node_count: int
     """Nodes of the captured graph that compute something (placeholders and outputs excluded)."""
     total_flops: int
@@ -238,7 +238,7 @@ class Plan:
 
     @property
     def freed_bytes(self) -> int:
-        """Bytes all segments free between forward and backward (see ``Segment.freed_bytes``)."""
+        """Bytes all segments free between forward and backward (see ``SegmentSpec.freed_bytes``)."""
         return sum(s.freed_bytes for s in self.segments)
 
     @property
@@ -263,7 +263,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
         d = dict(d)
-        d["segments"] = tuple(Segment.from_dict(s) for s in d["segments"])
+        d["segments"] = tuple(SegmentSpec.from_dict(s) for s in d["segments"])
         d["notes"] = tuple(d.get("notes", ()))
         if d.get("pipeline") is not None:
             d["pipeline"] = PipelineView.from_dict(d["pipeline"], bool(d["training"]))
@@ -277,7 +277,7 @@ class Plan:
                 else f"recompute {self.recompute_flops:,} FLOPs")
         return (
             f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
-            f"keeps {format_bytes(self.saved_bytes)} of segment inputs{self._kept_text()}, frees "
+            f"saves {format_bytes(self.saved_bytes)} of segment inputs{self._kept_text()}, frees "
             f"{format_bytes(self.freed_bytes)}, {work}{self._peak_text()} ({self.capture}, "
             f"{'train' if self.training else 'eval'})"
         )
@@ -357,10 +357,10 @@ class Plan:
         return "\n".join(lines)
 
 
-_HEADER = ("segment", "modules", "nodes", "keeps", "frees", "recompute FLOPs", "kept outputs",
-           "recomputes", "why")
+_HEADER = ("segment", "modules", "nodes", "saved inputs", "frees", "recompute FLOPs",
+           "kept outputs", "recomputes", "why")
 _HINTS = {
-    "keeps": "segment inputs checkpoint holds for backward",
+    "saved inputs": "segment inputs checkpoint holds for backward",
     "kept outputs": "outputs inside the segment kept from forward, not recomputed (selective)",
     "recomputes": "the ops run again in backward, by kind",
     "frees": "what the step no longer holds between forward and backward",
@@ -373,7 +373,7 @@ def _count_kinds(kinds: tuple[str, ...]) -> str:
     return ", ".join(k if c == 1 else f"{k} x{c}" for k, c in ranked) or "-"
 
 
-def _kept_text(s: Segment) -> str:
+def _kept_text(s: SegmentSpec) -> str:
     return f"{_count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})" if s.keeps else "-"
 
 

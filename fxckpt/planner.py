@@ -128,14 +128,15 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
     with hooks_off(hooked), full_parameters(model):
         annotate(gm, captured.graph_args(plan_args, plan_kwargs))
     # Hooked modules stay out of segments, but FSDP's: they gather their parameters again.
-    kept = {p for p, m in zip(captured.hooked, hooked) if not recomputable(m)}
-    keep = {n.name: str(n.target) for n in gm.graph.nodes
-            if n.op == "call_module" and str(n.target) in kept}
+    never_recomputed = {p for p, m in zip(captured.hooked, hooked) if not recomputable(m)}
+    hooked_nodes = {n.name: str(n.target) for n in gm.graph.nodes
+                    if n.op == "call_module" and str(n.target) in never_recomputed}
     probe: Optional[LossProbe] = None  # what the user's loss holds, measured when verified
 
     def choose(fitting: Fitting) -> Plan:
         return select(gm, config, capture=captured.method, training=training,
-                      signature=describe_signature(args, kwargs), keep=keep, fitting=fitting,
+                      signature=describe_signature(args, kwargs), hooked=hooked_nodes,
+                      fitting=fitting,
                       loss_bytes=probe.peak(gm) if probe is not None else None)
 
     verify = None

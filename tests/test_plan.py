@@ -22,7 +22,7 @@ def test_text_table_has_a_row_per_segment_in_human_units() -> None:
     text = str(plan)
     lines = text.splitlines()
     assert lines[0] == plan.summary()
-    assert lines[1].split()[:4] == ["segment", "modules", "nodes", "keeps"]
+    assert lines[1].split()[:5] == ["segment", "modules", "nodes", "saved", "inputs"]
     assert [l.split()[0] for l in lines[2:]] == [
         "segment_0",
         "segment_1",
@@ -224,3 +224,8 @@ def test_no_strategy_with_chunks_says_the_pipeline_still_recomputes() -> None:
         "still recomputes each stage of the micro-batches checkpoint='except_last' names",)
     plain = fxckpt.transform(MLP(depth=4), example_inputs=(torch.randn(8, 32),))
     assert fxckpt.inspect(plain).plan.notes == ("nothing is checkpointed: no strategy was given",)
+
+
+def test_the_old_name_of_a_plan_segment_still_resolves_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="fxckpt.Segment is now fxckpt.SegmentSpec"):
+        assert fxckpt.Segment is fxckpt.SegmentSpec

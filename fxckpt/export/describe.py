@@ -33,7 +33,7 @@ from fxckpt.export.codec import dump_spec, encode
 from fxckpt.export.program import check_part, describe_graph
 from fxckpt.export.targets import ExportError, module_class_path
 from fxckpt.export.views import view_to_json
-from fxckpt.runtime.segment import Segment
+from fxckpt.runtime.segment import SegmentModule
 
 __all__ = ["Described", "describe"]
 
@@ -271,7 +271,7 @@ def _check_name(name: str, where: str) -> None:
 def _graph(
     gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]
 ) -> dict[str, Any]:
-    if isinstance(gm, Segment) and gm.offloader is not None:
+    if isinstance(gm, SegmentModule) and gm.offloader is not None:
         raise ExportError(f"{path} offloads its saved tensors; exports hold recompute plans only")
     program = describe_graph(gm, path)
     for n in gm.graph.nodes:
@@ -281,7 +281,7 @@ def _graph(
     specs = {a: dump_spec(v, f"{path}.{a}") for a, v in vars(gm).items()
              if isinstance(v, pytree.TreeSpec)}
     described: dict[str, Any] = {"class_name": type(gm).__name__, "attrs": {}, "specs": specs}
-    if isinstance(gm, Segment):
+    if isinstance(gm, SegmentModule):
         described["segment"] = {"name": gm.name, "restores": list(gm.restores)}
         if gm.kept:
             described["segment"]["kept"] = gm.kept

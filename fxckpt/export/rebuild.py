@@ -26,7 +26,7 @@ from fxckpt.export.codec import decode, load_spec
 from fxckpt.export.files import Verified
 from fxckpt.export.program import build_graph, check_part, install
 from fxckpt.export.targets import ExportError, resolve_module_class
-from fxckpt.runtime.segment import Segment
+from fxckpt.runtime.segment import SegmentModule
 
 __all__ = ["Slot", "build_tree", "check_name", "put"]
 
@@ -105,7 +105,7 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
             raise ExportError(f"{where}: {str(name)[:80]!r} is not a class name")
         fields = _segment_fields(e)
         if fields is not None:
-            return Segment(torch.nn.Module(), torch.fx.Graph(), name=fields[0],
+            return SegmentModule(torch.nn.Module(), torch.fx.Graph(), name=fields[0],
                            restores=fields[1], kept=fields[2], early_stop=fields[3])
         return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
     raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")

@@ -7,14 +7,14 @@ import dataclasses
 from typing import Sequence
 
 from fxckpt.passes.runs import Run, to_ranges
-from fxckpt.plan import Segment
+from fxckpt.plan import SegmentSpec
 from fxckpt.solver import Problem
 
 __all__ = ["choose_actions"]
 
 
-def choose_actions(problem: Problem, segments: Sequence[Segment],
-                   runs: Sequence[Run]) -> tuple[tuple[Segment, ...], str]:
+def choose_actions(problem: Problem, segments: Sequence[SegmentSpec],
+                   runs: Sequence[Run]) -> tuple[tuple[SegmentSpec, ...], str]:
     """Each segment's action: offload when the problem's offload price beats recomputing it.
 
     The solver already priced every segment at the cheaper of the two (``Problem``'s

@@ -9,7 +9,7 @@ and not the other, which shifts every later ``mul_<n>``. The structure is the sa
 An anchor is what a node is, not what it was called: the module it came from, its op, and how
 many nodes of that module with that op came before it (``model.layers.3.mlp|aten.mul.Tensor|1``).
 A plan stores the anchors of each segment's first and last node and of each node it keeps
-(:attr:`fxckpt.plan.Segment.anchors`), and :func:`remap` finds them in another capture.
+(:attr:`fxckpt.plan.SegmentSpec.anchors`), and :func:`remap` finds them in another capture.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def remap(order: Sequence[torch.fx.Node], segments: Sequence[tuple[str, tuple[st
           ) -> tuple[list[list[torch.fx.Node]], list[str]]:
     """Each segment's run on this graph, from its anchors, and the nodes it keeps.
 
-    ``segments``: (segment name, anchors) pairs, anchors as :attr:`Segment.anchors` holds them
+    ``segments``: (segment name, anchors) pairs, anchors as :attr:`SegmentSpec.anchors` holds them
     (first node, last node, then each kept node). A run is every node from the first anchor's
     node to the last's; nodes this capture has and the other did not (a ``contiguous``) join the
     run they fall in. A kept node this graph lacks is recomputed instead, which only lowers the

@@ -8,7 +8,7 @@
 * a segment ends before any tensor that a later node writes in place: checkpoint checks the
   version counters of what it keeps and matches the outputs it recomputes (OLMo's
   ``query_states.clamp_()`` after its projection);
-* modules with hooks (``keep``) are never inside a segment: their hooks fire once per forward;
+* modules with hooks (``hooked``) are never inside a segment: their hooks fire once per forward;
 * a segment that frees nothing is dropped: it would cost a recompute and save no memory.
 """
 
@@ -27,7 +27,7 @@ __all__ = [
     "contiguous",
     "safe",
     "frees_memory",
-    "without_kept",
+    "without_hooked",
     "force_notes",
     "pinned",
 ]
@@ -128,16 +128,17 @@ def frees_memory(run: Run) -> bool:
                or info(n).saves_internal_bytes > 0 for n in run)
 
 
-def without_kept(order: Sequence[torch.fx.Node], runs: list[Run],
-                 keep: Mapping[str, str]) -> tuple[list[Run], tuple[str, ...]]:
-    """``runs`` without the ``keep`` nodes, and a note per module that took out of a segment."""
-    if not keep:
+def without_hooked(order: Sequence[torch.fx.Node], runs: list[Run],
+                   hooked: Mapping[str, str]) -> tuple[list[Run], tuple[str, ...]]:
+    """``runs`` without the ``hooked`` nodes, and a note per module that took out of a segment.
+    """
+    if not hooked:
         return runs, ()
-    hit = sorted({keep[n.name] for r in runs for n in r if n.name in keep})
+    hit = sorted({hooked[n.name] for r in runs for n in r if n.name in hooked})
     notes = tuple(f"{path} has hooks: it runs as it is, outside recompute segments, so its hooks "
                   "fire once per forward" for path in hit)
     pieces = [
-        piece for r in runs for piece in contiguous([n for n in r if n.name not in keep], order)
+        piece for r in runs for piece in contiguous([n for n in r if n.name not in hooked], order)
     ]
     return [p for p in pieces if p and frees_memory(p)], notes
 

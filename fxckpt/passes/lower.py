@@ -21,11 +21,11 @@ import torch.fx
 
 from fxckpt.errors import PlanError
 from fxckpt.passes.graphs import subgraph
-from fxckpt.plan import Plan, Segment
+from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
 from fxckpt.passes.annotate import has_info, info
-from fxckpt.runtime.segment import NO_EARLY_STOP, Segment as SegmentModule
+from fxckpt.runtime.segment import NO_EARLY_STOP, SegmentModule
 from fxckpt.runtime.selective import keep_begin, keep_end
 
 __all__ = ["lower"]
@@ -71,7 +71,7 @@ def _placeholders_first(graph: torch.fx.Graph) -> None:
 
 
 def _lower_segment(
-    gm: torch.fx.GraphModule, seg: Segment, nodes: dict[str, torch.fx.Node], training: bool
+    gm: torch.fx.GraphModule, seg: SegmentSpec, nodes: dict[str, torch.fx.Node], training: bool
 ) -> None:
     members = [nodes[name] for name in seg.nodes]
     member_set = set(members)
@@ -155,4 +155,4 @@ def _extract(
     result = tuple(env[o] for o in outputs)
     graph.output(result[0] if len(result) == 1 else result)
     graph.lint()
-    return torch.fx.GraphModule(gm, graph, class_name="Segment")
+    return torch.fx.GraphModule(gm, graph, class_name="SegmentSpec")

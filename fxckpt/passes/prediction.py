@@ -17,7 +17,7 @@ import dataclasses
 from typing import Sequence
 
 from fxckpt.passes.runs import Run, keep_positions, to_ranges
-from fxckpt.solver import Problem, Segments, held_at_backward, simulate
+from fxckpt.solver import Problem, Spans, held_at_backward, simulate
 
 __all__ = ["Prediction", "predict", "predict_ranges", "reserve", "recompute_share"]
 
@@ -36,7 +36,7 @@ class Prediction:
     """:func:`recompute_share` of the plan."""
     frees: tuple[int, ...]
     """Per run: bytes the step would hold from forward to backward that checkpointing the run
-    lets go of (see :attr:`fxckpt.plan.Segment.freed_bytes`)."""
+    lets go of (see :attr:`fxckpt.plan.SegmentSpec.freed_bytes`)."""
 
 
 def reserve(problem: Problem) -> int:
@@ -44,7 +44,7 @@ def reserve(problem: Problem) -> int:
     return max((max(op.gradient_bytes, op.scratch_bytes) for op in problem.ops), default=0)
 
 
-def recompute_share(problem: Problem, ranges: Segments, keep: Sequence[int] = ()) -> float:
+def recompute_share(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -> float:
     """The cost of the ops ``ranges`` run again (or offload), as a share of one forward pass.
 
     Both in the simulator's units (FLOPs plus memory traffic, see
@@ -64,7 +64,7 @@ def predict(problem: Problem, runs: Sequence[Run], keeps: Sequence[str] = ()) ->
     return predict_ranges(problem, to_ranges(problem, runs), keep_positions(problem, keeps))
 
 
-def predict_ranges(problem: Problem, ranges: Segments, keep: Sequence[int] = ()) -> Prediction:
+def predict_ranges(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -> Prediction:
     """:func:`predict` for segments given as the solver's op ranges (and kept op positions)."""
     extra = reserve(problem)
     eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges, keep)

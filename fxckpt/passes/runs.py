@@ -14,7 +14,7 @@ from typing import Sequence
 import torch.fx
 
 from fxckpt.passes.graph_view import SYNTHETIC
-from fxckpt.solver import Problem, Segments
+from fxckpt.solver import Problem, Spans
 
 __all__ = ["Run", "to_ranges", "ranges_of", "to_runs", "keep_positions", "kept_names",
            "recomputed"]
@@ -23,13 +23,13 @@ Run = list[torch.fx.Node]
 """A contiguous run of compute nodes, in graph order: one segment."""
 
 
-def to_ranges(problem: Problem, runs: Sequence[Run]) -> Segments:
+def to_ranges(problem: Problem, runs: Sequence[Run]) -> Spans:
     """Op ranges of node runs (a run starts at its first node's synthetic op when it has one)."""
     return ranges_of(problem, [[n.name for n in run] for run in runs])
 
 
-def ranges_of(problem: Problem, runs: Sequence[Sequence[str]]) -> Segments:
-    """Op ranges of runs given by node names (a plan's ``Segment.nodes``)."""
+def ranges_of(problem: Problem, runs: Sequence[Sequence[str]]) -> Spans:
+    """Op ranges of runs given by node names (a plan's ``SegmentSpec.nodes``)."""
     position = {op.name: i for i, op in enumerate(problem.ops)}
     ranges = []
     for names in runs:
@@ -40,7 +40,7 @@ def ranges_of(problem: Problem, runs: Sequence[Sequence[str]]) -> Segments:
     return tuple(ranges)
 
 
-def to_runs(problem: Problem, ranges: Segments, order: Sequence[torch.fx.Node]) -> list[Run]:
+def to_runs(problem: Problem, ranges: Spans, order: Sequence[torch.fx.Node]) -> list[Run]:
     """Node runs of op ranges (synthetic ops dropped; empty runs left out)."""
     by_name = {n.name: n for n in order}
     runs = []

@@ -20,7 +20,7 @@ import torch.fx
 from fxckpt.config import TransformConfig
 from fxckpt.passes.actions import choose_actions
 from fxckpt.passes.annotate import has_info, info
-from fxckpt.passes.cleanup import force_notes, pinned, without_kept
+from fxckpt.passes.cleanup import force_notes, pinned, without_hooked
 from fxckpt.passes.devices import profile_for
 from fxckpt.passes.graph_view import problem_of
 from fxckpt.passes.anchors import anchors_of
@@ -30,7 +30,7 @@ from fxckpt.passes.prediction import predict
 from fxckpt.passes.rates import device_of, offload_cost_per_byte
 from fxckpt.passes.runs import Run, kept_names, recomputed
 from fxckpt.passes.strategies import Fitting, choose
-from fxckpt.plan import Plan, Segment
+from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.solver import Problem
 from fxckpt.strategy import Replay
 
@@ -46,13 +46,13 @@ def select(
     capture: str,
     training: bool,
     signature: str,
-    keep: Mapping[str, str] = {},
+    hooked: Mapping[str, str] = {},
     fitting: Fitting = Fitting(),
     loss_bytes: Optional[int] = None,
 ) -> Plan:
     """Choose segments for the annotated ``gm`` as ``config`` asks.
 
-    ``keep`` maps nodes that must never be recomputed (calls of modules with hooks, which would
+    ``hooked`` maps nodes that must never be recomputed (calls of modules with hooks, which would
     fire again) to their module paths; they are taken out of every segment. ``fitting`` is how
     verification steers a budget (:mod:`fxckpt.passes.fit`). ``loss_bytes``: what the user's
     loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
@@ -73,11 +73,11 @@ def select(
     offered, forced = choices(problem, order, config.force)
     keepable = (offered if config.selective else [], forced)
     chosen = choose(config.strategy, order, problem, modules, fitting, keepable)
-    runs, kept_notes = without_kept(order, list(chosen.runs), keep)
-    notes = [*chosen.notes, *kept_notes, *force_notes(order, runs, modules)]
+    runs, hooked_notes = without_hooked(order, list(chosen.runs), hooked)
+    notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules)]
     again = recomputed(problem, runs)
-    keeps = _keeps(problem, again, chosen.keeps, forced, replay)
-    prediction = predict(problem, runs, keeps)
+    kept = _kept(problem, again, chosen.keeps, forced, replay)
+    prediction = predict(problem, runs, kept)
     # A target raised past the budget (fit's loosening) is over it on purpose.
     allowed = None if chosen.budget is None else chosen.budget + max(0, -fitting.tighten)
     if allowed is not None and replay is None and prediction.peak > allowed:
@@ -92,7 +92,7 @@ def select(
         )
     prefix = _segment_prefix(gm, len(runs))
     anchors = anchors_of(order)
-    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, keeps, anchors)
+    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
                      for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
     if config.offload == "auto" and replay is None:
         segments, note = choose_actions(problem, segments, runs)
@@ -150,7 +150,7 @@ def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
     return prefix
 
 
-def _keeps(problem: Problem, again: Sequence[Run], chosen: Sequence[str], forced: Groups,
+def _kept(problem: Problem, again: Sequence[Run], chosen: Sequence[str], forced: Groups,
            replay: Optional[Replay]) -> tuple[str, ...]:
     """Nodes kept inside the final runs: the solver's choice, a replayed plan's, the pinned ops;
     only nodes the recompute runs again (``again``: past a run's early stop, keeping saves
@@ -163,17 +163,17 @@ def _keeps(problem: Problem, again: Sequence[Run], chosen: Sequence[str], forced
 
 
 def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConfig,
-              keeps: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> Segment:
+              kept: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> SegmentSpec:
     """One segment's facts; ``again`` is the part of ``run`` its recompute runs."""
-    members, keep = set(run), set(keeps)
-    kept = [n for n in again if n.name in keep]
+    members, names = set(run), set(kept)
+    kept_nodes = [n for n in again if n.name in names]
     inputs: list[torch.fx.Node] = []
     for n in run:
         for a in n.all_input_nodes:
             if a not in members and a.op != "get_attr" and a not in inputs:
                 inputs.append(a)
     outputs = [n for n in run if any(u not in members for u in n.users)]
-    return Segment(
+    return SegmentSpec(
         name=name,
         nodes=tuple(n.name for n in run),
         module_paths=outermost(info(n).module_path for n in run),
@@ -181,14 +181,16 @@ def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConf
         outputs=tuple(n.name for n in outputs),
         saved_bytes=_saved_bytes(inputs),
         freed_bytes=frees,
-        recompute_flops=sum(info(n).flops for n in again) - sum(info(n).flops for n in kept),
+        recompute_flops=(sum(info(n).flops for n in again)
+                         - sum(info(n).flops for n in kept_nodes)),
         restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
         reason=_reason(run, config),
-        keeps=tuple(n.name for n in kept),
-        kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept),
-        kept_ops=tuple(_kind(n) for n in kept),
-        recomputed_ops=tuple(k for n in again if n not in kept for k in [_kind(n)] if k),
-        anchors=tuple(anchors[n.name] for n in [run[0], run[-1], *kept]) if anchors else (),
+        keeps=tuple(n.name for n in kept_nodes),
+        kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept_nodes),
+        kept_ops=tuple(_kind(n) for n in kept_nodes),
+        recomputed_ops=tuple(k for n in again if n not in kept_nodes for k in [_kind(n)] if k),
+        anchors=(tuple(anchors[n.name] for n in [run[0], run[-1], *kept_nodes]) if anchors
+                 else ()),
     )
 
 

@@ -40,7 +40,7 @@ from fxckpt.plan import Plan, format_bytes
 from fxckpt.solver import (
     BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, peak_bytes, simulate,
 )
-from fxckpt.solver.problem import Segments
+from fxckpt.solver.problem import Spans
 from fxckpt.solver.selective import Selection, solve_selective
 from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM, families, min_peak_shared, solve_shared
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
@@ -238,7 +238,7 @@ def _large(problem: Problem, blocks: Sequence[tuple[int, int]], size: int = ALON
     return problem.index.n >= size and bool(families(problem, blocks))
 
 
-def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Segments, int]:
+def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Spans, int]:
     """The smallest-peak plan found, and its peak: per block for graphs of repeated blocks from
     :data:`~fxckpt.solver.shared.SHARED_FROM` ops, otherwise the better of that and the full
     search's (one search by peak: the full search's smallest plan is often smaller, as when it

@@ -32,7 +32,7 @@ from fxckpt.errors import CaptureError
 from fxckpt.passes.isolation import on_thread
 from fxckpt.passes.nn_modules import traced_forward
 from fxckpt.passes.regions import StateRecorder
-from fxckpt.runtime.segment import SEGMENT_FIELDS, Segment
+from fxckpt.runtime.segment import SEGMENT_FIELDS, SegmentModule
 
 __all__ = ["FxckptTracer", "function_call", "function_of", "to_graph_module", "ORIGINAL_PATH"]
 
@@ -40,7 +40,7 @@ ORIGINAL_PATH = "fxckpt_path"
 """``node.meta`` key of a module or attribute path renamed because a GraphModule owns the name."""
 
 # A lowered segment is a GraphModule too, with fields of its own (see fxckpt.runtime.segment).
-_RESERVED = frozenset(set(dir(Segment)) - set(dir(torch.nn.Module))) | {
+_RESERVED = frozenset(set(dir(SegmentModule)) - set(dir(torch.nn.Module))) | {
     "meta", "shape_env", "graph", "code", "_code", "_graph", "_in_spec", "_out_spec", "_guards_fn",
     *SEGMENT_FIELDS,
 }

@@ -49,7 +49,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxckpt.errors import ConfigError
-from fxckpt.runtime.segment import Segment
+from fxckpt.runtime.segment import SegmentModule
 
 __all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region"]
 
@@ -357,10 +357,10 @@ def _graph_task() -> int:
     return int(current()) if current is not None else -1
 
 
-def offload_region(segment: Segment, *inputs: Any) -> Any:
+def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
     """Run ``segment`` keeping what autograd saves inside it in host memory (``offload="auto"``).
 
-    The segment's offloader is attached by the module that owns it (:attr:`Segment.offloader`);
+    The segment's offloader is attached by the module that owns it (:attr:`SegmentModule.offloader`);
     in ``eval()`` or under ``torch.no_grad()`` nothing is saved, so the segment is simply called.
     """
     offloader = segment.offloader

@@ -11,7 +11,7 @@ of the module the runtime is handed, set by whoever builds it:
     └── distributed._Recomputed                     a stage of a distributed pipeline
 
 ``restores`` are buffer names relative to the module itself (``layers.0.bn.running_mean``).
-A :class:`Segment` is a ``torch.fx.GraphModule`` (``segment_0.code`` reads its code), so its
+A :class:`SegmentModule` is a ``torch.fx.GraphModule`` (``segment_0.code`` reads its code), so its
 own attribute names share a namespace with the model's attributes the segment reads: the
 tracer renames a model attribute called ``name``, ``restores`` or ``offloader`` (a child or a
 parameter the graph reads) as it renames ``graph`` or ``code`` (see :data:`SEGMENT_FIELDS`).
@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch.fx.graph import PythonCode
 
-__all__ = ["Recomputable", "Segment", "SEGMENT_FIELDS", "NO_EARLY_STOP", "segment_of",
+__all__ = ["Recomputable", "SegmentModule", "SEGMENT_FIELDS", "NO_EARLY_STOP", "segment_of",
            "Offloading"]
 
 
@@ -52,7 +52,7 @@ hands backward an unwritten tensor, and the gradient comes out NaN or inf
 
 SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept", "generators",
                   "early_stop")
-"""Attribute names a :class:`Segment` owns (a model's attribute of that name is renamed)."""
+"""Attribute names a :class:`SegmentModule` owns (a model's attribute of that name is renamed)."""
 
 
 class Recomputable(nn.Module):
@@ -72,7 +72,7 @@ class Recomputable(nn.Module):
         return [_state(self, name) for name in self.restores]
 
 
-class Segment(torch.fx.GraphModule, Recomputable):
+class SegmentModule(torch.fx.GraphModule, Recomputable):
     """A lowered segment: a GraphModule sharing the model's tensors, and the runtime's fields."""
 
     offloader: Optional[Offloading] = None
@@ -93,7 +93,7 @@ class Segment(torch.fx.GraphModule, Recomputable):
     def __init__(self, root: nn.Module, graph: torch.fx.Graph, *, name: str,
                  restores: tuple[str, ...] = (), kept: int = 0,
                  generators: tuple[torch.Generator, ...] = (), early_stop: bool = True) -> None:
-        super().__init__(root, graph, class_name="Segment")
+        super().__init__(root, graph, class_name="SegmentModule")
         self.name = name
         self.restores = tuple(restores)
         self.kept = int(kept)
@@ -108,11 +108,11 @@ class Segment(torch.fx.GraphModule, Recomputable):
             cls._wrapped_call = _StopPassesThrough(wrapped)  # type: ignore[attr-defined]
         return code
 
-    def __deepcopy__(self, memo: dict[int, object]) -> "Segment":
+    def __deepcopy__(self, memo: dict[int, object]) -> "SegmentModule":
         if self.offloader is not None:  # a policy object with streams and a pool: shared
             memo[id(self.offloader)] = self.offloader
         res = super().__deepcopy__(memo)
-        assert isinstance(res, Segment)  # GraphModule.__deepcopy__ makes an instance of our class
+        assert isinstance(res, SegmentModule)  # GraphModule.__deepcopy__ makes an instance of our class
         res.name, res.restores, res.kept = self.name, self.restores, self.kept
         res.generators, res.early_stop = self.generators, self.early_stop
         res.offloader = self.offloader
@@ -120,7 +120,7 @@ class Segment(torch.fx.GraphModule, Recomputable):
 
 
 class _StopPassesThrough:
-    """fx's call wrapper for a :class:`Segment`, letting checkpoint's early stop pass untouched.
+    """fx's call wrapper for a :class:`SegmentModule`, letting checkpoint's early stop pass untouched.
 
     torch's non-reentrant checkpoint ends a recompute as soon as it has every tensor it saves, by
     raising an exception out of the segment. fx's wrapper catches every exception leaving a
@@ -154,9 +154,9 @@ def _state(module: nn.Module, name: str) -> torch.Tensor:
     return module.get_parameter(name)
 
 
-def segment_of(module: nn.Module, path: str) -> Segment:
+def segment_of(module: nn.Module, path: str) -> SegmentModule:
     """The segment at ``path`` under ``module`` (a rewritten graph's ``segment_N``)."""
     segment = module.get_submodule(path)
-    if not isinstance(segment, Segment):
-        raise TypeError(f"{path!r} is a {type(segment).__name__}, not a lowered fxckpt Segment")
+    if not isinstance(segment, SegmentModule):
+        raise TypeError(f"{path!r} is a {type(segment).__name__}, not a lowered fxckpt SegmentModule")
     return segment

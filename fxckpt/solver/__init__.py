@@ -25,13 +25,13 @@ from fxckpt.solver.solve import (
     pareto,
     solve,
 )
-from fxckpt.solver.problem import BudgetInfeasible, Op, Problem, Segments, check_segments
+from fxckpt.solver.problem import BudgetInfeasible, Op, Problem, Spans, check_segments
 from fxckpt.solver.simulate import Simulation, held_at_backward, peak_bytes, simulate
 
 __all__ = [
     "Op",
     "Problem",
-    "Segments",
+    "Spans",
     "BudgetInfeasible",
     "check_segments",
     "Simulation",

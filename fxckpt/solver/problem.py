@@ -25,9 +25,9 @@ import functools
 import math
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["Op", "Problem", "Index", "Segments", "BudgetInfeasible", "check_segments"]
+__all__ = ["Op", "Problem", "Index", "Spans", "BudgetInfeasible", "check_segments"]
 
-Segments = tuple[tuple[int, int], ...]
+Spans = tuple[tuple[int, int], ...]
 """A plan: sorted, non-overlapping half-open ``(start, end)`` ranges over the op order."""
 
 
@@ -188,7 +188,7 @@ def _validate_order(ops: tuple[Op, ...], outputs: tuple[str, ...]) -> None:
             raise ValueError(f"Problem.outputs names {name!r}, which is not an op")
 
 
-def check_segments(segments: object, n: int) -> Segments:
+def check_segments(segments: object, n: int) -> Spans:
     """Validate a plan for ``n`` ops; return it sorted as a tuple of int pairs."""
     try:
         pairs = [(s, e) for s, e in segments]  # type: ignore[attr-defined, misc]

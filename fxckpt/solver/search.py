@@ -41,7 +41,7 @@ from fxckpt.solver.bounds import (
     LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, pareto_front, relax,
 )
 from fxckpt.solver.moves import Moves, Space, moves, profiles
-from fxckpt.solver.problem import Index, Segments
+from fxckpt.solver.problem import Index, Spans
 from fxckpt.solver.tables import local_peak
 
 __all__ = ["Found", "search", "lower_bound", "gave_up"]
@@ -56,7 +56,7 @@ _ORDER = operator.itemgetter(0, 1, 2)
 class Found:
     """A plan and the DP's own accounting of it."""
 
-    segments: Segments
+    segments: Spans
     peak: int
     """The DP's peak: the simulator's, or (``exact=False``) at least the simulator's."""
     cost: float
@@ -282,7 +282,7 @@ class _Search:
                      exact=self.mode == "exact", work=self.work)
 
 
-def _segments_of(entry: Optional[_Entry]) -> Segments:
+def _segments_of(entry: Optional[_Entry]) -> Spans:
     segs = []
     while entry is not None and entry[3] is not None:
         start, end, is_segment = entry[4]

@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 from typing import Optional, Sequence
 
-from fxckpt.solver.problem import Index, Problem, Segments, check_segments
+from fxckpt.solver.problem import Index, Problem, Spans, check_segments
 from fxckpt.solver.simulate import kept_span, peak_bytes, profile
 from fxckpt.solver.solve import (Bound, Mode, bound_for, heuristic, min_feasible_peak,
                                  min_peak_segments, solve)
@@ -64,7 +64,7 @@ DISCOUNT = 1e-3
 class Selection:
     """A segment plan with the ops it keeps."""
 
-    segments: Segments
+    segments: Spans
     keep: tuple[int, ...]
     """Op positions inside the segments whose outputs are kept from forward (sorted)."""
     predicted_peak: int
@@ -78,7 +78,7 @@ class Selection:
 Choices = Sequence[tuple[int, ...]]
 
 
-def _inside(ix: Index, segments: Segments) -> set[int]:
+def _inside(ix: Index, segments: Spans) -> set[int]:
     """Positions of recomputed ops (an offloaded segment keeps everything already; ops past a
     segment's early stop are not run again)."""
     return {i for s, e in segments if not ix.segment_offloads(s, e)
@@ -159,7 +159,7 @@ class _Live:
         return best
 
 
-def _greedy(problem: Problem, segs: Segments, budget: int,
+def _greedy(problem: Problem, segs: Spans, budget: int,
             groups: list[tuple[int, ...]], pinned: set[int]) -> set[int]:
     ix = problem.index
     steps, sc = profile(problem, segs)
@@ -181,7 +181,7 @@ def _greedy(problem: Problem, segs: Segments, budget: int,
     return keep
 
 
-def _best_subset(problem: Problem, segs: Segments, budget: int,
+def _best_subset(problem: Problem, segs: Spans, budget: int,
                  groups: list[tuple[int, ...]], pinned: set[int]) -> set[int]:
     ix = problem.index
     best: tuple[float, set[int]] = (0.0, set(pinned))
@@ -251,7 +251,7 @@ def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,
 
 
 def _tighter(problem: Problem, budget_bytes: int, choices: Choices, forced: Choices,
-             mode: Mode, first: Segments,
+             mode: Mode, first: Spans,
              tighter: Optional[Sequence[float]]) -> list[Selection]:
     """Plans for tighter budgets (where keeping is free), filled with kept ops."""
     if tighter is None:
@@ -277,7 +277,7 @@ def _better(a: Selection, b: Selection) -> bool:
     return (a.recompute_cost, a.predicted_peak) < (b.recompute_cost, b.predicted_peak)
 
 
-def _neighbours(segs: Segments, n: int) -> list[Segments]:
+def _neighbours(segs: Spans, n: int) -> list[Spans]:
     """Plans one step away: a segment's end moved by one, split, merged with the next, dropped;
     or a one-op segment added."""
     out: list[list[tuple[int, int]]] = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Hashable, Optional, Sequence
 
-from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
+from fxckpt.solver.problem import BudgetInfeasible, Problem, Spans
 from fxckpt.solver.selective import Choices, Selection, keep_within
 from fxckpt.solver.simulate import peak_bytes
 from fxckpt.solver.solve import pareto
@@ -129,7 +129,7 @@ WINDOW = 3
 """Blocks in the window whose plans are solved (the middle block's part is the pattern)."""
 
 
-def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[Segments]:
+def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[Spans]:
     """For each point of the trade-off curve of ``window`` (ops solved as a problem of their
     own, once per window) and each of ``blocks`` (relative to the window's start), the segments
     starting in that block, relative to its start (a segment may run on into the next block)."""
@@ -137,7 +137,7 @@ def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[
     key = ("window points", window)
     if key not in memo:
         memo[key] = pareto(_block_problem(problem, window), POINTS, refine=False)
-    out: list[Segments] = []
+    out: list[Spans] = []
     for point in memo[key]:  # type: ignore[attr-defined]
         for lo, hi in blocks:
             local = tuple((a - lo, b - lo) for a, b in point.segments if lo <= a < hi)
@@ -147,7 +147,7 @@ def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[
 
 
 def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
-            ) -> list[list[Segments]]:
+            ) -> list[list[Spans]]:
     """Each family's local plans, from the smallest peak to none (relative to a block's start):
     the middle block's part of plans solved for a window of :data:`WINDOW` adjacent blocks
     (what crosses into the next block included), and plans solved for one block alone.
@@ -180,7 +180,7 @@ def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
     return memo[key]  # type: ignore[return-value]
 
 
-def _copies(fam: list[Range], local: Segments, tail: int, n: int) -> list[Range]:
+def _copies(fam: list[Range], local: Spans, tail: int, n: int) -> list[Range]:
     """``local`` copied into each block of ``fam`` but the last ``tail``; a segment running into
     the next block is cut where the next copy starts (or at the problem's end)."""
     out: list[Range] = []
@@ -195,12 +195,12 @@ def _copies(fam: list[Range], local: Segments, tail: int, n: int) -> list[Range]
     return out
 
 
-_Plan = tuple[Segments, float, int, int]
+_Plan = tuple[Spans, float, int, int]
 """A whole-model plan: (segments, recompute cost, curve point ``k``, tail)."""
 
 
-def _segments(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Segments, ...]],
-              tail: int) -> tuple[Segments, float]:
+def _segments(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Spans, ...]],
+              tail: int) -> tuple[Spans, float]:
     """One whole-model plan: each family's blocks get their own local plan (``locals_[f][i]``
     for block ``i``), all but the last ``tail``; and its recompute cost (no simulation)."""
     segs: list[Range] = []
@@ -211,7 +211,7 @@ def _segments(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Seg
     return plan, sum(problem.index.segment_cost(a, b) for a, b in plan)
 
 
-def _peak(problem: Problem, segs: Segments) -> int:
+def _peak(problem: Problem, segs: Spans) -> int:
     """The simulated peak of ``segs``, each plan simulated once."""
     peaks = problem.index.memo.setdefault("shared peaks", {})
     assert isinstance(peaks, dict)
@@ -220,7 +220,7 @@ def _peak(problem: Problem, segs: Segments) -> int:
     return peaks[segs]
 
 
-def _point(curve: list[Segments], k: int, steps: int) -> Segments:
+def _point(curve: list[Spans], k: int, steps: int) -> Spans:
     return curve[round(k * (len(curve) - 1) / max(steps - 1, 1))]
 
 
@@ -231,7 +231,7 @@ def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list
     if key not in memo:
         curves = _curves(problem, fams, period)
         steps = max(len(c) for c in curves)
-        plans: dict[Segments, _Plan] = {}
+        plans: dict[Spans, _Plan] = {}
         for k in range(steps):
             for tail in TAILS:
                 locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
@@ -242,7 +242,7 @@ def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list
 
 
 def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
-           uniform: list[_Plan], period: int = 1) -> list[Segments]:
+           uniform: list[_Plan], period: int = 1) -> list[Spans]:
     """Mixes of two points of the largest family's curve: for each of the ``uniform`` plans
     (at point ``k``), the first ``j`` blocks at ``k`` and the rest at a lighter point (``k + 1``,
     or no segments), with the smallest ``j`` that fits (bisection: more blocks at ``k`` never
@@ -259,7 +259,7 @@ def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
         heavy = _point(curves[big], k, steps)
         for light in {_point(curves[big], k + 1, steps), ()}:
 
-            def mix(j: int) -> Segments:
+            def mix(j: int) -> Spans:
                 locals_[big] = (heavy,) * j + (light,) * (size - j)
                 return _segments(problem, fams, locals_, tail)[0]
 
@@ -267,8 +267,8 @@ def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
     return out
 
 
-def _fewest(problem: Problem, budget: int, plan: Callable[[int], Segments], lo: int,
-            hi: int) -> list[Segments]:
+def _fewest(problem: Problem, budget: int, plan: Callable[[int], Spans], lo: int,
+            hi: int) -> list[Spans]:
     """The plans ``plan(j)`` that fit on the way to the smallest ``j`` in ``lo..hi`` that fits
     (bisection: a larger ``j`` is taken to fit whenever a smaller one does)."""
     fits = []
@@ -284,7 +284,7 @@ def _fewest(problem: Problem, budget: int, plan: Callable[[int], Segments], lo: 
 
 
 def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
-             uniform: list[_Plan], period: int = 1) -> list[Segments]:
+             uniform: list[_Plan], period: int = 1) -> list[Spans]:
     """For each of the ``uniform`` plans (at point ``k``): the first ``j`` blocks of the largest
     family in segments of :data:`GROUPS` whole blocks (the first from the graph's start, or the
     family's), the rest at any lighter point (or none), the smallest ``j`` that fits. Backward
@@ -304,7 +304,7 @@ def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
             rest = _segments(problem, fams, locals_, tail)[0]
             for group, start in itertools.product(GROUPS, {0, fam[0][0]}):
 
-                def grouped(j: int) -> Segments:
+                def grouped(j: int) -> Spans:
                     head = [(fam[a][0] if a else start, fam[min(a + group, j) - 1][1])
                             for a in range(0, j, group)]
                     return _disjoint(sorted([*head, *(r for r in rest if r[0] >= fam[j - 1][1])]))
@@ -313,7 +313,7 @@ def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
     return out
 
 
-def _disjoint(segs: list[Range]) -> Segments:
+def _disjoint(segs: list[Range]) -> Spans:
     out: list[Range] = []
     for a, b in segs:
         if not out or a >= out[-1][1]:
@@ -321,7 +321,7 @@ def _disjoint(segs: list[Range]) -> Segments:
     return tuple(out)
 
 
-def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple[Segments, int]]:
+def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple[Spans, int]]:
     """The shared plan with the smallest simulated peak, and that peak; None without families
     (every uniform plan of every period :func:`solve_shared` tries is simulated)."""
     found = [p for cut, period in _periods(problem, blocks)
@@ -330,7 +330,7 @@ def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple
 
 
 def _min_peak_period(problem: Problem, blocks: Sequence[Range], period: int = 1
-                     ) -> Optional[tuple[Segments, int]]:
+                     ) -> Optional[tuple[Spans, int]]:
     fams = families(problem, blocks)
     if not fams:
         return None

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fxckpt.solver.problem import Index, Problem, Segments, check_segments
+from fxckpt.solver.problem import Index, Problem, Spans, check_segments
 
 __all__ = ["Simulation", "simulate", "peak_bytes", "held_at_backward", "check_keep", "profile",
            "kept_span", "kept_live"]
@@ -70,7 +70,7 @@ class _Schedule:
     steps: int
 
 
-def _schedule(n: int, segs: Segments) -> _Schedule:
+def _schedule(n: int, segs: Spans) -> _Schedule:
     seg_start, seg_end = [-1] * n, [-1] * n
     for s, e in segs:
         for i in range(s, e):
@@ -114,7 +114,7 @@ def _recompute_free(ix: Index, sc: _Schedule, j: int) -> int:
     return free
 
 
-def check_keep(keep: object, segments: Segments, n: int) -> frozenset[int]:
+def check_keep(keep: object, segments: Spans, n: int) -> frozenset[int]:
     """Validate kept op positions: ints inside the plan's segments."""
     try:
         kept: frozenset[int] = frozenset(keep)  # type: ignore[call-overload]
@@ -176,7 +176,7 @@ def peak_bytes(problem: Problem, segments: object = (), keep: object = ()) -> in
     return max(live, default=0)
 
 
-def profile(problem: Problem, segments: Segments) -> tuple[list[int], "_Schedule"]:
+def profile(problem: Problem, segments: Spans) -> tuple[list[int], "_Schedule"]:
     """Live bytes per step of ``segments`` (no keeps) and the schedule's steps, for
     :mod:`fxckpt.solver.selective`, which adds kept values to it span by span."""
     ix = problem.index

@@ -34,7 +34,7 @@ import math
 from typing import Literal, NamedTuple, Optional
 
 from fxckpt.solver.moves import Space
-from fxckpt.solver.problem import BudgetInfeasible, Problem, Segments
+from fxckpt.solver.problem import BudgetInfeasible, Problem, Spans
 from fxckpt.solver.search import Found, gave_up, lower_bound, search
 from fxckpt.solver.simulate import peak_bytes
 
@@ -90,7 +90,7 @@ class Bound:
 class Solution:
     """A plan chosen for a budget."""
 
-    segments: Segments
+    segments: Spans
     """Recompute segments: sorted, non-overlapping ``(start, end)`` ranges over the ops."""
     predicted_peak: int
     """Peak activation bytes :func:`~fxckpt.solver.simulate.simulate` predicts for the plan."""
@@ -111,7 +111,7 @@ class ParetoPoint(NamedTuple):
     """Simulated peak of the plan chosen for it (never above the budget)."""
     recompute_cost: float
     """Recompute cost of that plan."""
-    segments: Segments = ()
+    segments: Spans = ()
     """That plan's segments."""
 
 
@@ -186,7 +186,7 @@ def solve(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
     raise BudgetInfeasible(budget, low)
 
 
-def _solution(problem: Problem, space: Space, budget: int, segments: Segments, peak: int,
+def _solution(problem: Problem, space: Space, budget: int, segments: Spans, peak: int,
               cost: float, bound: bool) -> Solution:
     where = gave_up(problem.index, space)
     return Solution(segments=segments, predicted_peak=peak, recompute_cost=cost,
@@ -220,7 +220,7 @@ def bound_for(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
                  (cost if math.isfinite(cost) else 0.0))
 
 
-def _min_peak_plan(problem: Problem, mode: str) -> tuple[Segments, int]:
+def _min_peak_plan(problem: Problem, mode: str) -> tuple[Spans, int]:
     space = _space(problem, mode)
     key = ("min_peak", space)
     memo = problem.index.memo
@@ -237,7 +237,7 @@ def min_feasible_peak(problem: Problem, *, mode: Mode = "auto") -> int:
     return _min_peak_plan(problem, mode)[1]
 
 
-def min_peak_segments(problem: Problem, *, mode: Mode = "auto") -> Segments:
+def min_peak_segments(problem: Problem, *, mode: Mode = "auto") -> Spans:
     """The plan whose simulated peak is :func:`min_feasible_peak`."""
     return _min_peak_plan(problem, mode)[0]
 
@@ -254,7 +254,7 @@ def pareto(problem: Problem, points: int = 9, *, mode: Mode = "auto",
         raise ValueError(f"points must be a positive int (got {points!r})")
     low, high = min_feasible_peak(problem, mode=mode), peak_bytes(problem, ())
     budgets = sorted({low + (high - low) * k // max(1, points - 1) for k in range(points)})
-    plans: list[tuple[float, int, Segments]] = [(0.0, high, ())]
+    plans: list[tuple[float, int, Spans]] = [(0.0, high, ())]
     for budget in budgets:
         sol = solve(problem, budget, mode=mode, refine=refine, bound=False)
         plans.append((sol.recompute_cost, sol.predicted_peak, sol.segments))

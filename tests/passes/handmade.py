@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from fxckpt.passes import capture
 from fxckpt.passes.graphs import copy_graph_module
-from fxckpt.plan import PipelineView, Plan, Segment
+from fxckpt.plan import PipelineView, Plan, SegmentSpec
 
 __all__ = ["Tiny", "segment", "plan", "traced"]
 
@@ -36,14 +36,14 @@ class Tiny(nn.Module):
 
 def segment(name: str, nodes: tuple[str, ...], inputs: tuple[str, ...],
             outputs: tuple[str, ...], restores: tuple[str, ...] = (),
-            action: str = "recompute") -> Segment:
-    """A Segment with only the fields lower and flatten read filled in meaningfully."""
-    return Segment(name=name, nodes=nodes, module_paths=(), inputs=inputs, outputs=outputs,
+            action: str = "recompute") -> SegmentSpec:
+    """A SegmentSpec with only the fields lower and flatten read filled in meaningfully."""
+    return SegmentSpec(name=name, nodes=nodes, module_paths=(), inputs=inputs, outputs=outputs,
                    saved_bytes=0, freed_bytes=0, recompute_flops=0, restores=restores,
                    reason="test", action=action)
 
 
-def plan(*segments: Segment, training: bool = True, pipeline: PipelineView | None = None) -> Plan:
+def plan(*segments: SegmentSpec, training: bool = True, pipeline: PipelineView | None = None) -> Plan:
     return Plan(strategy="force", options={}, capture="symbolic_trace", training=training,
                 signature="", segments=segments, node_count=0, total_flops=0,
                 pipeline=pipeline)

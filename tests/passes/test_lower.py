@@ -21,7 +21,7 @@ from fxckpt.errors import PlanError
 from fxckpt.passes import lower
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
-from fxckpt.runtime.segment import Segment as SegmentModule
+from fxckpt.runtime.segment import SegmentModule
 
 X = (3, 4)
 

@@ -13,7 +13,7 @@ import fxckpt
 from fxckpt.module import dispatcher_of
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import Offloader
-from fxckpt.runtime.segment import Recomputable, Segment, segment_of
+from fxckpt.runtime.segment import Recomputable, SegmentModule, segment_of
 from models import MLP
 from support import assert_steps_equal, run_step
 
@@ -29,16 +29,16 @@ class ConvBN(nn.Module):
         return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
 
 
-def _segment() -> tuple[ConvBN, Segment]:
+def _segment() -> tuple[ConvBN, SegmentModule]:
     model = ConvBN()
     traced = torch.fx.symbolic_trace(model)
-    return model, Segment(traced, traced.graph, name="segment_7", restores=("bn.running_mean",))
+    return model, SegmentModule(traced, traced.graph, name="segment_7", restores=("bn.running_mean",))
 
 
 def test_a_segment_is_a_graph_module_with_typed_fields() -> None:
     model, seg = _segment()
     assert isinstance(seg, torch.fx.GraphModule) and isinstance(seg, Recomputable)
-    assert type(seg).__name__ == "Segment" and "self.bn" in seg.code
+    assert type(seg).__name__ == "SegmentModule" and "self.bn" in seg.code
     assert (seg.name, seg.restores, seg.offloader) == ("segment_7", ("bn.running_mean",), None)
     assert seg.restored_buffers()[0] is model.bn.running_mean  # the model's own tensors
     assert seg.conv.weight is model.conv.weight
@@ -48,7 +48,7 @@ def test_deepcopy_keeps_the_fields_and_copies_the_tensors() -> None:
     model, seg = _segment()
     seg.offloader = Offloader("cpu", threshold=0)
     other = copy.deepcopy(seg)
-    assert isinstance(other, Segment) and other.name == "segment_7"
+    assert isinstance(other, SegmentModule) and other.name == "segment_7"
     assert other.restores == ("bn.running_mean",) and other.offloader is seg.offloader
     assert other.restored_buffers()[0] is not model.bn.running_mean
     assert torch.equal(other.restored_buffers()[0], model.bn.running_mean)
@@ -99,7 +99,7 @@ def test_offloaded_segments_carry_the_modules_offloader() -> None:
 
 
 class FieldNames(nn.Module):
-    """Children and a parameter under the names a Segment owns."""
+    """Children and a parameter under the names a SegmentModule owns."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,7 +153,7 @@ def test_early_stop_leaves_a_segment_without_a_traceback_walk(monkeypatch) -> No
 
 def test_an_error_inside_a_segment_keeps_its_type_and_fxs_message(capsys) -> None:
     traced = torch.fx.symbolic_trace(lambda x: torch.mm(x, x))
-    seg = Segment(traced, traced.graph, name="segment_3")
+    seg = SegmentModule(traced, traced.graph, name="segment_3")
     try:
         seg(torch.randn(2, 3))  # not square: mm fails in the generated code
     except RuntimeError as e:

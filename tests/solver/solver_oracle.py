@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Iterator, NamedTuple, Optional
 
-from fxckpt.solver import Op, Problem, Segments, peak_bytes
+from fxckpt.solver import Op, Problem, Spans, peak_bytes
 
 __all__ = ["Scored", "all_plans", "exhaustive", "random_dag", "random_chain", "transformer_like"]
 
@@ -20,11 +20,11 @@ class Scored(NamedTuple):
 
     peak: int
     cost: float
-    segments: Segments
+    segments: Spans
 
 
-def _segmentations(n: int) -> Iterator[Segments]:
-    def rec(i: int, open_start: int, acc: tuple[tuple[int, int], ...]) -> Iterator[Segments]:
+def _segmentations(n: int) -> Iterator[Spans]:
+    def rec(i: int, open_start: int, acc: tuple[tuple[int, int], ...]) -> Iterator[Spans]:
         if i == n:
             yield acc + (((open_start, n),) if open_start >= 0 else ())
             return

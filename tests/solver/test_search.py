@@ -16,7 +16,7 @@ import math
 import pytest
 from solver_oracle import random_chain, random_dag, transformer_like
 
-from fxckpt.solver import Op, Problem, Segments, peak_bytes
+from fxckpt.solver import Op, Problem, Spans, peak_bytes
 from fxckpt.solver.moves import Space
 from fxckpt.solver.bounds import pareto_front as _pareto
 from fxckpt.solver.search import _lower_hull, search
@@ -24,9 +24,9 @@ from fxckpt.solver.search import _lower_hull, search
 EXACT, FAST = Space(exact=True), Space(exact=False)
 
 
-def _segmentations(n: int) -> list[Segments]:
+def _segmentations(n: int) -> list[Spans]:
     """Every plan: each op is outside, starts a segment, or continues the open one."""
-    plans: list[Segments] = []
+    plans: list[Spans] = []
 
     def rec(i: int, start: int, acc: tuple) -> None:
         if i == n:
@@ -43,7 +43,7 @@ def _segmentations(n: int) -> list[Segments]:
 
 
 @functools.cache
-def scored(problem: Problem) -> list[tuple[int, float, Segments]]:
+def scored(problem: Problem) -> list[tuple[int, float, Spans]]:
     """(peak, cost, plan) of every plan; cost with the problem's overhead and offload prices."""
     ix = problem.index
     return [(peak_bytes(problem, segs), sum(ix.segment_cost(s, e) for s, e in segs), segs)
@@ -63,7 +63,7 @@ PROBLEMS = {
 }
 
 
-def budgets(plans: list[tuple[int, float, Segments]]) -> list[int]:
+def budgets(plans: list[tuple[int, float, Spans]]) -> list[int]:
     peaks = sorted({p for p, _, _ in plans})
     return [peaks[0] - 1] + peaks + [(a + b) // 2 for a, b in zip(peaks, peaks[1:])]
 
