@@ -238,7 +238,7 @@ class Plan:
 
     @property
     def freed_bytes(self) -> int:
-        """Bytes all segments free between forward and backward (see ``SegmentSpec.freed_bytes``)."""
+        """Bytes all segments free between forward and backward (``SegmentSpec.freed_bytes``)."""
         return sum(s.freed_bytes for s in self.segments)
 
     @property

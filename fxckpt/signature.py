@@ -83,9 +83,8 @@ def has_hooks(module: torch.nn.Module) -> bool:
     """True when the module has forward, pre-forward or backward hooks of the user's."""
     tables = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
               module._backward_pre_hooks)
-    return any(
-        getattr(h, "__module__", None) not in hf.TRANSPARENT_HOOKS for t in tables for h in t.values()
-    )
+    return any(getattr(h, "__module__", None) not in hf.TRANSPARENT_HOOKS
+               for t in tables for h in t.values())
 
 
 def is_compiled(module: torch.nn.Module) -> bool:

@@ -360,8 +360,9 @@ def _graph_task() -> int:
 def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
     """Run ``segment`` keeping what autograd saves inside it in host memory (``offload="auto"``).
 
-    The segment's offloader is attached by the module that owns it (:attr:`SegmentModule.offloader`);
-    in ``eval()`` or under ``torch.no_grad()`` nothing is saved, so the segment is simply called.
+    The segment's offloader is attached by the module that owns it
+    (:attr:`SegmentModule.offloader`); in ``eval()`` or under ``torch.no_grad()`` nothing is
+    saved, so the segment is simply called.
     """
     offloader = segment.offloader
     if offloader is None or not (segment.training and torch.is_grad_enabled()):

@@ -112,7 +112,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         if self.offloader is not None:  # a policy object with streams and a pool: shared
             memo[id(self.offloader)] = self.offloader
         res = super().__deepcopy__(memo)
-        assert isinstance(res, SegmentModule)  # GraphModule.__deepcopy__ makes an instance of our class
+        assert isinstance(res, SegmentModule)  # GraphModule.__deepcopy__ makes one of our class
         res.name, res.restores, res.kept = self.name, self.restores, self.kept
         res.generators, res.early_stop = self.generators, self.early_stop
         res.offloader = self.offloader
@@ -120,7 +120,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
 
 
 class _StopPassesThrough:
-    """fx's call wrapper for a :class:`SegmentModule`, letting checkpoint's early stop pass untouched.
+    """fx's call wrapper for a :class:`SegmentModule`: checkpoint's early stop passes untouched.
 
     torch's non-reentrant checkpoint ends a recompute as soon as it has every tensor it saves, by
     raising an exception out of the segment. fx's wrapper catches every exception leaving a
@@ -158,5 +158,6 @@ def segment_of(module: nn.Module, path: str) -> SegmentModule:
     """The segment at ``path`` under ``module`` (a rewritten graph's ``segment_N``)."""
     segment = module.get_submodule(path)
     if not isinstance(segment, SegmentModule):
-        raise TypeError(f"{path!r} is a {type(segment).__name__}, not a lowered fxckpt SegmentModule")
+        raise TypeError(
+            f"{path!r} is a {type(segment).__name__}, not a lowered fxckpt SegmentModule")
     return segment

@@ -43,7 +43,8 @@ def segment(name: str, nodes: tuple[str, ...], inputs: tuple[str, ...],
                    reason="test", action=action)
 
 
-def plan(*segments: SegmentSpec, training: bool = True, pipeline: PipelineView | None = None) -> Plan:
+def plan(*segments: SegmentSpec, training: bool = True,
+         pipeline: PipelineView | None = None) -> Plan:
     return Plan(strategy="force", options={}, capture="symbolic_trace", training=training,
                 signature="", segments=segments, node_count=0, total_flops=0,
                 pipeline=pipeline)

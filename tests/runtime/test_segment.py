@@ -32,7 +32,8 @@ class ConvBN(nn.Module):
 def _segment() -> tuple[ConvBN, SegmentModule]:
     model = ConvBN()
     traced = torch.fx.symbolic_trace(model)
-    return model, SegmentModule(traced, traced.graph, name="segment_7", restores=("bn.running_mean",))
+    return model, SegmentModule(traced, traced.graph, name="segment_7",
+                                restores=("bn.running_mean",))
 
 
 def test_a_segment_is_a_graph_module_with_typed_fields() -> None:
