@@ -81,7 +81,7 @@ class TransformConfig:
 
     device_profile: Optional[str] = None
     """The device plans are priced for (``h100``, ``h200``, ``a100``, ``cpu``:
-    :mod:`fxckpt.passes.devices`); ``None``: the model's own (measured on a GPU)."""
+    :mod:`fxckpt.cost.devices`); ``None``: the model's own (measured on a GPU)."""
 
     @property
     def verifies(self) -> bool:
@@ -179,7 +179,7 @@ class TransformConfig:
                 f"capture must be one of {', '.join(map(repr, CAPTURES))} (got {self.capture!r})"
             )
         if self.device_profile is not None:
-            from fxckpt.passes.devices import profile_for
+            from fxckpt.cost.devices import profile_for
 
             profile_for(self.device_profile, torch.device("cpu"))  # a known name
         _check_verify(self)

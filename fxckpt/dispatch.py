@@ -6,15 +6,16 @@ A :class:`~fxckpt.signature.CallKey` (module modes, autocast, call structure, no
 tensor dtypes/devices/ranks) selects the captures made for such calls; the first whose shapes
 rule accepts the call's shapes (a ``symbolic_trace`` graph, or an exported graph with dynamic
 dimensions, accepts any batch or sequence length) and whose guards hold serves it. The guards
-(:mod:`fxckpt.passes.guards`) are the Python facts the graph depends on: the children,
+(:mod:`fxckpt.capture.guards`) are the Python facts the graph depends on: the children,
 parameters and buffers it calls and the attribute values the forward read. When one changed
 (``model.temperature = 0.5``, a new head) the call captures again, and says so at INFO; a
 capture whose children were replaced is dropped, and a fact that keeps changing is warned about
 once. A capture serves one plan for every
 shape, except under a memory budget, where the plan depends on sizes: which plan serves which
 shapes (reuse of a larger one, power-of-two buckets for growing sizes, at most
-:data:`~fxckpt.plan_cache.MAX_PLANS` per capture) is :mod:`fxckpt.plan_cache`'s. Training with
-dynamic padding therefore costs one capture and, under a budget, a few plans.
+:data:`~fxckpt.planning.plan_cache.MAX_PLANS` per capture) is
+:mod:`fxckpt.planning.plan_cache`'s. Training with dynamic padding therefore costs one capture
+and, under a budget, a few plans.
 
 Captures do not depend on fxckpt's options, so transforms of the same model (comparing
 strategies in a notebook, say) share them, as long as the model still holds the same modules,
@@ -44,15 +45,15 @@ from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import CaptureError, PlanError
 from fxckpt.integrations import hf
-from fxckpt.passes.guards import Failure
-from fxckpt.passes.isolation import CAPTURE_LOCK
-from fxckpt.plan_cache import PlanCache
+from fxckpt.capture.guards import Failure
+from fxckpt.capture.isolation import CAPTURE_LOCK
+from fxckpt.planning.plan_cache import PlanCache
 from fxckpt.runtime.segment import segment_of
 from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
-    from fxckpt.passes.capture import Captured
+    from fxckpt.capture.captured import Captured
     from fxckpt.planner import Compiled
     from fxckpt.runtime.offload import Offloader
 
@@ -108,7 +109,7 @@ class Dispatcher:
         self.takes_use_cache = hf.takes_use_cache(model)
         self.said_cache = False
         self.recaptures: dict[str, int] = {}
-        """Captures made again because a fact changed, per fact (see :mod:`fxckpt.passes.guards`).
+        """Captures made again because a fact changed, per fact (see :mod:`fxckpt.capture.guards`).
         """
         self.compiled_call: Optional[Callable[..., Any]] = None
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
@@ -301,8 +302,8 @@ def _own_error(view: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Exc
     parameter or buffer (an EMA teacher's update, which the guard would not put back) and for
     models FSDP shards (their forward needs FSDP's hooks and collectives on every rank).
     """
-    from fxckpt.passes.sharding import sharding_key
-    from fxckpt.passes.state_guard import StateGuard
+    from fxckpt.capture.sharding import sharding_key
+    from fxckpt.capture.state_guard import StateGuard
     from fxckpt.signature import has_hooks
 
     if any(sharding_key(view)):

@@ -1,6 +1,6 @@
 """Pipelines across processes: fxckpt stages as ``torch.distributed.pipelining`` stages.
 
-When one host is not enough, the same stage GraphModules that :func:`fxckpt.pipeline_build.
+When one host is not enough, the same stage GraphModules that :func:`fxckpt.pipeline.build.
 build_pipeline` runs locally become one ``PipelineStage`` per rank, and torch's schedules drive
 them (point-to-point sends between ranks instead of ``.to(device)``):
 
@@ -38,8 +38,8 @@ import torch.nn as nn
 
 from fxckpt.checks import check_int
 from fxckpt.errors import ConfigError
-from fxckpt.passes.annotate import has_info, info
-from fxckpt.passes.tracer import ORIGINAL_PATH
+from fxckpt.cost.annotate import has_info, info
+from fxckpt.capture.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.pipeline import check_device
 from fxckpt.runtime.segment import Recomputable, SegmentModule

@@ -1,7 +1,7 @@
 """What the user's loss holds: measured on fake outputs, for the planner's model of the step.
 
 The graph ends at the model's outputs; the loss runs after them, and its memory is part of the
-step. The planner models it as one synthetic op (:mod:`fxckpt.passes.graph_view`), assumed to
+step. The planner models it as one synthetic op (:mod:`fxckpt.cost.graph_view`), assumed to
 keep one tensor as large as the outputs and to make their gradients. A loss can hold far more:
 ``logits.float().square().mean()`` keeps the logits and, in its backward, makes the gradient of
 the mean, ``logits ** 1``, ``2 * logits`` and the product at once: five times the logits at its
@@ -19,7 +19,7 @@ So when the user gives ``loss_fn`` and plans are verified, the loss is also run 
 Each output is a fresh storage the loss lets go of as it lets go of the model's, so the peak
 counts the outputs while the loss keeps them, the loss's own tensors and the outputs' gradients.
 The loss op then holds that peak less the outputs' gradients (its backward makes them) and less
-the reserve every predicted peak adds (:func:`fxckpt.passes.prediction.reserve`), so that the
+the reserve every predicted peak adds (:func:`fxckpt.cost.prediction.reserve`), so that the
 prediction at the loss is what the verified step holds there.
 """
 

@@ -26,7 +26,7 @@ pages in again (1.6x slower with one thread here, several times slower with two)
 times on a shared machine are noise; report medians and ratios against a baseline measured in
 the same run (:func:`time_by_turns`).
 
-The benchmark's children (:mod:`fxckpt.bench.child`) and the demo (:mod:`fxckpt.demo`) measure
+The benchmark's children (:mod:`benchmarks.child`) and the demo (:mod:`fxckpt.demo`) measure
 with the same helpers: :func:`training_step`, :func:`step_memory`, :func:`time_by_turns`.
 """
 

@@ -28,18 +28,19 @@ def pareto(
 
     Returns points sorted by budget, each ``{"budget": bytes, "predicted_peak": bytes,
     "recompute": fraction of one forward pass's cost, "eager_peak": bytes}``: peaks include the
-    reserve and recompute is :func:`fxckpt.passes.prediction.recompute_share`, as in
+    reserve and recompute is :func:`fxckpt.cost.prediction.recompute_share`, as in
     ``Plan.predicted_peak`` and ``Plan.recompute_share``. A smaller budget never gives a higher
     predicted peak. With ``selective`` (as ``transform``'s default) each plan may keep costly
     outputs inside its segments (:mod:`fxckpt.solver.selective`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
-    from fxckpt.passes import annotate, capture
-    from fxckpt.passes.prediction import recompute_share, reserve
-    from fxckpt.passes.graph_view import problem_of
-    from fxckpt.passes.graphs import planned_nodes
-    from fxckpt.passes.keeps import choices
+    from fxckpt.cost.annotate import annotate
+    from fxckpt.capture.captured import capture
+    from fxckpt.cost.prediction import recompute_share, reserve
+    from fxckpt.cost.graph_view import problem_of
+    from fxckpt.graphs import planned_nodes
+    from fxckpt.planning.keeps import choices
     from fxckpt.solver import pareto as solve_pareto, simulate
     from fxckpt.solver.selective import solve_selective
 

@@ -52,7 +52,7 @@ class SegmentSpec:
     """``recompute`` (checkpoint) or ``offload`` (kept, with its saved tensors in host memory)."""
     keeps: tuple[str, ...] = ()
     """Nodes of the segment whose outputs are kept from forward, not recomputed (selective
-    recompute: matmuls and the like, see :mod:`fxckpt.passes.keeps`)."""
+    recompute: matmuls and the like, see :mod:`fxckpt.planning.keeps`)."""
     kept_bytes: int = 0
     """Bytes of the kept outputs, held from forward until the segment's recompute."""
     kept_ops: tuple[str, ...] = ()
@@ -61,7 +61,7 @@ class SegmentSpec:
     """The op kind of each node run again in backward (views left out)."""
     anchors: tuple[str, ...] = ()
     """What the segment's first and last node, then each kept node, are (module, op, occurrence;
-    :mod:`fxckpt.passes.anchors`): how a replay finds the segment in a graph captured elsewhere
+    :mod:`fxckpt.planning.anchors`): how a replay finds the segment in a graph captured elsewhere
     (a plan made on the ``meta`` device, replayed on the real one), where node names differ."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +198,7 @@ class Plan:
     recompute_share: float | None = None
     """What recompute adds to a step, as a share of one forward pass: the cost of the ops run
     again over the cost of all ops, both estimated from FLOPs plus memory traffic (see
-    :mod:`fxckpt.passes.graph_view`), so a dropout or GELU recomputed counts though it does few
+    :mod:`fxckpt.cost.graph_view`), so a dropout or GELU recomputed counts though it does few
     FLOPs; the fixed per-segment overhead is left out. The one recompute percentage every view
     shows (summary, HTML, Pareto chart)."""
     budget: int | None = None

@@ -22,15 +22,17 @@ import torch.fx
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, FxckptError, PlanError
-from fxckpt.pipeline_build import PipelinedModule, build_pipeline
+from fxckpt.pipeline.build import PipelinedModule, build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
-from fxckpt.passes import annotate, capture, select
-from fxckpt.passes.capture import Captured
-from fxckpt.passes.fit import Verify, fit
-from fxckpt.passes.strategies import Fitting
-from fxckpt.passes.graphs import copy_graph_module
-from fxckpt.passes.sharding import full_parameters, recomputable
-from fxckpt.passes.state_guard import hooks_off, weight_computing_hooks
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.planning.select import select
+from fxckpt.capture.captured import Captured
+from fxckpt.planning.fit import Verify, fit
+from fxckpt.planning.strategies import Fitting
+from fxckpt.graphs import copy_graph_module
+from fxckpt.capture.sharding import full_parameters, recomputable
+from fxckpt.capture.state_guard import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
 from fxckpt.signature import describe_signature, signature_key
@@ -50,7 +52,7 @@ class Compiled:
     gm: torch.fx.GraphModule
     plan: Plan
     pipeline: Optional[PipelinedModule] = None
-    """The pipelined module (``fxckpt.pipeline_build.PipelinedModule``) when stages were asked for.
+    """The pipelined module (``fxckpt.pipeline.build.PipelinedModule``) when stages were asked for.
     """
     key: Any = None
     """The signature key of the call it was planned for (what an export matches calls by)."""
@@ -76,8 +78,8 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
     """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``.
 
     ``eager_peak``: the unmodified step's verified peak for such calls when already measured
-    (:mod:`fxckpt.plan_cache` checked a plan with no segments there); not measured again unless
-    a ``loss_fn`` must see the step's output.
+    (:mod:`fxckpt.planning.plan_cache` checked a plan with no segments there); not measured
+    again unless a ``loss_fn`` must see the step's output.
 
     A failure inside fxckpt's passes surfaces as an :class:`~fxckpt.errors.FxckptError` naming
     the model and the pass, never as a bare ``KeyError`` from the internals.

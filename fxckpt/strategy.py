@@ -5,9 +5,9 @@
     transform(model, budget="6GiB")  -> Budgeted(budget=Budget(bytes=6 * 2**30))
     transform(model, plan=saved)     -> Replay(plan=saved)
 
-Each has a pass in :mod:`fxckpt.passes.strategies` that returns its segments and notes; ``force``
+Each has a pass in :mod:`fxckpt.planning.strategies` that returns its segments and notes; ``force``
 pins apply on top of any of them (or alone), and the rules every segment obeys
-(:mod:`fxckpt.passes.cleanup`) apply to all.
+(:mod:`fxckpt.planning.cleanup`) apply to all.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ tier=$(tail -n 1 "$out/cuda_tier.txt")
 # 2. the GPU bench (on the CPU: the bench's tiny sizes, without torch.compile, for speed)
 methods=checkpoint_per_block,sac_ops,sac_megatron,compile
 [ "$device" = cpu ] && methods=checkpoint_per_block,sac_ops,sac_megatron
-"$python" -m fxckpt.bench.gpu --out "$out" --device "$device" $size --methods "$methods" \
+"$python" -m benchmarks.gpu --out "$out" --device "$device" $size --methods "$methods" \
   > "$out/gpu_bench.txt" 2>&1
 bench_rc=$?
 bench=$(tail -n 1 "$out/gpu_bench.txt")

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxckpt.bench.models import BenchResNet
+from benchmarks.models import BenchResNet
 
 
 class MLPBlock(nn.Module):

@@ -1,4 +1,4 @@
-"""Tests for fxckpt/bench/: the quick run's report, error rows for failing peers, the targets."""
+"""Tests for benchmarks/: the quick run's report, error rows for failing peers, the targets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from fxckpt.bench import (
+from benchmarks import (
     BenchOptions,
     check_targets,
     configurations,
@@ -21,13 +21,13 @@ from fxckpt.bench import (
     render_markdown,
     run_bench,
 )
-from fxckpt.bench.__main__ import main
-from fxckpt.bench.child import solve_scaling
-from fxckpt.bench.methods import CheckpointedChain
-from fxckpt.bench.models import MODELS, spec_for
-from fxckpt.bench.report import machine_info
-from fxckpt.bench.targets import timing_noise
-from fxckpt.bench.runner import (NOISE_GROUPS, Config, _in_report_order, _kwargs, matched_configs,
+from benchmarks.__main__ import main
+from benchmarks.child import solve_scaling
+from benchmarks.methods import CheckpointedChain
+from benchmarks.models import MODELS, spec_for
+from benchmarks.report import machine_info
+from benchmarks.targets import timing_noise
+from benchmarks.runner import (NOISE_GROUPS, Config, _in_report_order, _kwargs, matched_configs,
                                  minimum_configs)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_quick_run_writes_markdown_and_json_with_every_row(tmp_path: Path) -> No
         [
             sys.executable,
             "-m",
-            "fxckpt.bench",
+            "benchmarks",
             "--quick",
             "--models",
             "mlp",
@@ -410,7 +410,7 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    assert "usage: python -m fxckpt.bench" in capsys.readouterr().err
+    assert "usage: python -m benchmarks" in capsys.readouterr().err
 
 
 def test_dominance_needs_no_more_memory_and_no_slower_time_beyond_the_noise() -> None:
@@ -454,8 +454,8 @@ def test_a_peer_shares_a_matched_row_only_if_that_budget_is_not_above_its_peak()
 
 
 def test_large_tier_rows_report_three_peaks_and_check_the_targets() -> None:
-    from fxckpt.bench import large
-    from fxckpt.bench.models import MODELS
+    from benchmarks import large
+    from benchmarks.models import MODELS
 
     sizes = MODELS["mlp"].quick
     eager = large.measure_row("mlp", "unmodified", None, repeats=1, sizes=sizes)

@@ -17,8 +17,11 @@ import fxckpt.distributed as fd
 import gloo
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
-from fxckpt.passes import annotate, capture, lower, select
-from fxckpt.passes.partition import partition, split_stages
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.passes.lower import lower
+from fxckpt.planning.select import select
+from fxckpt.pipeline.partition import partition, split_stages
 from models import MLP
 
 

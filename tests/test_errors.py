@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.passes.capture import capture
+from fxckpt.capture.captured import capture
 from models import MLP, DataDependent, Noisy
 from support import loss_of
 

@@ -46,7 +46,7 @@ def test_the_graph_sees_the_package() -> None:
     graph = _graph()
     assert graph.number_of_nodes() > 100
     assert graph.has_edge("fxckpt.runtime.offload", "fxckpt.runtime.segment")
-    assert graph.has_edge("fxckpt.planner", "fxckpt.passes.fit")  # module level
+    assert graph.has_edge("fxckpt.planner", "fxckpt.planning.fit")  # module level
     assert graph.has_edge("fxckpt.dispatch", "fxckpt.planner")  # imported inside functions
 
 
@@ -60,19 +60,19 @@ def test_the_runtime_never_imports_the_planner() -> None:
     and the planner stay out of its imports (and out of a saved export's)."""
     graph = _graph()
     planning = ("fxckpt.passes", "fxckpt.solver", "fxckpt.planner", "fxckpt.dispatch",
-                "fxckpt.bench")
+                "benchmarks")
     reached = {m for r in graph if r.startswith("fxckpt.runtime")
                for m in nx.descendants(graph, r)}
     assert not sorted(m for m in reached if m.startswith(planning))
 
 
 FRAMEWORKS = ("transformers", "diffusers", "peft", "accelerate", "lightning")
-"""Frameworks whose rules live in ``fxckpt/integrations/`` (the bench builds their models)."""
+"""Frameworks whose rules live in ``fxckpt/integrations/`` (``benchmarks/`` builds their models
+from outside the package)."""
 
 
 def _outside_integrations() -> list[Path]:
-    return [p for p in PACKAGE.rglob("*.py")
-            if p.relative_to(PACKAGE).parts[0] not in ("integrations", "bench")]
+    return [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "integrations"]
 
 
 def test_framework_rules_live_in_integrations() -> None:
@@ -96,3 +96,17 @@ def test_framework_rules_live_in_integrations() -> None:
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
                       if n.split(".")[0] in FRAMEWORKS]
     assert not found, "\n".join(found)
+
+
+def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
+    """capture -> cost -> passes -> planning -> pipeline: no package reaches a later one (fit
+    lowers each candidate plan to verify it, so the rewrites come before the planning)."""
+    order = ["fxckpt.capture", "fxckpt.cost", "fxckpt.passes", "fxckpt.planning",
+             "fxckpt.pipeline"]
+    graph = _graph()
+    later = []
+    for i, stage in enumerate(order):
+        for module in (m for m in graph if m.startswith(stage + ".")):
+            later += [f"{module} -> {target}" for target in graph.successors(module)
+                      if target.startswith(tuple(s + "." for s in order[i + 1:]))]
+    assert not later, "\n".join(later)

@@ -15,12 +15,12 @@ from torch._subclasses.fake_tensor import is_fake
 
 import fxckpt
 from fxckpt.meta_run import meta_twin, on_meta
-from fxckpt.passes.capture import capture
-from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.capture.captured import capture
+from fxckpt.graphs import copy_graph_module
 from fxckpt.tracker import _tensor_leaves
 from fxckpt.verify import VerifyError, fake_step_peak
 
-annotation = importlib.import_module("fxckpt.passes.annotate")
+annotation = importlib.import_module("fxckpt.cost.annotate")
 
 
 class Net(nn.Module):

@@ -55,7 +55,7 @@ def test_diff_names_what_changed() -> None:
 def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     import copy
 
-    from fxckpt.passes import strategies
+    from fxckpt.planning import strategies
     from support import assert_steps_equal, run_step
 
     x = torch.randn(8, 32, requires_grad=True)
@@ -164,8 +164,8 @@ def test_frees_is_what_the_step_stops_holding_between_forward_and_backward(
     it), and with p > 0 the dropout mask and output (the next fc saves it); with p = 0 dropout is
     the identity and the next fc saves the GELU output. A segment of two blocks frees all of
     those 16x32 float tensors but its output, which the next segment keeps as its input."""
-    from fxckpt.passes.graph_view import to_problem
-    from fxckpt.passes.runs import ranges_of
+    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.runs import ranges_of
     from fxckpt.solver import simulate
 
     tm = fxckpt.transform(MLP(depth=6, p=p), every=2, example_inputs=(torch.randn(16, 32),))

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from fxckpt.plan_cache import MAX_PLANS, Growth, PlanCache
+from fxckpt.planning.plan_cache import MAX_PLANS, Growth, PlanCache
 
 FIXED, EAGER, CHECKPOINTED = 100, 10, 4
 """Bytes a step holds at any batch, and per sample without and with checkpointing."""

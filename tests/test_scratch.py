@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.bench.models import spec_for
+from benchmarks.models import spec_for
 from fxckpt.measure import (
     LiveTensorTracker,
     read_status,
@@ -19,10 +19,11 @@ from fxckpt.measure import (
     step_peak_rss,
     training_step,
 )
-from fxckpt.passes import annotate, capture
-from fxckpt.passes.annotate import has_info, info
-from fxckpt.passes.graph_view import problem_of
-from fxckpt.passes.prediction import reserve
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.cost.annotate import has_info, info
+from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.prediction import reserve
 from fxckpt.scratch import backward_scratch, call_scratch
 from fxckpt.solver import Op
 

@@ -38,7 +38,7 @@ class Blocks(nn.Module):
 ADDMM = {"op:aten.addmm": "save"}
 """Keep every matmul inside a segment: on these small blocks the solver finds plans without keeps
 (a kept output costs about 100 us of bookkeeping a step,
-:data:`fxckpt.passes.graph_view.KEEP_COST`, and a segment can end where its recompute stops
+:data:`fxckpt.cost.graph_view.KEEP_COST`, and a segment can end where its recompute stops
 before a matmul), so the runtime's keeping is
 tested on pinned ones; :func:`test_selective_false_recomputes_whole_segments_and_costs_more` has
 the solver choose them."""
@@ -272,8 +272,8 @@ def test_selective_must_be_a_bool() -> None:
 
 def test_plot_memory_shades_the_kept_outputs_and_pareto_counts_them() -> None:
     pytest.importorskip("matplotlib")
-    from fxckpt.passes.graph_view import to_problem
-    from fxckpt.passes.runs import keep_positions, ranges_of
+    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.runs import keep_positions, ranges_of
     from fxckpt.solver.simulate import kept_live
     from fxckpt.viz.common import inspect_module
 

@@ -129,7 +129,7 @@ def test_a_smaller_batch_never_fails_a_budget_a_larger_one_met(
                          example_inputs=(torch.randn(1, 256),))
     x = torch.randn(1, 256)
     tm.zero_grad()
-    with caplog.at_level("WARNING", logger="fxckpt.plan_cache"):
+    with caplog.at_level("WARNING", logger="fxckpt.planning.plan_cache"):
         got = run_step(tm, (x,), {}, seed=0)
     assert "a larger call was planned under it" in caplog.text
     assert_steps_equal(got, run_step(reference, (x,), {}, seed=0))
@@ -137,7 +137,7 @@ def test_a_smaller_batch_never_fails_a_budget_a_larger_one_met(
 
 @pytest.mark.slow
 def test_the_growing_batch_bench_plans_far_fewer_times_than_it_steps() -> None:
-    from fxckpt.bench.shapes import growing
+    from benchmarks.shapes import growing
 
     result = growing(steps=12, layers=1, seq=16, fraction=0.9)
     assert result["plans"] <= 6  # not one per size: buckets, and plans reused where they hold

@@ -1,4 +1,4 @@
-"""Repeated blocks found in real graphs (passes/blocks.py) and solved once: on the benchmark's
+"""Repeated blocks found in real graphs (planning/blocks.py) and solved once: on the benchmark's
 GPT-2, BERT and Llama-style models the shared plan costs at most 5% more recompute than the full
 search's at the same budget (issue 14), and the planner takes the cheaper of the two."""
 
@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxckpt.bench.models import spec_for
-from fxckpt.passes import annotate, capture
-from fxckpt.passes.annotate import info
-from fxckpt.passes.blocks import block_of, block_ranges
-from fxckpt.passes.graph_view import problem_of
-from fxckpt.passes.graphs import planned_nodes
-from fxckpt.passes.keeps import choices
+from benchmarks.models import spec_for
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.cost.annotate import info
+from fxckpt.planning.blocks import block_of, block_ranges
+from fxckpt.cost.graph_view import problem_of
+from fxckpt.graphs import planned_nodes
+from fxckpt.planning.keeps import choices
 from fxckpt.solver import simulate
 from fxckpt.solver.selective import solve_selective
 from fxckpt.solver.shared import families, solve_shared

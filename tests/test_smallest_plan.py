@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.bench.methods import prepare
-from fxckpt.bench.models import MODELS, llama_config
+from benchmarks.methods import prepare
+from benchmarks.models import MODELS, llama_config
 from fxckpt.measure import step_peak_tracked
 from fxckpt.scratch import call_scratch
 
@@ -79,7 +79,7 @@ def test_the_smallest_plan_is_at_or_under_per_block(name: str) -> None:
 def test_per_block_is_verified_beside_the_smallest_simulated_plan(monkeypatch) -> None:
     """Where the simulator is wrong about the smallest plan (here: it offers none), the plan
     with one segment per layer, verified too, is the smallest that is refused with."""
-    import fxckpt.passes.strategies as strategies
+    import fxckpt.planning.strategies as strategies
 
     monkeypatch.setattr(strategies, "_min_peak", lambda problem, blocks: ((), 0))
     torch.manual_seed(0)

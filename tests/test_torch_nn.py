@@ -96,7 +96,7 @@ def test_multihead_attention_in_user_blocks_is_recomputed_whole() -> None:
 
 def test_eval_mode_capture_keeps_the_encoder_whole() -> None:
     """Outside training the modules take their fast paths, so they stay one op (and say so)."""
-    from fxckpt.passes.nn_modules import traced_forward
+    from fxckpt.capture.nn_modules import traced_forward
 
     encoder = Encoder().enc
     assert traced_forward(encoder) is not None

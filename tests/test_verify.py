@@ -131,9 +131,9 @@ def test_a_plan_verified_well_under_its_prediction_is_solved_again_with_the_gap(
     the verified figure is the real one. Its memory is assumed, not measured (as when the output
     cannot be laid out again, :mod:`fxckpt.loss_probe`): measured, it brings this first plan's
     prediction within 13 KB of its verified peak, and there is nothing to give back."""
-    from fxckpt.bench.models import spec_for
+    from benchmarks.models import spec_for
     from fxckpt.loss_probe import LossProbe
-    from fxckpt.passes import fit
+    from fxckpt.planning import fit
 
     monkeypatch.setattr(LossProbe, "peak", lambda self, root: None)
 

@@ -197,7 +197,7 @@ def table_name(obj: Any) -> Optional[str]:
 
 def function_name(target: Any, where: str) -> str:
     """The table name of a graph's call target; :class:`ExportError` (naming ``where``) if none."""
-    from fxckpt.passes.tracer import function_of
+    from fxckpt.capture.tracer import function_of
 
     if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
         aten = _qualified(target)

@@ -9,7 +9,7 @@
 * **A model from a ``config.json``** (the CLI's targets): :func:`model_from_config_file`.
 * **Attention in exported graphs**: the pluggable ``attention_interface(...)`` call and the
   ``repeat_kv`` that feeds it (:func:`from_attention_interface`, :func:`repeated_kv`), which
-  :mod:`fxckpt.passes.eager_attention` folds into one call.
+  :mod:`fxckpt.capture.eager_attention` folds into one call.
 
 This module imports nothing of transformers (a rule that needs it imports it when used) and
 nothing of fxckpt, so the runtime, the export loader and the passes may all ask it.

@@ -1,13 +1,9 @@
-"""Compiler passes over ``torch.fx`` graphs: capture, annotate, select strategies, lower.
-
-Each pass takes a GraphModule (or the model, for capture) and returns a result. Analysis passes
-only add ``node.meta[META_KEY]``; the lowering pass rewrites the graph and ends with
+"""Rewrites of a planned ``torch.fx`` graph: each changes a GraphModule in place and ends with
 ``graph.lint()`` and ``recompile()``.
+
+* :mod:`~fxckpt.passes.lower`: a plan's segments become checkpointed submodules;
+* :mod:`~fxckpt.passes.flatten`: segments inlined again, for inspection.
+
+The rewrites that make an exported graph call what eager code calls run at capture
+(:mod:`fxckpt.capture.simplify`, :mod:`fxckpt.capture.eager_attention`).
 """
-
-from fxckpt.passes.annotate import META_KEY, NodeInfo, annotate
-from fxckpt.passes.capture import Captured, capture
-from fxckpt.passes.lower import lower
-from fxckpt.passes.select import select
-
-__all__ = ["META_KEY", "NodeInfo", "annotate", "Captured", "capture", "lower", "select"]

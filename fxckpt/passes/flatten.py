@@ -89,10 +89,10 @@ def _inline(flat: torch.fx.Graph, sub: torch.nn.Module, inputs: list[Any]) -> An
 
 
 def graph_view(gm: torch.fx.GraphModule, plan: Plan) -> nx.DiGraph:
-    """The networkx view (:func:`fxckpt.passes.graph_view.to_networkx`) of the flat graph, each
+    """The networkx view (:func:`fxckpt.cost.graph_view.to_networkx`) of the flat graph, each
     node labelled with its ``segment`` (name or ``None``) and pipeline ``stage`` (index or
     ``None``)."""
-    from fxckpt.passes.graph_view import to_networkx
+    from fxckpt.cost.graph_view import to_networkx
 
     view = to_networkx(flatten(gm, plan))
     segment = {node: seg.name for seg in plan.segments for node in seg.nodes}

@@ -20,11 +20,11 @@ import torch
 import torch.fx
 
 from fxckpt.errors import PlanError
-from fxckpt.passes.graphs import subgraph
+from fxckpt.graphs import subgraph
 from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
-from fxckpt.passes.annotate import has_info, info
+from fxckpt.cost.annotate import has_info, info
 from fxckpt.runtime.segment import NO_EARLY_STOP, SegmentModule
 from fxckpt.runtime.selective import keep_begin, keep_end
 

@@ -10,7 +10,7 @@ skips the blocks above the diagonal, and the gradients of grouped heads are summ
 order than eager's.
 
 :func:`attention` is what an exported graph calls instead of the aten op (``fxckpt_attention`` in
-``tm.code``; :mod:`fxckpt.passes.simplify` rewrites the calls). It looks at the mask's values
+``tm.code``; :mod:`fxckpt.capture.simplify` rewrites the calls). It looks at the mask's values
 once per mask tensor and calls the aten op as eager code would have:
 
 * a mask equal to ``ones(L, S).tril()`` on every batch and head: ``is_causal=True``, no mask;
@@ -21,7 +21,7 @@ once per mask tensor and calls the aten op as eager code would have:
   head size is at most 256), else the heads repeated here, by the ops the graph had.
 
 Fake and meta tensors (planning, verification) have no values to look at: they follow
-``expect``, the verdict :mod:`fxckpt.passes.simplify` found for the mask at the example's shapes
+``expect``, the verdict :mod:`fxckpt.capture.simplify` found for the mask at the example's shapes
 when the mask depends on shapes only, so the plan models the kernels a real step runs.
 
 A causal or all-visible boolean mask and its shortcut give bit-identical outputs and gradients

@@ -17,7 +17,7 @@ Rules (torchgpipe's, with ``torch.tensor_split`` sizes):
   ``ModelOutput``); tensors are concatenated on dim 0; any other value must be the same in every
   micro-batch (``None``, a flag, a name), or a ``ValueError`` names it -- a value computed from
   the batch size (``x.shape[0]``) is refused when the pipeline is built
-  (:mod:`fxckpt.passes.batch_outputs`), since equal micro-batches would hide it.
+  (:mod:`fxckpt.pipeline.batch_outputs`), since equal micro-batches would hide it.
 
 The pieces are views, so gradients flow back into the caller's tensors as if nothing was split.
 """

@@ -2,7 +2,7 @@
 
 ``nn.TransformerEncoder`` and its relatives check and convert their masks with Python that
 branches on tensors (a mask's dtype, whether a float mask equals the causal one), which
-``symbolic_trace`` cannot follow. :mod:`fxckpt.passes.nn_modules` traces those modules through
+``symbolic_trace`` cannot follow. :mod:`fxckpt.capture.nn_modules` traces those modules through
 and puts these functions in the graph as single calls (``fxckpt_canonical_mask``,
 ``fxckpt_causal_hint`` in ``tm.code``); each runs torch's own code on the real tensors of every
 call, so the model computes what its eager forward computes.

@@ -28,7 +28,7 @@ Merging is sound in both directions, which is what makes the heuristic's distanc
   them as ``(its H, the least objective)``. Every term then counts at most what the plan holds,
   so the least objective this *relaxed* search finds is a lower bound for every plan of the
   space. Unions lose little where the values differ late (LSTMs: within 0.1-2.5% of the plan);
-  on a long synthetic cell (:func:`fxckpt.bench.solver_graphs.unrolled_cell`, 250 steps and
+  on a long synthetic cell (:func:`benchmarks.solver_graphs.unrolled_cell`, 250 steps and
   more) the bound falls to 0 and says nothing.
 """
 

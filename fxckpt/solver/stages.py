@@ -16,7 +16,7 @@ The DP over stage count k and end position p is
 with prefix sums S. For non-negative costs, ``best[k-1][q]`` grows with q and ``S[p]-S[q]``
 shrinks, so the minimising q is where the two cross: a binary search makes the whole DP
 O(K * n log n). ``allowed`` restricts where a cut may go (never between a multi-output op and
-its ``getitem``, never inside a checkpoint segment); the bridge in ``fxckpt.passes.partition``
+its ``getitem``, never inside a checkpoint segment); the bridge in ``fxckpt.pipeline.partition``
 decides that.
 
 Explicit ``balance`` lists (node counts per stage, as in torchgpipe) are checked by

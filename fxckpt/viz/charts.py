@@ -102,9 +102,9 @@ def _plan_point(module: Any) -> tuple[float, float]:
     """A transformed (or loaded) module's plan in the curve's units: ``(Plan.predicted_peak,
     Plan.recompute_share)``, the figures its summary prints (worked out again for plans saved
     before they were kept)."""
-    from fxckpt.passes.graph_view import to_problem
-    from fxckpt.passes.prediction import predict_ranges, recompute_share
-    from fxckpt.passes.runs import keep_positions, ranges_of
+    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.prediction import predict_ranges, recompute_share
+    from fxckpt.cost.runs import keep_positions, ranges_of
 
     seen = inspect_module(module)
     plan = seen.plan

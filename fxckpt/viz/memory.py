@@ -31,9 +31,9 @@ def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
 
 def _timelines(module: Any) -> tuple[Any, Any, int, list[int]]:
     """:func:`predicted_timelines` and the bytes of kept outputs (selective) at each event."""
-    from fxckpt.passes.graph_view import to_problem
-    from fxckpt.passes.prediction import reserve
-    from fxckpt.passes.runs import keep_positions, ranges_of
+    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.prediction import reserve
+    from fxckpt.cost.runs import keep_positions, ranges_of
     from fxckpt.solver.simulate import kept_live, simulate
 
     seen = inspect_module(module)

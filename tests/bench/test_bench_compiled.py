@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-from fxckpt.bench.methods import prepare
-from fxckpt.bench.models import spec_for
-from fxckpt.bench.runner import BenchOptions, configurations, matched_configs
-from fxckpt.bench.targets import check_targets
+from benchmarks.methods import prepare
+from benchmarks.models import spec_for
+from benchmarks.runner import BenchOptions, configurations, matched_configs
+from benchmarks.targets import check_targets
 
 MiB = 2**20
 
@@ -108,7 +108,7 @@ def test_each_compiled_module_is_partitioned_under_its_own_memory_budget() -> No
 
 @pytest.mark.slow  # compiles the quick MLP with inductor in fresh processes: about 1 min
 def test_a_quick_run_measures_the_compiled_row_and_times_it_with_the_peer() -> None:
-    from fxckpt.bench.runner import run_bench
+    from benchmarks.runner import run_bench
 
     opts = BenchOptions(quick=True, models=("mlp",), methods=("fxckpt_compiled", "compile"),
                         budgets=(0.5,), repeats=2, scaling_layers=())

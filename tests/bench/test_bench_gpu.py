@@ -1,11 +1,11 @@
-"""The GPU bench's judgement (fxckpt/bench/gpu.py) and the CPU-side predictions
-(fxckpt/bench/predict.py)."""
+"""The GPU bench's judgement (benchmarks/gpu.py) and the CPU-side predictions
+(benchmarks/predict.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fxckpt.bench import gpu, predict
+from benchmarks import gpu, predict
 
 MiB = 2**20
 

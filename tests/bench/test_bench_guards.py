@@ -1,4 +1,4 @@
-"""The guard-overhead bench (fxckpt/bench/guards.py): what it measures and how it judges."""
+"""The guard-overhead bench (benchmarks/guards.py): what it measures and how it judges."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fxckpt.bench import guards
+from benchmarks import guards
 
 
 def test_the_target_is_a_share_of_the_step_or_a_few_microseconds() -> None:

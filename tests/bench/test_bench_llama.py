@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.bench.methods import prepare
-from fxckpt.bench.models import MODELS, spec_for
+from benchmarks.methods import prepare
+from benchmarks.models import MODELS, spec_for
 from fxckpt.measure import step_peak_tracked
 
 pytest.importorskip("transformers")

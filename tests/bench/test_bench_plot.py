@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fxckpt.bench.plot import Point, pareto_data, plot_model, write_plots
-from fxckpt.bench.report import render_markdown, write_report
+from benchmarks.plot import Point, pareto_data, plot_model, write_plots
+from benchmarks.report import render_markdown, write_report
 
 MiB = 2**20
 

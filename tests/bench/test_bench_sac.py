@@ -11,10 +11,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
-from fxckpt.bench import sac
-from fxckpt.bench.methods import METHODS, NotApplicable, PEERS, prepare
-from fxckpt.bench.models import spec_for
-from fxckpt.bench.runner import PEER_METHODS
+from benchmarks import sac
+from benchmarks.methods import METHODS, NotApplicable, PEERS, prepare
+from benchmarks.models import spec_for
+from benchmarks.runner import PEER_METHODS
 
 aten = torch.ops.aten
 S, R = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE

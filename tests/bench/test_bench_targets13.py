@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from fxckpt.bench.runner import BenchOptions, configurations, matched_configs
-from fxckpt.bench.targets import check_targets
+from benchmarks.runner import BenchOptions, configurations, matched_configs
+from benchmarks.targets import check_targets
 
 MiB = 2**20
 
@@ -115,7 +115,7 @@ def test_a_row_matched_to_a_peer_is_compared_by_its_ratio_timed_by_turns_with_it
 
 
 def test_matched_rows_are_timed_with_their_peer_except_compile() -> None:
-    from fxckpt.bench.runner import _kwargs
+    from benchmarks.runner import _kwargs
 
     opts = BenchOptions(models=("gpt2",), methods=("fxckpt", "checkpoint_per_block", "compile"),
                         budgets=(0.5,))
@@ -133,7 +133,7 @@ def test_matched_rows_are_timed_with_their_peer_except_compile() -> None:
 
 
 def test_the_time_child_times_the_peer_by_turns_with_the_method() -> None:
-    from fxckpt.bench.child import measure_time
+    from benchmarks.child import measure_time
 
     got = measure_time("mlp", "fxckpt", 0.5, quick=True, repeats=3,
                        peer=["checkpoint_per_block", None])

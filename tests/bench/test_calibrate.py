@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fxckpt.bench.calibrate import OPS, main, measure, render
-from fxckpt.passes import prices
-from fxckpt.passes.graph_view import KEEP_COST, SEGMENT_COST
+from benchmarks.calibrate import OPS, main, measure, render
+from fxckpt.cost import prices
+from fxckpt.cost.graph_view import KEEP_COST, SEGMENT_COST
 
 
 def test_every_constant_is_measured_beside_its_value_in_the_code() -> None:

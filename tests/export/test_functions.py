@@ -26,7 +26,7 @@ from support import assert_steps_equal, run_step
 
 class Stack(nn.Module):
     """Encoder layers inside a model, in eval mode: fxckpt traces torch.nn's transformer layers
-    through only in training (fxckpt.passes.nn_modules), so these stay leaf modules and the
+    through only in training (fxckpt.capture.nn_modules), so these stay leaf modules and the
     export rebuilds each one from its class and attributes, ``activation`` among them."""
 
     def __init__(self, activation: Any, depth: int = 2) -> None:

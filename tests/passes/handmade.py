@@ -14,8 +14,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from fxckpt.passes import capture
-from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.capture.captured import capture
+from fxckpt.graphs import copy_graph_module
 from fxckpt.plan import PipelineView, Plan, SegmentSpec
 
 __all__ = ["Tiny", "segment", "plan", "traced"]

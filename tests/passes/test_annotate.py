@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from fxckpt.passes import META_KEY, annotate, capture
+from fxckpt.cost.annotate import META_KEY, annotate
+from fxckpt.capture.captured import capture
 from models import ResNet, gpt2
 
 
@@ -92,7 +93,7 @@ def test_cpu_attention_is_counted_as_two_batched_matmuls() -> None:
 
 
 def test_the_counter_counts_cpu_attention_backward_and_grouped_heads() -> None:
-    from fxckpt.passes.flops import counter
+    from fxckpt.cost.flops import counter
 
     q = torch.randn(2, 4, 16, 8, requires_grad=True)
     kv = torch.randn(2, 2, 16, 8, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Device profiles: plans priced for the GPU they will run on (fxckpt/passes/devices.py)."""
+"""Device profiles: plans priced for the GPU they will run on (fxckpt/cost/devices.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import torch
 
 import fxckpt
 from fxckpt.cli import main
-from fxckpt.passes import annotate, capture
-from fxckpt.passes.annotate import info
-from fxckpt.passes.actions import _within_the_forward
-from fxckpt.passes.devices import PROFILES, DeviceProfile, profile_for
-from fxckpt.passes.graph_view import problem_of
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.cost.annotate import info
+from fxckpt.planning.actions import _within_the_forward
+from fxckpt.cost.devices import PROFILES, DeviceProfile, profile_for
+from fxckpt.cost.graph_view import problem_of
 from fxckpt.solver import Op, Problem
 from models import MLP
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fxckpt.passes.exporter import _mend_guards, export_graph
+from fxckpt.capture.exporter import _mend_guards, export_graph
 
 
 def _guards(body: str) -> torch.fx.GraphModule:

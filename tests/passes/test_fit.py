@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fxckpt.budget import BudgetInfeasibleError
-from fxckpt.passes.fit import ATTEMPTS, fit
-from fxckpt.passes.strategies import Fitting
+from fxckpt.planning.fit import ATTEMPTS, fit
+from fxckpt.planning.strategies import Fitting
 from fxckpt.plan import Plan
 from fxckpt.verify import VerifyError
 from handmade import Tiny, plan, segment, traced

@@ -14,9 +14,10 @@ import torch.nn as nn
 from handmade import Tiny, plan, segment, traced
 
 from fxckpt.errors import PlanError
-from fxckpt.passes import META_KEY, annotate, lower
+from fxckpt.cost.annotate import META_KEY, annotate
+from fxckpt.passes.lower import lower
 from fxckpt.passes.flatten import flatten, graph_view, segment_call_name
-from fxckpt.passes.graphs import copy_graph_module
+from fxckpt.graphs import copy_graph_module
 from fxckpt.plan import PipelineView
 
 FC1 = segment("segment_0", ("fc1", "relu"), ("x",), ("relu",))

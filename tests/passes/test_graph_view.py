@@ -21,8 +21,9 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from fxckpt.passes import annotate, capture
-from fxckpt.passes.graph_view import (
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.cost.graph_view import (
     KEEP_COST,
     LOSS,
     SEGMENT_COST,
@@ -31,7 +32,7 @@ from fxckpt.passes.graph_view import (
     to_networkx,
     to_problem,
 )
-from fxckpt.passes.prices import CALL_PRICE, CPU_PRICES, DEFAULT_PRICE, RANDOM_PRICE
+from fxckpt.cost.prices import CALL_PRICE, CPU_PRICES, DEFAULT_PRICE, RANDOM_PRICE
 from fxckpt.solver import Op, Problem, simulate
 
 CALL = CALL_PRICE

@@ -1,4 +1,4 @@
-"""passes/graphs.py: the fx helpers every pass shares."""
+"""graphs.py: the fx helpers every pass shares."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from fxckpt.passes.graphs import compute_nodes, copy_nodes, is_guard, outermost, planned_nodes
+from fxckpt.graphs import compute_nodes, copy_nodes, is_guard, outermost, planned_nodes
 
 
 class Small(nn.Module):
@@ -42,7 +42,7 @@ def test_guards_are_computed_but_never_planned() -> None:
 
 
 def test_annotate_reexports_the_same_helpers() -> None:
-    annotate_module = importlib.import_module("fxckpt.passes.annotate")
+    annotate_module = importlib.import_module("fxckpt.cost.annotate")
     assert annotate_module.compute_nodes is compute_nodes
     assert annotate_module.planned_nodes is planned_nodes
     assert annotate_module.is_guard is is_guard

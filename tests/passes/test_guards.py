@@ -1,5 +1,5 @@
 """Guards: what a captured graph depends on is recorded at capture and checked every call
-(fxckpt/passes/guards.py), and a changed fact captures again (fxckpt/dispatch.py)."""
+(fxckpt/capture/guards.py), and a changed fact captures again (fxckpt/dispatch.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch.nn as nn
 import fxckpt
 from fxckpt.dispatch import RECAPTURE_WARNING
 from fxckpt.errors import CaptureError
-from fxckpt.passes.guards import build_guards
-from fxckpt.passes.reads import recording
+from fxckpt.capture.guards import build_guards
+from fxckpt.capture.reads import recording
 from patterns import Stack, Tempered
 from support import assert_steps_equal, loss_of, run_step
 

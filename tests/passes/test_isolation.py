@@ -1,5 +1,5 @@
 """Captures beside other threads: serialised, unseen by other threads, never rewinding their
-random numbers, and nothing left patched afterwards (fxckpt/passes/isolation.py)."""
+random numbers, and nothing left patched afterwards (fxckpt/capture/isolation.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_capture_is_invisible_to_a_thread_training_beside_it(capture: str) -> No
 
 
 def test_captures_run_one_at_a_time() -> None:
-    from fxckpt.passes import isolation
+    from fxckpt.capture import isolation
 
     inside: list[int] = []
     most = [0]
@@ -101,7 +101,7 @@ def test_captures_run_one_at_a_time() -> None:
 
     import importlib
 
-    capture_module = importlib.import_module("fxckpt.passes.capture")
+    capture_module = importlib.import_module("fxckpt.capture.captured")
 
     capture_module.isolated = counting  # type: ignore[attr-defined]
     stance = _stance()

@@ -18,7 +18,7 @@ from handmade import Tiny, plan, segment, traced
 from support import assert_steps_equal, run_step
 
 from fxckpt.errors import PlanError
-from fxckpt.passes import lower
+from fxckpt.passes.lower import lower
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
 from fxckpt.runtime.segment import SegmentModule

@@ -12,9 +12,12 @@ import torch.nn as nn
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
-from fxckpt.passes import annotate, capture, lower, select
-from fxckpt.passes.annotate import info
-from fxckpt.passes.partition import legal_cuts, node_costs, partition, split_stages, stage_order
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.passes.lower import lower
+from fxckpt.planning.select import select
+from fxckpt.cost.annotate import info
+from fxckpt.pipeline.partition import legal_cuts, node_costs, partition, split_stages, stage_order
 from fxckpt.plan import Plan
 from fxckpt.solver.stages import stage_costs
 from models import MLP, UNet

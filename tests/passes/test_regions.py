@@ -1,5 +1,5 @@
 """Grad-mode and autocast regions and random draws survive symbolic tracing
-(fxckpt/passes/regions.py)."""
+(fxckpt/capture/regions.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch.nn as nn
 
 import fxckpt
 from fxckpt.errors import CaptureError
-from fxckpt.passes.regions import is_region_marker, outline_regions
-from fxckpt.passes.tracer import FxckptTracer, to_graph_module
+from fxckpt.capture.regions import is_region_marker, outline_regions
+from fxckpt.capture.tracer import FxckptTracer, to_graph_module
 from support import assert_steps_equal, run_step
 
 HOP = torch.ops.higher_order

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxckpt
-from fxckpt.passes.simplify import simplify
+from fxckpt.capture.simplify import simplify
 from fxckpt.runtime.attention import attention
 from support import assert_steps_equal, run_step
 
@@ -245,7 +245,7 @@ def test_a_mask_drawn_at_random_is_not_built_at_capture() -> None:
 
 
 def test_the_mask_every_layer_shares_is_built_once_at_capture(monkeypatch) -> None:
-    from fxckpt.passes import eager_attention
+    from fxckpt.capture import eager_attention
 
     built = []
     evaluate = eager_attention._evaluate

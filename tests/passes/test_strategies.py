@@ -9,7 +9,9 @@ import torch.nn as nn
 import fxckpt
 from fxckpt.config import TransformConfig
 from fxckpt.errors import PlanError
-from fxckpt.passes import annotate, capture, select
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.planning.select import select
 from models import MLP, UNet
 from support import assert_steps_equal, run_step
 
@@ -121,7 +123,7 @@ def test_no_candidate_at_all_still_says_the_strategy_found_none() -> None:
 
 
 def test_a_byte_budget_the_unmodified_step_meets_is_met_without_a_search(monkeypatch) -> None:
-    import fxckpt.passes.strategies as strategies
+    import fxckpt.planning.strategies as strategies
 
     def no_search(*args: object, **kwargs: object) -> None:
         raise AssertionError("searched for a plan although the unmodified step fits")

@@ -11,7 +11,7 @@ import torch
 import fxckpt
 from fxckpt.module import dispatcher_of
 from fxckpt.measure import LiveTensorTracker
-from fxckpt.passes import rates
+from fxckpt.cost import rates
 from fxckpt.runtime.offload import HostPool, Offloader
 from models import MLP, ResNet
 from support import assert_steps_equal, loss_of, run_step

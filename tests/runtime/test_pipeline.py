@@ -20,8 +20,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
-from fxckpt.passes import annotate, capture, lower, select
-from fxckpt.pipeline_build import PipelinedModule, build_pipeline
+from fxckpt.cost.annotate import annotate
+from fxckpt.capture.captured import capture
+from fxckpt.passes.lower import lower
+from fxckpt.planning.select import select
+from fxckpt.pipeline.build import PipelinedModule, build_pipeline
 from fxckpt.runtime.pipeline import Pipeline
 from fxckpt.runtime.schedule import bubble_fraction, clock_cycles
 from models import MLP, KwargsDict, ResNet, UNet, gpt2

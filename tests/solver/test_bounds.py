@@ -18,7 +18,7 @@ from solver_oracle import Scored, all_plans, exhaustive, random_chain, random_da
     transformer_like
 
 import fxckpt
-from fxckpt.bench.solver_graphs import unrolled_cell
+from benchmarks.solver_graphs import unrolled_cell
 from fxckpt.solver import Bound, Problem, min_feasible_peak, peak_bytes, simulate, solve
 from fxckpt.solver.bounds import LIMITS, Limits
 from fxckpt.solver.moves import Space

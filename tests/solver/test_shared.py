@@ -112,7 +112,7 @@ def test_from_ALONE_FROM_ops_the_planner_solves_per_block_only(monkeypatch: pyte
                                                                 ) -> None:
     """The full search takes seconds from a few hundred ops on; with repeated blocks the planner
     then uses the per-block plan alone. Below that it runs both and keeps the cheaper."""
-    import fxckpt.passes.strategies as strategies
+    import fxckpt.planning.strategies as strategies
     from fxckpt.solver.shared import ALONE_FROM
 
     calls: list[int] = []
@@ -162,7 +162,7 @@ def test_where_no_per_block_plan_fits_the_full_search_is_tried_below_SHARED_FROM
     """Near the smallest peak the full search finds plans the per-block solve cannot (here it
     also puts block boundaries and the head in segments): a 312-op stack solved per block alone
     must not call a budget infeasible that the full search meets."""
-    import fxckpt.passes.strategies as strategies
+    import fxckpt.planning.strategies as strategies
     from fxckpt.solver import min_feasible_peak
     from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM
 

@@ -1,0 +1,175 @@
+"""Predicted GPU step times, planned on the CPU: fxckpt against hand-placed checkpointing.
+
+    python -m benchmarks.predict [--profile h100] [--layers 32] [--out docs]
+
+Llama-3-8B (hidden 4096, 32 layers, 32 heads and 8 key/value heads, intermediate 14336, vocab
+128256), sequence 4096, batch 1, bf16, built on the ``meta`` device: nothing is allocated and
+every number is deterministic. Each method is an fxckpt plan of the same captured graph,
+verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.devices`):
+
+* *unmodified*: no segment;
+* *per-block*: each decoder layer one segment (``depth=3``), as ``torch.utils.checkpoint``
+  around every layer;
+* *op policy*: each layer a segment keeping every linear and attention matmul output
+  (torchtitan's selective activation checkpointing policy; on the meta device attention runs as
+  its math, two batched matmuls around a softmax);
+* *Megatron selective*: each layer a segment keeping every linear output, recomputing the
+  attention core and the pointwise ops;
+* *fxckpt 0.5*: the solver at half the unmodified peak; *fxckpt @peer*: the solver at each
+  peer's peak.
+
+The predicted step is the forward, the backward (twice the forward: two matmuls per matmul),
+the recompute the plan states, and the profile's overheads per segment and kept node. These are
+predictions from a cost model, not measurements: ``docs/gpu.md`` keeps them apart from what
+``scripts/gpu_check.sh`` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+__all__ = ["LLAMA3_8B", "Predicted", "predict", "render", "main"]
+
+LLAMA3_8B: dict[str, Any] = {
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicted:
+    method: str
+    peak_bytes: int
+    step_seconds: float
+    recompute_share: float
+    segments: int
+    kept: int
+
+
+def _model(layers: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    options: dict[str, Any] = dict(LLAMA3_8B, num_hidden_layers=layers, use_cache=False,
+                                   tie_word_embeddings=False, attn_implementation="sdpa")
+    cfg = LlamaConfig(**options)
+    with torch.device("meta"):
+        model: torch.nn.Module = LlamaForCausalLM(cfg)
+        return model.to(torch.bfloat16).train()
+
+
+def predict(profile_name: str = "h100", layers: int = 32,
+            seq: int = 4096) -> tuple[list[Predicted], dict[str, Any]]:
+    """Every method's predicted peak and step time (see the module docstring)."""
+    import fxckpt
+    from fxckpt.module import dispatcher_of
+    from fxckpt.cost.annotate import has_info, info
+    from fxckpt.cost.devices import PROFILES
+    from fxckpt.cost.graph_view import problem_of
+
+    profile = PROFILES[profile_name]
+    assert profile is not None, "a GPU profile"
+    model = _model(layers)
+    ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+    start = time.perf_counter()
+
+    def plan(**options: Any) -> Any:
+        try:
+            tm = fxckpt.transform(model, example_inputs=(ids,), device_profile=profile_name,
+                                  verify=True, **options)
+        except fxckpt.BudgetInfeasibleError as e:  # a small config: its smallest feasible peak
+            tm = fxckpt.transform(model, example_inputs=(ids,), device_profile=profile_name,
+                                  verify=True, **dict(options, budget=e.min_budget))
+        return dispatcher_of(tm).last
+
+    base = plan()
+    gm = base.gm
+    forward = sum(op.cost for op in problem_of(gm, profile).ops) / profile.unit
+    # Linear layers run as aten.mm in the captured graph; attention as a fused kernel, or on the
+    # meta device as its math (bmm, softmax, bmm): the op policy keeps those matmuls too.
+    attention = sorted({c.rsplit(".", 1)[0] for n in gm.graph.nodes if has_info(n)
+                        for c in info(n).calls if "scaled_dot_product" in c or ".bmm." in c})
+    linear = {"op:aten.mm": "save"}
+    methods: dict[str, dict[str, Any]] = {
+        "per-block": {"depth": 3},
+        "op policy": {"depth": 3, "force": dict(linear, **{f"op:{a}": "save" for a in attention})},
+        "Megatron selective": {"depth": 3, "force": linear},
+        "fxckpt 0.5": {"budget": 0.5},
+    }
+    rows = [_row("unmodified", base.plan, forward, profile)]
+    for name, options in methods.items():
+        rows.append(_row(name, plan(**options).plan, forward, profile))
+    for peer in [r for r in rows if r.method in ("per-block", "op policy", "Megatron selective")]:
+        rows.append(_row(f"fxckpt @{peer.method}", plan(budget=peer.peak_bytes).plan, forward,
+                         profile))
+    facts = {"profile": profile_name, "layers": layers, "seq": seq,
+             "forward_seconds": forward, "seconds": time.perf_counter() - start,
+             "attention_ops": attention}
+    return rows, facts
+
+
+def _row(method: str, plan: Any, forward: float, profile: Any) -> Predicted:
+    kept = sum(len(s.keeps) for s in plan.segments)
+    step = forward * (3 + plan.recompute_share) + len(plan.segments) * profile.segment \
+        + kept * profile.keep
+    peak = plan.peak_bytes if plan.segments else (plan.eager_peak_bytes or plan.peak_bytes)
+    return Predicted(method, int(peak), step, plan.recompute_share, len(plan.segments), kept)
+
+
+def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
+    base = rows[0]
+    lines = [
+        f"### Predicted on an {facts['profile'].upper()} (planned on the CPU, not measured)",
+        "",
+        f"*Generated by `python -m benchmarks.predict --profile {facts['profile']}` "
+        f"in {facts['seconds']:.0f} s.* Llama-3-8B ({facts['layers']} layers), sequence "
+        f"{facts['seq']}, batch 1, bf16, on the meta device; every plan verified on fake "
+        f"tensors and priced with the `{facts['profile']}` profile. The forward alone is "
+        f"predicted at {facts['forward_seconds'] * 1e3:.0f} ms; a step is the forward, twice "
+        "that for the backward, the plan's recompute and its overheads.",
+        "",
+        "| method | segments | kept outputs | peak | recompute | predicted step | vs unmodified |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.method} | {r.segments} | {r.kept} | {r.peak_bytes / 2**30:.1f} GiB "
+            f"({r.peak_bytes / base.peak_bytes:.2f}) | {r.recompute_share:.0%} | "
+            f"{r.step_seconds * 1e3:.0f} ms | {r.step_seconds / base.step_seconds:.3f}x |")
+    by = {r.method: r for r in rows}
+    lines += ["", "At each peer's peak, fxckpt's predicted step against the peer's:", ""]
+    for peer in ("per-block", "op policy", "Megatron selective"):
+        ours = by.get(f"fxckpt @{peer}")
+        if ours is not None:
+            lines.append(f"- {peer}: {ours.step_seconds / by[peer].step_seconds:.3f}x the time "
+                         f"at {ours.peak_bytes / by[peer].peak_bytes:.3f}x the memory")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.predict",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default="h100", choices=("h100", "h200", "a100"))
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--out", type=Path, default=None,
+                   help="write predictions_<profile>.md there (default: print only)")
+    args = p.parse_args(argv)
+    rows, facts = predict(args.profile, args.layers, args.seq)
+    text = render(rows, facts)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"predictions_{args.profile}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""Capture with ``torch.export`` (non-strict training IR): dynamic shapes and opaque modules.
+
+``symbolic_trace`` cannot follow data-dependent Python or most Hugging Face models; export can.
+Two additions make its graph fit fxckpt:
+
+* **Dynamic shapes.** Tensor dimensions are exported as ``Dim.AUTO`` (for images, only the batch),
+  so export keeps the batch and sequence dimensions symbolic where the model allows and
+  specialises the rest. One
+  capture then serves every batch size and sequence length (dynamic padding costs no capture).
+  :class:`ShapeRule` records which dimensions stayed fixed and the range of the others, so a
+  call outside them captures again instead of failing a guard. If export refuses dynamic
+  shapes, the graph is exported for the example's shapes.
+* **Opaque modules.** Export inlines custom ``torch.autograd.Function``s (their backward is lost)
+  and bakes forward hooks into the graph. The modules that call such Functions, and modules
+  with hooks, are exported with ``preserve_module_call_signature`` and swapped back in as
+  ``call_module`` nodes, so the real module runs: custom backward, hooks and all.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import dis
+import logging
+import os
+import sys
+import threading
+import warnings
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+import torch.utils.checkpoint
+from torch.overrides import TorchFunctionMode
+
+from fxckpt.errors import CaptureError
+from fxckpt.capture.isolation import on_thread
+from fxckpt.capture.simplify import simplify
+from fxckpt.signature import Binder, Shapes
+
+__all__ = ["ShapeRule", "Exported", "export_graph"]
+
+log = logging.getLogger(__name__)
+_function_cls = torch.autograd.function.Function
+_REENTRANT = torch.utils.checkpoint.CheckpointFunction
+"""``checkpoint(..., use_reentrant=True)``: export would inline it and lose its backward."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeRule:
+    """Which tensor shapes an exported graph accepts: fixed sizes, or a range per dimension."""
+
+    dims: tuple[tuple[tuple[int, Optional[int]], ...], ...]
+    """Per tensor input, per dimension, ``(low, high)``; ``high`` ``None`` means unbounded."""
+
+    def accepts(self, shapes: Shapes) -> bool:
+        if len(shapes) != len(self.dims):
+            return False
+        for shape, dims in zip(shapes, self.dims):
+            if len(shape) != len(dims):
+                return False
+            for size, (low, high) in zip(shape, dims):
+                if size < low or (high is not None and size > high):
+                    return False
+        return True
+
+    @property
+    def dynamic(self) -> bool:
+        return any(low != high for dims in self.dims for low, high in dims)
+
+
+@dataclasses.dataclass
+class Exported:
+    gm: torch.fx.GraphModule
+    shapes: ShapeRule
+    opaque: tuple[str, ...]
+    """Module paths called as they are (``call_module`` nodes), not traced through."""
+
+
+def export_graph(
+    model: torch.nn.Module, args: tuple, kwargs: dict, opaque: Sequence[str]
+) -> Exported:
+    """Export ``model`` for calls like these, dynamic where possible, ``opaque`` modules kept."""
+    opaque = tuple(opaque)
+    with _recording(model) as calls, _GradUnderAutocast() as nested:
+        ep = _export_program(model, args, kwargs, opaque)
+    if nested.left is not None:
+        raise CaptureError(
+            f"{type(model).__name__}.forward turns gradients {'on' if nested.left else 'off'} "
+            "(torch.set_grad_enabled) and leaves them so when it returns; use `with "
+            "torch.no_grad():` around the part that needs it"
+        )
+    if nested.seen:
+        raise CaptureError(
+            f"{type(model).__name__}.forward changes grad mode inside a torch.autocast block "
+            f"({nested.seen[0]}), and torch.export's graph loses such a grad-mode region (a "
+            "limitation of torch.export: the block would compute gradients). Capture with "
+            "symbolic_trace (capture='auto' tries it first), or put the no_grad block around "
+            "the autocast block instead of inside it"
+        )
+    callers = _function_callers(model, calls, opaque)
+    if callers:  # export again, calling those modules as they are
+        log.info(
+            "keeping modules that call custom autograd Functions opaque: %s", ", ".join(callers)
+        )
+        opaque = opaque + callers
+        ep = _export_program(model, args, kwargs, opaque)
+    rule = _shape_rule(ep)
+    gm = _swapped(model, ep, opaque, calls) if opaque else ep.module()
+    _mend_guards(gm)
+    done = simplify(gm)
+    log.debug("simplified the exported graph: %s", done)
+    return Exported(gm, rule, opaque)
+
+
+def _mend_guards(gm: torch.fx.GraphModule) -> None:
+    """Silence export's input guards where torch wrote code that cannot run.
+
+    torch 2.11 writes a float argument's guard with a bare ``nan`` or ``inf`` name
+    (``args[1] == nan``), which raises ``NameError`` at every call, even the one exported for.
+    Such a guard function is replaced by a no-op: fxckpt's own call key already matches constant
+    arguments by their bits, and its shape rule the dimensions. torch 2.13 writes them soundly.
+    """
+    guards = getattr(gm, "_guards_fn", None)
+    code = _generated(getattr(guards, "forward", None))
+    if code is None:
+        return
+    known = set(code.__globals__) | set(vars(builtins))
+    read = {i.argval for i in dis.get_instructions(code)
+            if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    missing = sorted(read - known)
+    if missing:
+        log.info("torch.export's input guards read undefined names %s; fxckpt's call key checks "
+                 "those arguments instead", missing)
+        guards.forward = _no_guards  # type: ignore[union-attr]
+
+
+def _no_guards(*_: Any) -> None:
+    return None
+
+
+def _generated(fn: Any, depth: int = 0) -> Any:
+    """The function torch.export generated for its guards (named ``_``), under its wrappers."""
+    if getattr(fn, "__code__", None) is not None and fn.__code__.co_name == "_":
+        return fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(value) and depth < 4:
+            found = _generated(value, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _swapped(model: torch.nn.Module, ep: torch.export.ExportedProgram, opaque: tuple[str, ...],
+             calls: list[tuple[type, str]]) -> torch.fx.GraphModule:
+    """``ep``'s module with the ``opaque`` modules swapped back in as ``call_module`` nodes."""
+    from torch.export._swap import _swap_modules
+
+    try:
+        with warnings.catch_warnings():  # torch's swap adds its pytree specs right after warning
+            warnings.filterwarnings("ignore", message="Attempted to insert a get_attr Node")
+            return _swap_modules(ep, {p: model.get_submodule(p) for p in opaque})
+    except Exception as e:
+        functions = sorted({f"{cls.__qualname__} (in {path})" for cls, path in calls})
+        raise CaptureError(
+            f"fxckpt must call these modules of {type(model).__name__} as they are, but "
+            f"torch.export could not swap them back into its graph: {', '.join(opaque)} "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}). They call custom "
+            f"autograd Functions ({', '.join(functions) or 'none'}) or have hooks; traced "
+            "through, a Function's backward would be replaced by autograd of its forward, and "
+            "hooks would not fire. Fix: make the model traceable by torch.fx.symbolic_trace, "
+            "which keeps Function calls and hooked modules opaque without swapping (torch.export "
+            "fails to swap modules that create tensor constants)"
+        ) from e
+
+
+def _function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],
+                      opaque: tuple[str, ...]) -> tuple[str, ...]:
+    """The innermost modules of custom autograd Function calls that are not opaque yet."""
+    at_root = sorted({cls.__qualname__ for cls, path in calls if path == ""})
+    reentrant = sorted({path or "<root>" for cls, path in calls if cls is _REENTRANT})
+    if reentrant:
+        raise CaptureError(
+            f"{type(model).__name__} calls torch.utils.checkpoint.checkpoint(..., "
+            f"use_reentrant=True) (in {', '.join(reentrant)}), which torch.export cannot keep "
+            "exact: it would inline the call and lose its backward. fxckpt chooses what to "
+            "recompute itself: drop the call, pass use_reentrant=False (which export keeps "
+            "exact), or capture with symbolic_trace (capture='auto' tries it first)"
+        )
+    if at_root:
+        raise CaptureError(
+            f"{type(model).__name__}.forward calls the custom autograd Function(s) "
+            f"{', '.join(at_root)} directly, and torch.export replaces a Function's backward with "
+            "autograd of its forward. fxckpt keeps such calls exact by calling the module that "
+            "makes them as it is: move the call into a submodule (an nn.Module whose forward "
+            "calls Fn.apply), or make the model traceable by torch.fx.symbolic_trace, which keeps "
+            "Function calls opaque"
+        )
+    inside = [p for _, p in calls if not any(p == o or p.startswith(o + ".") for o in opaque)]
+    return tuple(dict.fromkeys(inside))
+
+
+class _GradUnderAutocast(TorchFunctionMode):
+    """Notes the grad-mode changes the model's own code makes while it is exported: those inside
+    an autocast block it entered (:attr:`seen`), and whether it leaves the mode changed
+    (:attr:`left`: the mode it left, or ``None``). torch.export restores the mode itself, so
+    only the model's calls count: those whose first caller outside torch is not fxckpt."""
+
+    def __enter__(self) -> "_GradUnderAutocast":
+        self.seen: list[str] = []
+        self.autocast = _autocast_state()
+        self.grad = torch.is_grad_enabled()
+        self.last: Optional[bool] = None
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: Optional[dict] = None) -> Any:
+        if func is torch._C._set_grad_enabled and _called_by_model():
+            self.last = bool(args[0])
+            if _autocast_state() != self.autocast:
+                self.seen.append(f"torch.set_grad_enabled({args[0]}) under autocast")
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def left(self) -> Optional[bool]:
+        return self.last if self.last is not None and self.last != self.grad else None
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_STDLIB_DIR = os.path.dirname(contextlib.__file__)
+_FXCKPT_DIR = os.path.dirname(os.path.dirname(__file__))
+
+
+def _library(path: str) -> bool:
+    """torch's code or Python's standard library (skipped to find whose code made a call)."""
+    return path.startswith(_TORCH_DIR) or (
+        path.startswith(_STDLIB_DIR) and "site-packages" not in path)
+
+
+def _called_by_model() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None and _library(frame.f_code.co_filename):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame is not None and not frame.f_code.co_filename.startswith(_FXCKPT_DIR)
+
+
+def _autocast_state() -> tuple:
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                 for d in ("cpu", "cuda"))
+
+
+@contextlib.contextmanager
+def _recording(model: torch.nn.Module) -> Iterator[list[tuple[type, str]]]:
+    """Record ``(Function class, innermost module path)`` for each Function.apply call."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    stack: list[str] = []
+    calls: list[tuple[type, str]] = []
+    original = _function_cls.__dict__["apply"]
+
+    def pre(module: torch.nn.Module, _args: Any) -> None:
+        stack.append(paths.get(id(module), stack[-1] if stack else ""))
+
+    def post(module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if stack:
+            stack.pop()
+
+    def apply(cls: type, *a: Any, **k: Any) -> Any:
+        if cls.__module__.split(".")[0] != "torch" or cls is _REENTRANT:
+            calls.append((cls, stack[-1] if stack else ""))
+        return original.__func__(cls, *a, **k)
+
+    def nothing(*_: Any) -> None:
+        return None
+
+    thread = threading.get_ident()  # global hooks fire for every thread's modules: note ours
+    handles = [
+        torch.nn.modules.module.register_module_forward_pre_hook(on_thread(pre, nothing, thread)),
+        torch.nn.modules.module.register_module_forward_hook(on_thread(post, nothing, thread),
+                                                             always_call=True)]
+    mine = on_thread(apply, original.__func__, thread)
+    _function_cls.apply = classmethod(mine)  # type: ignore[method-assign, assignment]
+    try:
+        yield calls
+    finally:
+        _function_cls.apply = original  # type: ignore[method-assign]
+        for h in handles:
+            h.remove()
+
+
+def _export_program(model: torch.nn.Module, args: tuple, kwargs: dict,
+                    opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
+    """Export with every dimension dynamic where the model allows; for these shapes if it refuses.
+
+    A model on the meta device is exported for these shapes only: it is planned, never trained
+    (``to_empty()`` replaces its tensors, and the capture with them), and symbolic sizes cost a
+    third of the capture (a 70B Llama: 28 s against 17 s on this machine).
+    """
+    if _on_meta(model, args, kwargs):
+        return _export(model, args, kwargs, opaque)
+    return _export_dynamic(model, args, kwargs, opaque)
+
+
+def _on_meta(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    first = next(iter(model.parameters()), None)
+    return bool(tensors) and all(t.is_meta for t in tensors) and (first is None or first.is_meta)
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict, opaque: tuple[str, ...],
+            shapes: Optional[dict[str, Any]] = None) -> torch.export.ExportedProgram:
+    """``torch.export``: with these dynamic dimensions, or for these shapes only."""
+    return torch.export.export(model, tuple(args), dict(kwargs), strict=False,
+                               dynamic_shapes=shapes, preserve_module_call_signature=opaque)
+
+
+def _export_dynamic(model: torch.nn.Module, args: tuple, kwargs: dict,
+                    opaque: tuple[str, ...]) -> torch.export.ExportedProgram:
+    try:
+        return _export(model, args, kwargs, opaque, _dynamic_shapes(model, args, kwargs))
+    except Exception as e:  # export refused symbolic sizes somewhere: specialise to these shapes
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        log.info(
+            "torch.export with dynamic shapes failed (%s); exporting for these shapes only", first
+        )
+        return _export(model, args, kwargs, opaque)
+
+
+def _dynamic_shapes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``{parameter name: {dim: Dim.AUTO}}`` for the call's tensors, ``None`` elsewhere.
+
+    Every dimension is dynamic, except the spatial ones of images (rank >= 4: batch, channels,
+    height, width, ...): training crops to one size, and symbolic image sizes make export slow
+    (Swin: 98 s against 2.5 s with only the batch dynamic). A new image size captures again.
+    """
+    auto = torch.export.Dim.AUTO
+    binder = Binder(model.forward)
+    bound = binder.bind(args, kwargs)
+    passed = set(binder.names[: len(args)]) | set(kwargs)
+
+    def dims(t: torch.Tensor) -> dict[int, Any]:
+        return {0: auto} if t.dim() >= 4 else {i: auto for i in range(t.dim())}
+
+    def spec(value: Any) -> Any:
+        return pytree.tree_map(lambda t: dims(t) if isinstance(t, torch.Tensor) else None, value)
+
+    return {name: spec(value) for name, value in bound.items() if name in passed}
+
+
+def _finite(bound: Any) -> Optional[int]:
+    """A range bound as an int, or ``None`` for infinity (``int_oo``)."""
+    try:
+        value = int(bound)
+    except Exception:  # sympy's infinities raise assorted errors on int()
+        return None
+    return value if abs(value) < 2**62 else None
+
+
+def _shape_rule(ep: torch.export.ExportedProgram) -> ShapeRule:
+    """Per user tensor input: fixed sizes as ``(n, n)``, symbolic ones as their value range."""
+    inputs = set(ep.graph_signature.user_inputs)
+    ranges = {str(k): v for k, v in ep.range_constraints.items()}
+    dims = []
+    for node in ep.graph.nodes:
+        value = node.meta.get("val")
+        if (
+            node.op != "placeholder"
+            or node.name not in inputs
+            or not isinstance(value, torch.Tensor)
+        ):
+            continue
+        per_dim = []
+        for size in value.shape:
+            if isinstance(size, int):
+                per_dim.append((size, size))
+                continue
+            r = ranges.get(str(size.node.expr))
+            if r is None:  # an expression of other sizes: accept only the example's value
+                hint = int(size.node.hint) if size.node.hint is not None else 0
+                per_dim.append((hint, hint))
+                continue
+            per_dim.append((int(r.lower), _finite(r.upper)))
+        dims.append(tuple(per_dim))
+    return ShapeRule(tuple(dims))

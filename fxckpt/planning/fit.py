@@ -1,0 +1,202 @@
+"""Fit: select and lower a plan, verify its peak by running it, and tighten until it holds.
+
+    annotated gm --select--> Plan --lower (a copy)--> rewritten gm --verify--> verified peak
+         ^                                                                        |
+         +------------- over the budget: solve again, the overshoot taken off ----+
+         +------------- well under it: solve again, the over-prediction given back +
+
+The simulator plans; execution on fake tensors (:mod:`fxckpt.verify`) checks. A budget is a
+promise about what the step holds, so a budget plan whose verified peak is over the budget is
+solved again with the solver's target lowered by the overshoot, a few times; then the plan with
+the smallest simulated peak is tried, and when even that one's verified peak is over, the budget
+is refused with :class:`~fxckpt.budget.BudgetInfeasibleError` whose ``min_budget`` is that
+verified figure (a budget of ``min_budget`` then fits).
+
+The simulator errs the other way too: it sets aside the largest gradient for backward
+temporaries wherever the peak falls, and a plan whose peak sits where those are small holds less
+than predicted (a Llama-style model at 9.4 MiB: predicted 9.4, verified 8.4, the 1 MiB logits
+gradient set aside in the middle of backward). Memory the budget allows and the plan leaves
+unused is recompute paid for nothing, so a fitting plan whose prediction exceeds its verified
+peak by more than :data:`LOOSEN_FROM` of the budget is solved once more with the target raised
+by that gap, and the new plan is taken when its verified peak fits and it recomputes less. Only
+with the user's ``loss_fn``: the stand-in loss holds less than cross-entropy does (about 1.5x
+the logits on that Llama at most budgets), and the slack the first plan leaves is what covers
+it; a plan fitted to the stand-in's figure measured up to 8% over the budget.
+
+A fraction resolves against the verified peak of the unmodified step, so ``budget=0.3`` means
+0.3 of what the step really holds. Plans without a budget are verified when asked
+(``verify=True``) and only reported. When the step cannot run on fake tensors (a custom
+``autograd.Function`` that reads values, say), the plan keeps its simulated figures and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Optional
+
+import torch.fx
+
+from fxckpt.budget import BudgetInfeasibleError
+from fxckpt.graphs import copy_graph_module
+from fxckpt.passes.lower import lower
+from fxckpt.planning.strategies import Fitting
+from fxckpt.plan import Plan, format_bytes
+from fxckpt.verify import VerifyError
+
+__all__ = ["fit", "ATTEMPTS", "LOOSEN_FROM"]
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 4
+"""Solves (the first included) before the smallest plan is tried."""
+LOOSEN_FROM = 0.02
+"""Over-prediction (share of the budget) worth solving again for."""
+
+Choose = Callable[[Fitting], Plan]
+"""``select`` on the annotated graph with a given :class:`Fitting`."""
+Verify = Callable[[torch.fx.GraphModule], int]
+"""The verified peak of one training step of a graph module (raises ``VerifyError``)."""
+
+
+def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
+        solved: bool = True, loosen: bool = False,
+        eager: Optional[int] = None) -> tuple[Plan, torch.fx.GraphModule]:
+    """The plan for the annotated ``base`` and the rewritten graph that runs it.
+
+    ``base`` is left unlowered when ``verify`` is given (each attempt lowers a copy). Only a
+    ``solved`` plan (``budget=``) is tightened; others (``every=``, a replayed plan) are verified
+    and reported as they are. ``loosen``: a fitting plan verified well under its prediction is
+    solved again (only when ``verify`` runs the user's own loss: see the module docstring).
+    ``eager``: ``verify(base)``, when the caller measured it already.
+    """
+    if verify is None:
+        plan = choose(Fitting())
+        return plan, lower(base, plan)
+    try:
+        if eager is None:
+            eager = verify(base)
+        if not solved:
+            plan = choose(Fitting())
+            return _verified(base, plan, verify, eager)
+        return _tightened(base, choose, verify, eager, loosen)
+    except VerifyError as e:
+        log.warning("fxckpt: %s", e)
+        plan = choose(Fitting())
+        return _note(plan, f"the peak is simulated, not verified: {e}"), lower(base, plan)
+
+
+def _tightened(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
+               eager: int, loosen: bool) -> tuple[Plan, torch.fx.GraphModule]:
+    fitting = Fitting(eager_bytes=eager)
+    for attempt in range(ATTEMPTS):
+        try:
+            plan, gm = _verified(base, choose(fitting), verify, eager)
+        except BudgetInfeasibleError:
+            break  # the solver has nothing smaller: try the smallest plan
+        budget = plan.budget
+        assert plan.verified_peak is not None
+        if budget is None or plan.verified_peak <= budget:
+            fitted = _tighten_note(plan, attempt, fitting.tighten)
+            if loosen and budget is not None:
+                return _loosened(base, choose, verify, eager, fitting, fitted, gm)
+            return fitted, gm
+        log.info("fxckpt: plan verified at %s, over the budget %s; solving again",
+                 format_bytes(plan.verified_peak), format_bytes(budget))
+        fitting = dataclasses.replace(fitting, tighten=_next_tighten(plan, fitting, attempt))
+    return _smallest(base, choose, verify, fitting)
+
+
+def _next_tighten(plan: Plan, fitting: Fitting, attempt: int) -> int:
+    """How much further below the budget the solver aims next.
+
+    Two guesses, the larger wins: this plan's own gap (what its verified peak held beyond its
+    predicted one, less what the calibration already set aside), which fits when the next plan's
+    gap is alike; and the overshoot, at least 1% of the budget, doubled at every attempt, since
+    the verified peak may sit where the simulator's does not, where a small step changes nothing.
+    """
+    assert plan.budget is not None and plan.verified_peak is not None
+    assert plan.predicted_peak is not None and plan.eager_peak is not None
+    own_gap = plan.verified_peak - plan.predicted_peak - fitting.set_aside(plan.eager_peak)
+    step = max(plan.verified_peak - plan.budget, plan.budget // 100) << attempt
+    return max(fitting.tighten + step, own_gap)
+
+
+def _loosened(base: torch.fx.GraphModule, choose: Choose, verify: Verify, eager: int,
+              fitting: Fitting, plan: Plan,
+              gm: torch.fx.GraphModule) -> tuple[Plan, torch.fx.GraphModule]:
+    """``plan`` (which fits), or a plan solved with the target raised by what ``plan``'s
+    prediction exceeded its verified peak, when that one fits too and recomputes less."""
+    assert plan.budget is not None and plan.verified_peak is not None
+    assert plan.predicted_peak is not None and plan.eager_peak is not None
+    raise_by = plan.predicted_peak + fitting.set_aside(plan.eager_peak) - plan.verified_peak
+    if raise_by <= plan.budget * LOOSEN_FROM:
+        return plan, gm
+    looser, looser_gm = _verified(base, choose(
+        dataclasses.replace(fitting, tighten=fitting.tighten - raise_by)), verify, eager)
+    assert looser.verified_peak is not None
+    if looser.verified_peak > plan.budget or not _recomputes_less(looser, plan):
+        return plan, gm  # the gap was where this plan peaks only
+    note = (f"verification found the first plan {format_bytes(raise_by)} under its prediction; "
+            f"solved again with the target raised by that")
+    log.info("fxckpt: %s", note)
+    return _note(looser, note), looser_gm
+
+
+def _recomputes_less(plan: Plan, than: Plan) -> bool:
+    return (plan.recompute_share or 0.0) < (than.recompute_share or 0.0)
+
+
+def _smallest(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
+              fitting: Fitting) -> tuple[Plan, torch.fx.GraphModule]:
+    """The smallest-peak plan when it fits the budget; else one segment per repeated block when
+    that fits (the simulator picks the first, and may be wrong where it peaks: a loss it assumed
+    smaller than it is); else the budget is refused with the smaller of their verified peaks."""
+    assert fitting.eager_bytes is not None
+    least = dataclasses.replace(fitting, minimum=True)
+    plan, gm = _verified(base, choose(least), verify, fitting.eager_bytes)
+    assert plan.budget is not None and plan.verified_peak is not None
+    if plan.verified_peak > plan.budget:
+        blocks = choose(dataclasses.replace(least, per_block=True))
+        if blocks.segments and _nodes(blocks) != _nodes(plan):
+            plan, gm = min([(plan, gm), _verified(base, blocks, verify, fitting.eager_bytes)],
+                           key=lambda p: p[0].verified_peak or 0)
+    assert plan.budget is not None and plan.verified_peak is not None
+    if plan.verified_peak <= plan.budget:
+        return _note(plan, "tightened to the plan with the smallest peak to fit the budget"), gm
+    eager, least_peak = fitting.eager_bytes, plan.verified_peak
+    raise BudgetInfeasibleError(
+        plan.budget,
+        least_peak,
+        f"budget {format_bytes(plan.budget)} ({plan.budget} bytes) cannot be met: the smallest "
+        f"peak activation memory any plan reaches for this model and input is "
+        f"{format_bytes(least_peak)} ({least_peak} bytes, verified by running the plan on fake "
+        f"tensors; {least_peak / eager:.3f} of the unmodified step's {format_bytes(eager)}). "
+        f"Give budget >= {least_peak} (bytes; a fraction >= {least_peak / eager:.3f}), or, for a "
+        "budget in bytes, a smaller batch (a fraction of a smaller step is harder to meet: "
+        "weight gradients and the loss do not shrink with it)",
+    )
+
+
+def _nodes(plan: Plan) -> list[tuple[str, ...]]:
+    return [seg.nodes for seg in plan.segments]
+
+
+def _verified(base: torch.fx.GraphModule, plan: Plan, verify: Verify,
+              eager: int) -> tuple[Plan, torch.fx.GraphModule]:
+    gm = lower(copy_graph_module(base), plan)
+    # With no segment the lowered graph runs base's ops in base's order (lowering only moves
+    # placeholders first and drops unused get_attr nodes): its peak is the eager one.
+    peak = verify(gm) if plan.segments else eager
+    return dataclasses.replace(plan, verified_peak=peak, verified_eager_peak=eager), gm
+
+
+def _tighten_note(plan: Plan, attempt: int, tighten: int) -> Plan:
+    if attempt == 0:
+        return plan
+    return _note(plan, f"verification found the first plan over the budget; solved again "
+                       f"{attempt} time(s) with the target lowered by {format_bytes(tighten)}")
+
+
+def _note(plan: Plan, note: str) -> Plan:
+    return dataclasses.replace(plan, notes=(*plan.notes, note))

@@ -1,0 +1,215 @@
+"""Select: run the strategy's pass, apply the rules every segment obeys, and build the Plan.
+
+    annotated gm --graph_view--> Problem --strategy pass--> runs --cleanup--> segments --> Plan
+                                                                  (force, in-place, hooks)
+
+A segment is a contiguous run of compute nodes in topological order. The Plan records, for each,
+what it keeps (its inputs), what it frees, its recompute FLOPs and why it exists, and for the
+whole plan the simulator's predicted peak and recompute cost (:mod:`fxckpt.cost.prediction`),
+so every strategy reports comparable numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Mapping, Optional, Sequence
+
+import torch.fx
+
+from fxckpt.config import TransformConfig
+from fxckpt.planning.actions import choose_actions
+from fxckpt.cost.annotate import has_info, info
+from fxckpt.planning.cleanup import force_notes, pinned, without_hooked
+from fxckpt.cost.devices import profile_for
+from fxckpt.cost.graph_view import problem_of
+from fxckpt.planning.anchors import anchors_of
+from fxckpt.planning.keeps import Groups, choices, module_pins
+from fxckpt.graphs import outermost, planned_nodes
+from fxckpt.cost.prediction import predict
+from fxckpt.cost.rates import device_of, offload_cost_per_byte
+from fxckpt.cost.runs import Run, kept_names, recomputed
+from fxckpt.planning.strategies import Fitting, choose
+from fxckpt.plan import Plan, SegmentSpec
+from fxckpt.solver import Problem
+from fxckpt.strategy import Replay
+
+__all__ = ["select"]
+
+log = logging.getLogger(__name__)
+
+
+def select(
+    gm: torch.fx.GraphModule,
+    config: TransformConfig,
+    *,
+    capture: str,
+    training: bool,
+    signature: str,
+    hooked: Mapping[str, str] = {},
+    fitting: Fitting = Fitting(),
+    loss_bytes: Optional[int] = None,
+) -> Plan:
+    """Choose segments for the annotated ``gm`` as ``config`` asks.
+
+    ``hooked`` maps nodes that must never be recomputed (calls of modules with hooks, which would
+    fire again) to their module paths; they are taken out of every segment. ``fitting`` is how
+    verification steers a budget (:mod:`fxckpt.planning.fit`). ``loss_bytes``: what the user's
+    loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
+    """
+    order = planned_nodes(gm.graph)
+    profile = profile_for(config.device_profile, device_of(gm))
+    problem = problem_of(gm, profile, loss_bytes)
+    replay = config.strategy if isinstance(config.strategy, Replay) else None
+    if config.offload == "auto" and replay is None:
+        if profile is not None and config.offload_bandwidth is None:
+            per_byte = 2 * profile.unit / profile.link  # out and back, over the profile's link
+        else:
+            per_byte = offload_cost_per_byte(
+                config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
+            )
+        problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
+    modules = module_pins(config.force)
+    offered, forced = choices(problem, order, config.force)
+    keepable = (offered if config.selective else [], forced)
+    chosen = choose(config.strategy, order, problem, modules, fitting, keepable)
+    runs, hooked_notes = without_hooked(order, list(chosen.runs), hooked)
+    notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules)]
+    again = recomputed(problem, runs)
+    kept = _kept(problem, again, chosen.keeps, forced, replay)
+    prediction = predict(problem, runs, kept)
+    # A target raised past the budget (fit's loosening) is over it on purpose.
+    allowed = None if chosen.budget is None else chosen.budget + max(0, -fitting.tighten)
+    if allowed is not None and replay is None and prediction.peak > allowed:
+        notes.append(
+            f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
+            f"{chosen.budget} B"
+        )
+    if config.pipelined and chosen.budget is not None:
+        notes.append(
+            f"the budget bounds one micro-batch's step (chunks={config.chunks or 1}): a pipelined "
+            "step also holds what each stage keeps for the other micro-batches (docs/pipelines.md)"
+        )
+    prefix = _segment_prefix(gm, len(runs))
+    anchors = anchors_of(order)
+    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
+                     for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
+    if config.offload == "auto" and replay is None:
+        segments, note = choose_actions(problem, segments, runs)
+        notes.append(note)
+    elif replay is not None:
+        actions = [s.action for s in replay.plan.segments]
+        segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))
+    if not segments:
+        notes.append(_why_none(config, chosen.why_none, training))
+    plan = Plan(
+        strategy=config.strategy_name,
+        options=config.to_dict(),
+        capture=capture,
+        training=training,
+        signature=signature,
+        segments=segments,
+        node_count=len(order),
+        total_flops=sum(info(n).flops for n in order),
+        notes=tuple(notes),
+        eager_peak=prediction.eager_peak,
+        predicted_peak=prediction.peak,
+        predicted_recompute=prediction.recompute,
+        recompute_share=prediction.share,
+        budget=chosen.budget,
+    )
+    log.info("fxckpt plan: %s", plan.summary())
+    for seg in segments:
+        log.info(
+            "  %s: %s (%d nodes, %s)",
+            seg.name,
+            ", ".join(seg.module_paths) or "-",
+            len(seg.nodes),
+            seg.reason,
+        )
+    return plan
+
+
+def _why_none(config: TransformConfig, why: Optional[str], training: bool) -> str:
+    what, tail = "nothing is checkpointed", ""
+    if config.pipelined and training and config.checkpoint != "never":
+        what = "no segment is checkpointed within a micro-batch"
+        tail = (f"; the pipeline still recomputes each stage of the micro-batches "
+                f"checkpoint={config.checkpoint!r} names")
+    if config.strategy_name == "none":
+        return f"{what}: no strategy was given{tail}"
+    return (why or f"{what}: the strategy found no segment") + tail
+
+
+def _segment_prefix(gm: torch.fx.GraphModule, count: int) -> str:
+    """``segment``, or a longer prefix if the graph module already has ``segment_<i>`` attributes.
+    """
+    prefix = "segment"
+    while any(hasattr(gm, f"{prefix}_{i}") for i in range(count)):
+        prefix = "fxckpt_" + prefix
+    return prefix
+
+
+def _kept(problem: Problem, again: Sequence[Run], chosen: Sequence[str], forced: Groups,
+           replay: Optional[Replay]) -> tuple[str, ...]:
+    """Nodes kept inside the final runs: the solver's choice, a replayed plan's, the pinned ops;
+    only nodes the recompute runs again (``again``: past a run's early stop, keeping saves
+    nothing)."""
+    inside = {n.name for r in again for n in r}
+    wanted = set(chosen) | set(kept_names(problem, [j for g in forced for j in g]))
+    if replay is not None:
+        wanted = set(chosen)
+    return tuple(n.name for r in again for n in r if n.name in wanted and n.name in inside)
+
+
+def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConfig,
+              kept: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> SegmentSpec:
+    """One segment's facts; ``again`` is the part of ``run`` its recompute runs."""
+    members, names = set(run), set(kept)
+    kept_nodes = [n for n in again if n.name in names]
+    inputs: list[torch.fx.Node] = []
+    for n in run:
+        for a in n.all_input_nodes:
+            if a not in members and a.op != "get_attr" and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in run if any(u not in members for u in n.users)]
+    return SegmentSpec(
+        name=name,
+        nodes=tuple(n.name for n in run),
+        module_paths=outermost(info(n).module_path for n in run),
+        inputs=tuple(a.name for a in inputs),
+        outputs=tuple(n.name for n in outputs),
+        saved_bytes=_saved_bytes(inputs),
+        freed_bytes=frees,
+        recompute_flops=(sum(info(n).flops for n in again)
+                         - sum(info(n).flops for n in kept_nodes)),
+        restores=tuple(sorted({b for n in run for b in info(n).writes_buffers})),
+        reason=_reason(run, config),
+        keeps=tuple(n.name for n in kept_nodes),
+        kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept_nodes),
+        kept_ops=tuple(_kind(n) for n in kept_nodes),
+        recomputed_ops=tuple(k for n in again if n not in kept_nodes for k in [_kind(n)] if k),
+        anchors=(tuple(anchors[n.name] for n in [run[0], run[-1], *kept_nodes]) if anchors
+                 else ()),
+    )
+
+
+_VIEWS = frozenset({"view", "_unsafe_view", "t", "expand", "reshape", "permute", "transpose",
+                    "unsqueeze", "squeeze", "slice", "select", "alias", "detach", "split",
+                    "as_strided", "unbind", "chunk", "contiguous", "clone", "sym_size"})
+
+
+def _kind(n: torch.fx.Node) -> str:
+    """The op a node is about: its last aten op that is not a view (``""`` for views)."""
+    ops = [op for op in (c.split(".")[1] for c in info(n).calls) if op not in _VIEWS]
+    return ops[-1] if ops else ""
+
+
+def _saved_bytes(inputs: Sequence[torch.fx.Node]) -> int:
+    return sum(info(a).nbytes for a in inputs if has_info(a) and not info(a).is_state)
+
+
+def _reason(run: Run, config: TransformConfig) -> str:
+    if config.force and pinned(run[0], config.force) == "recompute":
+        return "force: recompute"
+    return "force" if config.strategy is None else config.strategy.reason()

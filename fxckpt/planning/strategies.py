@@ -1,0 +1,338 @@
+"""The strategies: each a pass from the annotated graph to its segments (as node runs) and notes.
+
+``every=N`` counts units of work: nodes with FLOPs (matmuls, convolutions, attention). A segment
+starts at every N-th unit, moved to the nearest point that does not split a view chain, an
+in-place op from its producer, or a multi-output op from its ``getitem``.
+
+``depth=d`` makes one segment of each run of nodes from the same module at nesting depth ``d``.
+
+``budget=`` asks the solver (:mod:`fxckpt.solver`) for the op ranges with the least recompute
+whose predicted peak fits, on the networkx/solver view of the graph
+(:mod:`fxckpt.cost.graph_view`), and which costly outputs inside them to keep rather than
+recompute (:mod:`fxckpt.solver.selective`, unless ``selective=False``).
+
+``plan=`` replays a saved plan's segments, found by node name or, in a graph captured elsewhere
+(on another device), by their anchors (:mod:`fxckpt.planning.anchors`).
+
+Every pass returns a :class:`Chosen`; :func:`fxckpt.planning.select.select` applies the rules all
+segments obey (:mod:`fxckpt.planning.cleanup`) and builds the Plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from typing import Optional, Sequence
+
+import torch.fx
+
+from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.errors import PlanError
+from fxckpt.planning.anchors import remap
+from fxckpt.cost.annotate import info
+from fxckpt.planning.blocks import block_ranges
+from fxckpt.planning.cleanup import apply_force, frees_memory, opaque_modules, safe
+from fxckpt.cost.prediction import reserve
+from fxckpt.planning.keeps import Groups
+from fxckpt.cost.runs import Run, kept_names, to_runs
+from fxckpt.plan import Plan, format_bytes
+from fxckpt.solver import (
+    BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, peak_bytes, simulate,
+)
+from fxckpt.solver.problem import Spans
+from fxckpt.solver.selective import Selection, solve_selective
+from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM, families, min_peak_shared, solve_shared
+from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
+
+__all__ = ["Chosen", "Fitting", "choose", "solve_plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+    """What a strategy pass chose."""
+
+    runs: tuple[Run, ...]
+    notes: tuple[str, ...] = ()
+    budget: Optional[int] = None
+    """The budget in bytes the runs were solved (or replayed) for."""
+    why_none: Optional[str] = None
+    """Why there are no runs, when the pass knows better than "it found none"."""
+    keeps: tuple[str, ...] = ()
+    """Nodes inside the runs whose outputs are kept from forward (selective recompute)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fitting:
+    """How verification (:mod:`fxckpt.planning.fit`) steers the budget solver."""
+
+    eager_bytes: Optional[int] = None
+    """The verified peak of the unmodified step: what a fractional budget is a fraction of
+    (``None``: the simulated one)."""
+    tighten: int = 0
+    """Bytes taken off the solver's target: what verification found over the budget so far."""
+    minimum: bool = False
+    """Ask for the plan with the smallest simulated peak, whatever it recomputes."""
+    per_block: bool = False
+    """With ``minimum``: one segment per repeated block instead, as a user of
+    ``torch.utils.checkpoint`` places them, the other candidate for the smallest verified peak."""
+
+    def set_aside(self, simulated_eager: int) -> int:
+        """What the verified unmodified step held beyond the simulator's figure for it: the
+        backward temporaries the simulator does not model (0 when not verified)."""
+        return 0 if self.eager_bytes is None else max(0, self.eager_bytes - simulated_eager)
+
+
+def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
+           force: dict[str, str], fitting: Fitting = Fitting(),
+           keepable: tuple[Groups, Groups] = ([], [])) -> Chosen:
+    """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes
+    ``order``. ``keepable`` = the groups a budget plan may keep and must keep
+    (:func:`fxckpt.planning.keeps.choices`); ``force`` holds module pins only."""
+    if isinstance(strategy, Every):
+        runs, notes = every(order, strategy.units)
+        return _cleaned(order, runs, force, notes)
+    if isinstance(strategy, Depth):
+        runs = depth(order, strategy.depth)
+        chosen = _cleaned(order, runs, force)
+        hidden = [f"{p} ({cls})" for p, cls in opaque_modules(order)
+                  if len(p.split(".")) < strategy.depth]
+        if runs or not hidden:
+            return chosen
+        return dataclasses.replace(chosen, why_none=(
+            f"nothing is checkpointed: no module at depth {strategy.depth} is in the captured "
+            f"graph; {', '.join(hidden)} run(s) as one op each, so what is inside is not in it "
+            "(keep the model's own modules traceable, or choose a smaller depth)"))
+    if isinstance(strategy, Budgeted):
+        solved, limit, keeps, notes = budgeted(problem, order, strategy.budget, fitting,
+                                               keepable)
+        # The solver's segments all pay off by its own account: only the correctness rules here.
+        return Chosen(
+            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit,
+            keeps=keeps, notes=notes,
+        )
+    if isinstance(strategy, Replay):
+        runs, names = replayed(order, strategy.plan)
+        return Chosen(tuple(runs), budget=strategy.plan.budget, keeps=tuple(names))
+    return _cleaned(order, [], force)
+
+
+def _cleaned(order: Sequence[torch.fx.Node], runs: list[Run], force: dict[str, str],
+             notes: tuple[str, ...] = ()) -> Chosen:
+    """The candidate runs checkpoint can recompute, without those that would free nothing."""
+    candidates = [r for r in map(safe, apply_force(order, runs, force)) if r]
+    kept = tuple(r for r in candidates if frees_memory(r))
+    if kept or not candidates or not runs:  # force pins alone explain themselves (force_notes)
+        return Chosen(kept, notes)
+    return Chosen(kept, notes, why_none=(
+        f"nothing is checkpointed: each of the {len(candidates)} candidate segment(s) keeps what "
+        "it would free (every tensor it makes is used after it, as with one layer of a flat "
+        "nn.Sequential); group several layers per segment with every=N or budget="))
+
+
+def every(
+    order: Sequence[torch.fx.Node], units_per_segment: int
+) -> tuple[list[Run], tuple[str, ...]]:
+    """Runs of ``units_per_segment`` units of work, cut at legal points."""
+    notes = []
+    units = [i for i, n in enumerate(order) if info(n).flops > 0]
+    if not units:
+        units = [i for i, n in enumerate(order) if info(n).new_bytes > 0]
+        notes.append("no node has FLOPs; every= counts nodes that allocate memory instead")
+    if len(units) <= units_per_segment:
+        notes.append(
+            f"every={units_per_segment} but the graph has {len(units)} unit(s) of work: one "
+            "segment"
+        )
+    wanted = [units[k] for k in range(units_per_segment, len(units), units_per_segment)]
+    cuts = [0]
+    for k, p in enumerate(wanted):
+        hi = wanted[k + 1] if k + 1 < len(wanted) else len(order)
+        cut = _nearest_legal_cut(order, p, lo=cuts[-1] + 1, hi=hi)
+        if cut is None:
+            notes.append(f"no legal cut near {order[p].name}; merged two segments")
+        elif cut != p:
+            log.debug("every: moved cut from %s to %s", order[p].name, order[cut].name)
+        if cut is not None:
+            cuts.append(cut)
+    cuts.append(len(order))
+    return [list(order[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a], tuple(notes)
+
+
+def _nearest_legal_cut(order: Sequence[torch.fx.Node], p: int, lo: int, hi: int) -> Optional[int]:
+    for d in range(0, max(p - lo, hi - p) + 1):
+        for q in (p - d, p + d):
+            if lo <= q < hi and _legal_cut(order, q):
+                return q
+    return None
+
+
+def _legal_cut(order: Sequence[torch.fx.Node], q: int) -> bool:
+    """May a segment start at ``order[q]``? Not inside a view chain, in-place op or getitem."""
+    node, before = order[q], {n.name for n in order[:q]}
+    if node.op == "call_function" and node.target is operator.getitem:
+        return False
+    i = info(node)
+    return not (set(i.aliases) & before or set(i.mutates) & before)
+
+
+def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
+    """One run per stretch of nodes from the same module at nesting depth ``level``."""
+    runs: list[Run] = []
+    current: Optional[str] = None
+    for n in order:
+        parts = info(n).module_path.split(".") if info(n).module_path else []
+        prefix = ".".join(parts[:level]) if len(parts) >= level else None
+        if prefix is not None and prefix == current:
+            runs[-1].append(n)
+        elif prefix is not None:
+            runs.append([n])
+        current = prefix
+    return runs
+
+
+def budgeted(
+    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, fitting: Fitting = Fitting(),
+    keepable: tuple[Groups, Groups] = ([], []),
+) -> tuple[list[Run], int, tuple[str, ...], tuple[str, ...]]:
+    """Runs with the least recompute whose predicted peak fits ``budget`` (less what
+    ``fitting`` tightens); the budget in bytes; the nodes kept inside the runs, chosen among
+    ``keepable`` (:mod:`fxckpt.solver.selective`); the solver's notes (a heuristic's bound)."""
+    extra = reserve(problem)
+    eager = simulate(problem, ()).peak_bytes + extra
+    if fitting.eager_bytes is not None:
+        extra += fitting.set_aside(eager)  # set aside for every plan
+        eager = fitting.eager_bytes
+    limit = budget.resolve(eager)
+    blocks = block_ranges(problem, order)
+    if fitting.minimum:
+        least = tuple(blocks) if fitting.per_block else _min_peak(problem, blocks)[0]
+        return to_runs(problem, least, order), limit, (), ()
+    target = limit - extra - fitting.tighten
+    if target <= 0:
+        raise _infeasible(budget, limit, _min_peak(problem, blocks)[1] + extra, eager)
+    offered, forced = keepable
+    try:
+        solution = solve_plan(problem, target, blocks, offered, forced)
+    except BudgetInfeasible as e:
+        raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
+    log.info(
+        "budget %s (%s): %d segment(s), %d kept op(s), predicted peak %s, recompute cost %.3g",
+        budget,
+        format_bytes(limit),
+        len(solution.segments),
+        len(solution.keep),
+        format_bytes(solution.predicted_peak + extra),
+        solution.recompute_cost,
+    )
+    runs = to_runs(problem, solution.segments, order)
+    notes = (solution.bound.note(solution.recompute_cost),) if solution.bound else ()
+    return runs, limit, kept_names(problem, solution.keep), notes
+
+
+def _large(problem: Problem, blocks: Sequence[tuple[int, int]], size: int = ALONE_FROM) -> bool:
+    """A graph of repeated blocks with at least ``size`` ops: solved per block only
+    (:mod:`fxckpt.solver.shared`)."""
+    return problem.index.n >= size and bool(families(problem, blocks))
+
+
+def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Spans, int]:
+    """The smallest-peak plan found, and its peak: per block for graphs of repeated blocks from
+    :data:`~fxckpt.solver.shared.SHARED_FROM` ops, otherwise the better of that and the full
+    search's (one search by peak: the full search's smallest plan is often smaller, as when it
+    checkpoints the embeddings too)."""
+    shared = min_peak_shared(problem, blocks)
+    if shared is not None and _large(problem, blocks, SHARED_FROM):
+        return shared
+    full = min_peak_segments(problem)
+    plans = [(full, min_feasible_peak(problem))] + ([shared] if shared else [])
+    return min(plans, key=lambda p: p[1])
+
+
+def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
+           offered: Groups, forced: Groups) -> Selection:
+    """The cheapest plan found under ``target``: solved per repeated block
+    (:func:`~fxckpt.solver.shared.solve_shared`) from :data:`~fxckpt.solver.shared.ALONE_FROM`
+    ops; for smaller graphs, the cheaper of that and the full search
+    (:func:`~fxckpt.solver.selective.solve_selective`), which may mix plans across blocks but is
+    not exact either (the per-block plan often wins). Where no per-block plan fits, the full
+    search is tried below :data:`~fxckpt.solver.shared.SHARED_FROM` ops: near the smallest peak
+    it finds plans the per-block solve does not (segments over the embeddings, say).
+    """
+    idle = peak_bytes(problem)
+    if idle <= target:  # the unmodified step fits: nothing to recompute, nothing to search
+        return Selection(segments=(), keep=(), predicted_peak=idle, recompute_cost=0.0)
+    shared: Optional[Selection] = None
+    infeasible: Optional[BudgetInfeasible] = None
+    try:
+        shared = solve_shared(problem, target, blocks, offered, forced)
+    except BudgetInfeasible as e:
+        infeasible = e
+    if shared is not None and _large(problem, blocks):
+        return shared
+    if infeasible is not None and _large(problem, blocks, SHARED_FROM):
+        raise infeasible
+    try:
+        full = solve_selective(problem, target, offered, forced)
+    except BudgetInfeasible as e:
+        if shared is None:
+            raise infeasible if infeasible and infeasible.min_budget < e.min_budget else e
+        return shared
+    if shared is not None and (shared.recompute_cost, shared.predicted_peak) < (
+            full.recompute_cost, full.predicted_peak):
+        return dataclasses.replace(shared, bound=full.bound)
+    return full
+
+
+def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
+    fraction = f" ({minimum / eager:.3f} of the eager peak)" if eager else ""
+    return BudgetInfeasibleError(
+        limit,
+        minimum,
+        f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest "
+        f"peak activation memory any plan reaches for this model and input is "
+        f"{format_bytes(minimum)} "
+        f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
+        f"budget >= {minimum} (bytes{_as_fraction(minimum, eager)}), or, for a budget in bytes, "
+        "a smaller batch (a fraction of a smaller step is harder to meet: weight gradients and "
+        "the loss do not shrink with it)",
+    )
+
+
+def _as_fraction(minimum: int, eager: int) -> str:
+    return f"; a fraction >= {minimum / eager:.3f}" if eager else ""
+
+
+def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], list[str]]:
+    """The saved plan's segments on this graph, and the nodes they keep: by node name when this
+    graph has every node the plan names, as contiguous runs; otherwise by the segments' anchors
+    (:mod:`fxckpt.planning.anchors`), as when a plan made on the ``meta`` device is replayed on the
+    device the model was materialised on.
+    """
+    position = {n.name: i for i, n in enumerate(order)}
+    names = all(name in position for seg in plan.segments for name in seg.nodes)
+    anchored = not names and bool(plan.segments) and all(seg.anchors for seg in plan.segments)
+    if anchored:
+        try:
+            return remap(order, [(seg.name, seg.anchors) for seg in plan.segments])
+        except PlanError as e:
+            log.debug("replay by anchors failed: %s", e)
+    nor = " (nor the module and op its anchors name)" if anchored else ""
+    runs = []
+    for seg in plan.segments:
+        missing = [name for name in seg.nodes if name not in position]
+        if missing:
+            raise PlanError(
+                f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph "
+                f"does not have{nor}; was the plan made for another model, mode or input "
+                f"signature ({plan.signature})?"
+            )
+        idx = [position[name] for name in seg.nodes]
+        if idx != list(range(idx[0], idx[0] + len(idx))):
+            raise PlanError(
+                f"the saved plan's {seg.name} is not a contiguous run of this graph's nodes"
+            )
+        runs.append([order[i] for i in idx])
+    return runs, [name for seg in plan.segments for name in seg.keeps]
