@@ -12,3 +12,12 @@ def seed() -> int:
     """Every test starts from the same RNG state."""
     torch.manual_seed(1234)
     return 1234
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tier (:mod:`tiers`): marked here, so ``-m slow`` and ``-m "not slow"`` split it."""
+    from tiers import is_slow
+
+    for item in items:  # node ids are relative to the repository (pyproject.toml's directory)
+        if is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
