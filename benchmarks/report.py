@@ -128,7 +128,7 @@ def _commit() -> Optional[str]:
     """``git`` HEAD of the fxckpt checkout, with ``+dirty`` when tracked files have changes."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

@@ -150,7 +150,9 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
             f"budget of {g['budget'] / 2 ** 20:.1f} MiB (half the unmodified step's verified peak "
             "at the largest batch). A call larger than every plan so far is planned at its grown "
             "dimensions rounded up to the next power of two, so the loop plans at 1, 2, 4, ... "
-            "instead of at every batch size.",
+            "instead of at every batch size; the latest plan is checked there first, and once "
+            "two verified peaks give the line it is checked where it is predicted to hold "
+            "(3 -> 32 here) and not checked where it is predicted not to.",
             "",
             "| captures | plans | planning | loop | planning share | target |",
             "|---|---|---|---|---|---|",
