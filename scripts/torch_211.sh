@@ -12,6 +12,6 @@ python3 -m venv .venv211
 .venv211/bin/python -c "import torch; print('torch', torch.__version__)"
 .venv211/bin/python -m pytest -q -p no:cacheprovider -m "not integration" \
   tests/test_transform.py tests/test_fidelity.py tests/test_identity.py tests/test_errors.py \
-  tests/passes/test_regions.py tests/passes/test_guards.py tests/passes/test_isolation.py \
-  tests/passes/test_devices.py tests/passes/test_exporter.py tests/test_torch_nn.py tests/export/test_forged.py tests/runtime/test_segment.py \
+  tests/capture/test_regions.py tests/capture/test_guards.py tests/capture/test_isolation.py \
+  tests/cost/test_devices.py tests/capture/test_exporter.py tests/test_torch_nn.py tests/export/test_forged.py tests/runtime/test_segment.py \
   "tests/test_python_facts.py" -k "not test_python_facts or every1"

@@ -82,7 +82,7 @@ def test_hugging_face_causal_lm_keeps_its_model_child_config_and_generate() -> N
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # Eager attention, so that generate() below runs the same kernels with and without a cache;
-    # sdpa training steps are compared bit for bit in tests/passes/test_simplify.py.
+    # sdpa training steps are compared bit for bit in tests/capture/test_simplify.py.
     cfg = LlamaConfig(
         vocab_size=64,
         hidden_size=32,
