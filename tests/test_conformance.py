@@ -30,7 +30,7 @@ EXPECTED_ERRORS = {
 Python branch on labels, and custom Functions in modules torch.export cannot swap back."""
 
 
-@pytest.mark.slow
+# the slow tier holds all but a slice of these cases: tests/tiers.py
 @pytest.mark.parametrize("case", ZOO + HAZARDS, ids=[c.name for c in ZOO + HAZARDS])
 def test_same_bits_with_every_strategy_or_the_documented_refusal(case: ZooCase) -> None:
     result = run_case(case)

@@ -60,7 +60,7 @@ def _state(model: nn.Module) -> tuple:
             {k: v.clone() for k, v in model.state_dict().items()})
 
 
-@pytest.mark.slow
+# the slow tier holds all but a slice of these cases: tests/tiers.py
 @pytest.mark.parametrize("capture", CAPTURES)
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 @pytest.mark.parametrize("case", CASES + NN_CASES, ids=[c.name for c in CASES + NN_CASES])

@@ -3,16 +3,22 @@
 A test is *slow* when it took more than about 3 s on the project's 2-core machine (one run of
 ``pytest --durations=0``, torch 2.13, CPU), listed in ``tests/slow_tests.txt``, or is marked
 ``@pytest.mark.slow`` where it is written. ``pytest -m slow`` runs them; ``.ci/run`` runs every
-tier. The two large case lists keep a representative slice in the fast tier: every Python-fact
-pattern with ``every=1`` on the symbolic-trace capture, and the conformance zoo's GPT-2 and
-BERT. A new test that takes seconds goes into ``slow_tests.txt`` (its node id, no parameters).
+tier. A new test that takes seconds goes into ``slow_tests.txt`` (its node id, no parameters).
+
+The two large case lists keep a representative slice in the fast tier, chosen here:
+
+- Python facts (``tests/test_python_facts.py``): every pattern with ``every=1`` on the
+  symbolic-trace capture, and the patterns of ``FACTS_EVERYWHERE`` with every strategy on both
+  captures (a guarded attribute, random draws, a no_grad region).
+- Conformance zoo (``tests/test_conformance.py``): the cases of ``ZOO_FAST``, one per model family
+  and one documented refusal.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["SLOW", "is_slow"]
+__all__ = ["SLOW", "FACTS_EVERYWHERE", "ZOO_FAST", "is_slow"]
 
 
 def _listed(path: Path) -> frozenset[str]:
@@ -23,6 +29,27 @@ def _listed(path: Path) -> frozenset[str]:
 SLOW = _listed(Path(__file__).with_name("slow_tests.txt"))
 """Test functions (every parameter) in the slow tier."""
 
+FACTS_EVERYWHERE = frozenset({
+    "temperature_changed",  # a guarded Python attribute changed between steps: a new capture
+    "stochastic_depth_tensors",  # random draws replayed (symbolic_trace refuses it, by name)
+    "no_grad_island",  # a grad-mode region kept inside the graph
+})
+"""Python-fact patterns run with every strategy on both captures in the fast tier."""
+
+ZOO_FAST = frozenset({
+    "gpt2",  # decoder-lm
+    "bert",  # encoder
+    "marian",  # encoder-decoder
+    "qwen2_moe_shared",  # moe-lm
+    "resnet_bn",  # vision-cnn
+    "vit",  # vision-transformer
+    "clip",  # vision-language
+    "hubert_stable_ln",  # speech
+    "lora_llama",  # lora
+    "wav2vec2_ctc_labels",  # a documented refusal
+})
+"""Conformance cases in the fast tier: one per model family and a refusal."""
+
 _FACTS = "tests/test_python_facts.py::test_same_bits_or_a_named_refusal"
 _ZOO = "tests/test_conformance.py::test_same_bits_with_every_strategy_or_the_documented_refusal"
 
@@ -30,8 +57,10 @@ _ZOO = "tests/test_conformance.py::test_same_bits_with_every_strategy_or_the_doc
 def is_slow(nodeid: str) -> bool:
     """Whether the test with this pytest node id (relative to the repository) is slow."""
     function, _, params = nodeid.partition("[")
-    if function == _FACTS:
-        return not params.endswith("-every1-symbolic_trace]")
-    if function == _ZOO:
-        return params not in ("gpt2]", "bert]")
+    if function == _FACTS:  # [case-strategy-capture]
+        case, strategy, capture = params.rstrip("]").rsplit("-", 2)
+        everywhere = case in FACTS_EVERYWHERE
+        return not (everywhere or (strategy == "every1" and capture == "symbolic_trace"))
+    if function == _ZOO:  # [case]
+        return params.rstrip("]") not in ZOO_FAST
     return function in SLOW
