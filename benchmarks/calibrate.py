@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from fxckpt.measure import time_step
 
 __all__ = ["Row", "measure", "render", "main", "OPS"]
 
@@ -50,13 +50,7 @@ class Row:
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time_step(fn, repeats=repeats, warmup=1)
 
 
 def _ops() -> dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]]:
