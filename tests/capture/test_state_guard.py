@@ -1,0 +1,83 @@
+"""capture/state_guard.py: a capture attempt leaves the model as it found it and reports what a
+graph could not replay."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn as nn
+
+from fxckpt.capture.state_guard import StateGuard, hooks_off, preserved_tensors
+
+
+class Busy(nn.Module):
+    """A forward that does every kind of thing a capture must undo or report."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.register_buffer("seen", torch.zeros(1))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1  # a buffer written in place
+        self.calls += 1  # a Python attribute changed
+        self.last = x.sum()  # an attribute added
+        self.fc.register_forward_hook(lambda m, i, o: None)  # a hook installed at first call
+        return self.fc(x) * random.random()  # a Python random draw
+
+
+def test_everything_the_forward_changed_is_put_back_and_reported() -> None:
+    model = Busy()
+    state = random.getstate()
+    with StateGuard(model) as guard:
+        model(torch.randn(1, 2))
+    assert model.seen.item() == 0.0 and model.calls == 0 and "last" not in vars(model)
+    assert not model.fc._forward_hooks  # removed without complaint
+    assert random.getstate() == state
+    assert guard.changes[0].startswith("the forward draws from Python's `random` module")
+    assert "the forward changes `calls` (from 0 to 1)" in guard.changes
+    assert [(path, name) for path, name, _ in guard.assigned] == [("", "last")]
+    assert len(guard.changes) == 2
+
+
+def test_grad_mode_left_off_is_reported() -> None:
+    class Off(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch.set_grad_enabled(False)
+            return x
+
+    with StateGuard(Off()) as guard:
+        Off()(torch.ones(1))
+    assert torch.is_grad_enabled()
+    assert guard.changes == [
+        "the forward turns gradients off (torch.set_grad_enabled) and leaves them so when it "
+        "returns; use `with torch.no_grad():` around the part that needs it"]
+
+
+def test_hooks_off_silences_hooks_and_keeps_the_kinds_asked_for() -> None:
+    fired: list[str] = []
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(lambda m, i, o: fired.append("user"))
+    with hooks_off([model]):
+        model(torch.ones(1, 2))
+    model(torch.ones(1, 2))
+    assert fired == ["user"]  # back on after the block
+
+    class Kept:
+        def __call__(self, m: nn.Module, i: tuple, o: torch.Tensor) -> None:
+            fired.append("kept")
+
+    model.register_forward_hook(Kept())
+    with hooks_off([model], keep=(Kept,)):
+        model(torch.ones(1, 2))
+    assert fired == ["user", "kept"]  # the user's hook stays silent, the kept kind runs
+
+
+def test_preserved_tensors_get_their_values_back() -> None:
+    t = torch.arange(3.0)
+    with preserved_tensors([t]):
+        t.mul_(10)
+        assert t.tolist() == [0.0, 10.0, 20.0]
+    assert t.tolist() == [0.0, 1.0, 2.0]
