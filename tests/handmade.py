@@ -39,8 +39,8 @@ def segment(name: str, nodes: tuple[str, ...], inputs: tuple[str, ...],
             action: str = "recompute") -> SegmentSpec:
     """A SegmentSpec with only the fields lower and flatten read filled in meaningfully."""
     return SegmentSpec(name=name, nodes=nodes, module_paths=(), inputs=inputs, outputs=outputs,
-                   saved_bytes=0, freed_bytes=0, recompute_flops=0, restores=restores,
-                   reason="test", action=action)
+                       saved_bytes=0, freed_bytes=0, recompute_flops=0, restores=restores,
+                       reason="test", action=action)
 
 
 def plan(*segments: SegmentSpec, training: bool = True,
