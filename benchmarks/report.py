@@ -257,7 +257,7 @@ def _scaling_section(scaling: list[Row]) -> list[str]:
     return [
         "## Solver alone: time against graph size",
         "",
-        "The budget solver as `transform` runs it (`fxckpt.planning.strategies.solve_plan`: per "
+        "The budget solver as `transform` runs it (`fxckpt.solver.choose.solve_plan`: per "
         "repeated block alone from 300 ops, below that the cheaper of that and the full "
         "search, selective keeps included) on `problem_of(gm)` after capture + annotate, GPT-2 "
         "of width 32, batch 2 x 32 tokens (graph size is what matters), budget 0.5 of the "

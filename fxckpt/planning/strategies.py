@@ -37,15 +37,11 @@ from fxckpt.cost.prediction import reserve
 from fxckpt.planning.keeps import Groups
 from fxckpt.cost.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
-from fxckpt.solver import (
-    BudgetInfeasible, Problem, min_feasible_peak, min_peak_segments, peak_bytes, simulate,
-)
-from fxckpt.solver.problem import Spans
-from fxckpt.solver.selective import Selection, solve_selective
-from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM, families, min_peak_shared, solve_shared
+from fxckpt.solver import BudgetInfeasible, Problem, simulate
+from fxckpt.solver.choose import min_peak_plan, solve_plan
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
-__all__ = ["Chosen", "Fitting", "choose", "solve_plan"]
+__all__ = ["Chosen", "Fitting", "choose"]
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +204,11 @@ def budgeted(
     limit = budget.resolve(eager)
     blocks = block_ranges(problem, order)
     if fitting.minimum:
-        least = tuple(blocks) if fitting.per_block else _min_peak(problem, blocks)[0]
+        least = tuple(blocks) if fitting.per_block else min_peak_plan(problem, blocks)[0]
         return to_runs(problem, least, order), limit, (), ()
     target = limit - extra - fitting.tighten
     if target <= 0:
-        raise _infeasible(budget, limit, _min_peak(problem, blocks)[1] + extra, eager)
+        raise _infeasible(budget, limit, min_peak_plan(problem, blocks)[1] + extra, eager)
     offered, forced = keepable
     try:
         solution = solve_plan(problem, target, blocks, offered, forced)
@@ -230,60 +226,6 @@ def budgeted(
     runs = to_runs(problem, solution.segments, order)
     notes = (solution.bound.note(solution.recompute_cost),) if solution.bound else ()
     return runs, limit, kept_names(problem, solution.keep), notes
-
-
-def _large(problem: Problem, blocks: Sequence[tuple[int, int]], size: int = ALONE_FROM) -> bool:
-    """A graph of repeated blocks with at least ``size`` ops: solved per block only
-    (:mod:`fxckpt.solver.shared`)."""
-    return problem.index.n >= size and bool(families(problem, blocks))
-
-
-def _min_peak(problem: Problem, blocks: Sequence[tuple[int, int]]) -> tuple[Spans, int]:
-    """The smallest-peak plan found, and its peak: per block for graphs of repeated blocks from
-    :data:`~fxckpt.solver.shared.SHARED_FROM` ops, otherwise the better of that and the full
-    search's (one search by peak: the full search's smallest plan is often smaller, as when it
-    checkpoints the embeddings too)."""
-    shared = min_peak_shared(problem, blocks)
-    if shared is not None and _large(problem, blocks, SHARED_FROM):
-        return shared
-    full = min_peak_segments(problem)
-    plans = [(full, min_feasible_peak(problem))] + ([shared] if shared else [])
-    return min(plans, key=lambda p: p[1])
-
-
-def solve_plan(problem: Problem, target: int, blocks: Sequence[tuple[int, int]],
-           offered: Groups, forced: Groups) -> Selection:
-    """The cheapest plan found under ``target``: solved per repeated block
-    (:func:`~fxckpt.solver.shared.solve_shared`) from :data:`~fxckpt.solver.shared.ALONE_FROM`
-    ops; for smaller graphs, the cheaper of that and the full search
-    (:func:`~fxckpt.solver.selective.solve_selective`), which may mix plans across blocks but is
-    not exact either (the per-block plan often wins). Where no per-block plan fits, the full
-    search is tried below :data:`~fxckpt.solver.shared.SHARED_FROM` ops: near the smallest peak
-    it finds plans the per-block solve does not (segments over the embeddings, say).
-    """
-    idle = peak_bytes(problem)
-    if idle <= target:  # the unmodified step fits: nothing to recompute, nothing to search
-        return Selection(segments=(), keep=(), predicted_peak=idle, recompute_cost=0.0)
-    shared: Optional[Selection] = None
-    infeasible: Optional[BudgetInfeasible] = None
-    try:
-        shared = solve_shared(problem, target, blocks, offered, forced)
-    except BudgetInfeasible as e:
-        infeasible = e
-    if shared is not None and _large(problem, blocks):
-        return shared
-    if infeasible is not None and _large(problem, blocks, SHARED_FROM):
-        raise infeasible
-    try:
-        full = solve_selective(problem, target, offered, forced)
-    except BudgetInfeasible as e:
-        if shared is None:
-            raise infeasible if infeasible and infeasible.min_budget < e.min_budget else e
-        return shared
-    if shared is not None and (shared.recompute_cost, shared.predicted_peak) < (
-            full.recompute_cost, full.predicted_peak):
-        return dataclasses.replace(shared, bound=full.bound)
-    return full
 
 
 def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
