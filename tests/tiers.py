@@ -1,6 +1,6 @@
 """Which tests are slow: the README's command runs the rest (the fast tier) in a few minutes.
 
-A test is *slow* when it took more than about 3 s on the project's 2-core machine (one run of
+A test is *slow* when it took more than about 2 s on the project's 2-core machine (one run of
 ``pytest --durations=0``, torch 2.13, CPU), listed in ``tests/slow_tests.txt``, or is marked
 ``@pytest.mark.slow`` where it is written. ``pytest -m slow`` runs them; ``.ci/run`` runs every
 tier. A new test that takes seconds goes into ``slow_tests.txt`` (its node id, no parameters).
