@@ -253,8 +253,9 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
     budget fraction, after capture and annotate.
 
     The budget in bytes (an ``int`` as given, a ``float`` as that fraction of the predicted eager
-    peak) minus the reserve is what the solver gets, as in ``transform``. Each timing gets a fresh
-    ``Problem`` (the solver caches its index on it); the median of ``repeats`` solves is reported.
+    peak, reserve included) is what the solver gets, as in ``transform``. Each timing gets a
+    fresh ``Problem`` (the solver caches its index on it); the median of ``repeats`` solves is
+    reported.
     """
     from fxckpt.cost.annotate import annotate
     from fxckpt.capture.captured import capture
@@ -275,24 +276,17 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
 
 
 def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
-    from fxckpt.cost.prediction import reserve
     from fxckpt.solver import BudgetInfeasible, simulate
     from fxckpt.solver.choose import solve_plan
 
     problem, _, _ = make()
-    extra = reserve(problem)
-    total = (
-        budget
-        if isinstance(budget, int)
-        else int(budget * (simulate(problem, ()).peak_bytes + extra))
-    )
-    limit = total - extra
+    limit = budget if isinstance(budget, int) else int(budget * simulate(problem, ()).peak_bytes)
     times, feasible = [], True
     for _ in range(repeats):
         problem, offered, blocks = make()
         start = time.perf_counter()
         try:
-            solve_plan(problem, max(limit, 0), blocks, offered, [])
+            solve_plan(problem, limit, blocks, offered, [])
         except BudgetInfeasible:
             feasible = False
         times.append(time.perf_counter() - start)

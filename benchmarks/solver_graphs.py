@@ -6,7 +6,7 @@ Where every hidden state of a model is read again at its end, each is held for b
 depending on the plan, and the exact search's states double with every one of them
 (:mod:`fxckpt.solver.bounds`). These graphs are planned as ``transform`` plans them: captured
 and annotated, then :func:`fxckpt.solver.choose.solve_plan` at a fraction of the predicted
-eager peak (the reserve set aside, as in ``transform``):
+eager peak (its reserve included, as in ``transform``):
 
 * ``lstm-T``: an unrolled ``nn.LSTMCell`` (width 32, batch 64) whose hidden states are all
   concatenated into one ``Linear`` at the end;
@@ -150,14 +150,12 @@ def _status(key: str) -> int:
 
 def measure(graph: str, fraction: float, repeats: int = 3) -> Row:
     """Time, memory and the plan's gap for ``graph`` (run in a subprocess by :func:`run`)."""
-    from fxckpt.cost.prediction import reserve
     from fxckpt.solver.choose import solve_plan
     from fxckpt.solver import BudgetInfeasible, simulate
 
     make = _maker(graph)
     problem = make()[0]
-    extra = reserve(problem)
-    target = int(fraction * (simulate(problem, ()).peak_bytes + extra)) - extra
+    target = int(fraction * simulate(problem, ()).peak_bytes)  # the reserve included
 
     def solve() -> Row:
         problem, offered, blocks = make()

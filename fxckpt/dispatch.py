@@ -48,7 +48,6 @@ from fxckpt.integrations import hf
 from fxckpt.capture.guards import Failure
 from fxckpt.capture.isolation import CAPTURE_LOCK
 from fxckpt.planning.plan_cache import PlanCache
-from fxckpt.runtime.segment import segment_of
 from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
@@ -260,7 +259,7 @@ class Dispatcher:
                 self.config, strategy=Budgeted(budget))
             with _planning():
                 return build(entry.captured, config, a, k, training=tm.training, model=tm,
-                             eager_peak=eager)
+                             eager_peak=eager, offloader=self.offloader)
 
         def shapes_of(a: tuple, k: dict) -> Shapes:
             from fxckpt.planner import first_micro_batch
@@ -284,7 +283,6 @@ class Dispatcher:
                                           peak_at=verified)
         self.counts.plans += made
         self.counts.plan_seconds += time.perf_counter() - start
-        _attach_offloader(compiled, self.offloader)
         return compiled
 
     def _shape_dependent(self, entry: Entry) -> bool:
@@ -393,9 +391,4 @@ def _make_offloader(config: TransformConfig) -> Optional[Offloader]:
     return Offloader(config.offload_device or "cpu", threshold=config.offload_threshold)
 
 
-def _attach_offloader(compiled: Compiled, offloader: Optional[Offloader]) -> None:
-    """Segments the plan offloads run their forward under this module's offloader."""
-    for seg in compiled.plan.segments:
-        if seg.action == "offload":
-            segment_of(compiled.gm, seg.name).offloader = offloader
 

@@ -19,8 +19,8 @@ So when the user gives ``loss_fn`` and plans are verified, the loss is also run 
 Each output is a fresh storage the loss lets go of as it lets go of the model's, so the peak
 counts the outputs while the loss keeps them, the loss's own tensors and the outputs' gradients.
 The loss op then holds that peak less the outputs' gradients (its backward makes them) and less
-the reserve every predicted peak adds (:func:`fxckpt.cost.prediction.reserve`), so that the
-prediction at the loss is what the verified step holds there.
+the reserve every simulated peak includes (:attr:`fxckpt.solver.Problem.reserve_bytes`), so
+that the prediction at the loss is what the verified step holds there.
 """
 
 from __future__ import annotations

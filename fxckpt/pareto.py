@@ -37,7 +37,7 @@ def pareto(
         raise ConfigTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     from fxckpt.cost.annotate import annotate
     from fxckpt.capture.captured import capture
-    from fxckpt.cost.prediction import recompute_share, reserve
+    from fxckpt.cost.prediction import recompute_share
     from fxckpt.cost.graph_view import problem_of
     from fxckpt.graphs import planned_nodes
     from fxckpt.planning.keeps import choices
@@ -47,8 +47,7 @@ def pareto(
     captured = capture(model, tuple(example_inputs), dict(example_kwargs or {}))
     annotate(captured.gm, captured.graph_args(tuple(example_inputs), dict(example_kwargs or {})))
     problem = problem_of(captured.gm)
-    extra = reserve(problem)
-    eager = simulate(problem, ()).peak_bytes + extra
+    eager = simulate(problem, ()).peak_bytes
     curve = sorted(solve_pareto(problem, points=points), key=lambda p: p.budget)
     offered = choices(problem, planned_nodes(captured.gm.graph), {})[0] if selective else []
     plans = [(recompute_share(problem, p.segments), p.predicted_peak) for p in curve]
@@ -58,6 +57,6 @@ def pareto(
     out = []
     for p in curve:  # the cheapest plan found at any budget that fits this one
         share, peak = min(plan for plan in plans if plan[1] <= p.budget)
-        out.append({"budget": p.budget + extra, "predicted_peak": peak + extra,
+        out.append({"budget": p.budget, "predicted_peak": peak,
                     "recompute": share, "eager_peak": eager})
     return out

@@ -28,13 +28,13 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.planning.select import select
 from fxckpt.capture.captured import Captured
-from fxckpt.planning.fit import Verify, fit
-from fxckpt.planning.strategies import Fitting
+from fxckpt.planning.fit import Target, Verify, fit
 from fxckpt.graphs import copy_graph_module
 from fxckpt.capture.sharding import full_parameters, recomputable
 from fxckpt.capture.state_guard import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
+from fxckpt.runtime.segment import Offloading
 from fxckpt.signature import describe_signature, signature_key
 from fxckpt.loss_probe import LossProbe
 from fxckpt.verify import STAND_IN, fake_step_peak
@@ -74,19 +74,21 @@ def capture_for(
 
 
 def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, *,
-          training: bool, model: torch.nn.Module, eager_peak: Optional[int] = None) -> Compiled:
+          training: bool, model: torch.nn.Module, eager_peak: Optional[int] = None,
+          offloader: Optional[Offloading] = None) -> Compiled:
     """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``.
 
     ``eager_peak``: the unmodified step's verified peak for such calls when already measured
     (:mod:`fxckpt.planning.plan_cache` checked a plan with no segments there); not measured
-    again unless a ``loss_fn`` must see the step's output.
+    again unless a ``loss_fn`` must see the step's output. ``offloader``: the transformed
+    module's, which the segments a plan offloads run under (``offload="auto"``).
 
     A failure inside fxckpt's passes surfaces as an :class:`~fxckpt.errors.FxckptError` naming
     the model and the pass, never as a bare ``KeyError`` from the internals.
     """
     start = time.perf_counter()
     try:
-        compiled = _build(captured, config, args, kwargs, training, model, eager_peak)
+        compiled = _build(captured, config, args, kwargs, training, model, eager_peak, offloader)
     except FxckptError:
         raise
     except Exception as e:
@@ -117,7 +119,8 @@ def peak_at(compiled: Compiled, config: TransformConfig, args: tuple, kwargs: di
 
 
 def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,
-           model: torch.nn.Module, eager_peak: Optional[int] = None) -> Compiled:
+           model: torch.nn.Module, eager_peak: Optional[int] = None,
+           offloader: Optional[Offloading] = None) -> Compiled:
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     if config.pipelined:
         _refuse_assignments(captured.gm)
@@ -135,10 +138,10 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
                     if n.op == "call_module" and str(n.target) in never_recomputed}
     probe: Optional[LossProbe] = None  # what the user's loss holds, measured when verified
 
-    def choose(fitting: Fitting) -> Plan:
+    def choose(target: Target) -> Plan:
         return select(gm, config, capture=captured.method, training=training,
                       signature=describe_signature(args, kwargs), hooked=hooked_nodes,
-                      fitting=fitting,
+                      target=target,
                       loss_bytes=probe.peak(gm) if probe is not None else None)
 
     verify = None
@@ -150,7 +153,8 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
                            probe)
     plan, gm = fit(gm, choose, verify, solved=config.budget is not None,
                    loosen=config.loss_fn is not None,
-                   eager=eager_peak if verify is not None and probe is None else None)
+                   eager=eager_peak if verify is not None and probe is None else None,
+                   offloader=offloader)
     if verify is not None and config.loss_fn is None:
         plan = dataclasses.replace(plan, notes=plan.notes + (
             f"no loss_fn: verified with a stand-in loss that holds {STAND_IN}; pass "

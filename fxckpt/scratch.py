@@ -31,7 +31,7 @@ here (its size depends on the algorithm cuDNN picks at run time).
 
 The verifier adds a call's scratch to what is alive while it runs; annotate records, for every
 node, the most its calls and their backward allocate (:attr:`NodeInfo.scratch`), and the
-simulator's reserve covers the largest (:func:`fxckpt.cost.prediction.reserve`).
+simulator's reserve covers the largest (:attr:`fxckpt.solver.Problem.reserve_bytes`).
 """
 
 from __future__ import annotations

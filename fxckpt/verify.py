@@ -31,6 +31,7 @@ import torch.utils._pytree as pytree
 from fxckpt.errors import FxckptError
 from fxckpt.measure import LiveTensorTracker
 from fxckpt.meta_run import meta_twin, on_meta
+from fxckpt.runtime.offload import offload_suspended
 from fxckpt.scratch import call_scratch
 
 __all__ = ["VerifyError", "LossFn", "fake_step_peak", "stand_in_loss", "STAND_IN"]
@@ -77,7 +78,9 @@ def fake_step_peak(
         return memo[id(t)]
 
     try:
-        with torch.random.fork_rng(devices=[]), _swapped_state(root, fake), mode:
+        # Segments a plan offloads keep their tensors on the device here (offload_suspended).
+        with torch.random.fork_rng(devices=[]), _swapped_state(root, fake), mode, \
+                offload_suspended():
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             _existing_grads(memo.values())
             with LiveTensorTracker(fake=True, scratch=call_scratch) as tracker:

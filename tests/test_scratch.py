@@ -23,7 +23,6 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.cost.graph_view import problem_of
-from fxckpt.cost.prediction import reserve
 from fxckpt.scratch import backward_scratch, call_scratch
 from fxckpt.solver import Op
 
@@ -141,7 +140,7 @@ def test_annotate_records_each_convolutions_scratch_and_reserve_covers_it():
     problem = problem_of(gm)
     largest = max(op.scratch_bytes for op in problem.ops)
     assert largest == max(info(n).scratch for n in convs)
-    assert reserve(problem) >= largest > max(op.gradient_bytes for op in problem.ops)
+    assert problem.reserve_bytes >= largest > max(op.gradient_bytes for op in problem.ops)
 
     model, inputs, _ = _cnn(channels_last=True)
     gm = annotate(capture(copy.deepcopy(model), inputs, {}).gm, list(inputs))

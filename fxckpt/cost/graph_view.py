@@ -141,8 +141,9 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
     # The loss op's backward makes the outputs' gradients: it holds the rest itself. Without a
     # measured loss, one tensor as large as the outputs (what verification finds beyond it, as
     # for the stand-in loss of fxckpt.verify, is set aside by fxckpt.planning.fit).
-    # A measured loss holds its own temporaries: less the reserve every predicted peak adds
-    # for temporaries (fxckpt.cost.prediction.reserve), so that its peak is not counted twice.
+    # Every peak includes a reserve for what the simulator does not model (backward
+    # temporaries, kernel scratch): the largest single gradient or scratch buffer. A measured
+    # loss holds its own temporaries: less the reserve, so that its peak is not counted twice.
     reserve = max((max(op.gradient_bytes, op.scratch_bytes) for op in ops), default=0)
     held = grads if loss_bytes is None else max(0, loss_bytes - grads - reserve)
     ops.append(
@@ -152,7 +153,7 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
     if profile is not None:
         segment, keep = profile.segment * profile.unit, profile.keep * profile.unit
     return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=segment,
-                   keep_overhead=keep, early_stop=True)
+                   keep_overhead=keep, early_stop=True, reserve_bytes=reserve)
 
 
 def problem_of(gm: torch.fx.GraphModule, profile: Optional[DeviceProfile] = None,

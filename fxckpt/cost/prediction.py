@@ -6,9 +6,10 @@ made by ``every=``, ``depth=``, ``force=`` or ``budget=`` reports comparable num
 The simulator counts tensors, not the short-lived temporaries of backward kernels (a gradient
 being scaled, a weight gradient before it is added into ``.grad``) nor the scratch buffers
 kernels allocate for themselves (a CPU convolution's reorders, :mod:`fxckpt.scratch`). A
-*reserve* the size of the largest single gradient or scratch buffer stands for them: the
-predicted peak is the simulated peak plus the reserve, and the budget solver plans for the budget
-minus the reserve.
+*reserve* the size of the largest single gradient or scratch buffer stands for them. It is part
+of the problem the solver sees (:attr:`fxckpt.solver.Problem.reserve_bytes`, set by
+:func:`fxckpt.cost.graph_view.to_problem`): every simulated peak includes it and every budget the
+solver meets counts it, so the figures here are the simulator's as they are.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Sequence
 from fxckpt.cost.runs import Run, keep_positions, to_ranges
 from fxckpt.solver import Problem, Spans, held_at_backward, simulate
 
-__all__ = ["Prediction", "predict", "predict_ranges", "reserve", "recompute_share"]
+__all__ = ["Prediction", "predict", "predict_ranges", "recompute_share"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +38,6 @@ class Prediction:
     frees: tuple[int, ...]
     """Per run: bytes the step would hold from forward to backward that checkpointing the run
     lets go of (see :attr:`fxckpt.plan.SegmentSpec.freed_bytes`)."""
-
-
-def reserve(problem: Problem) -> int:
-    """Bytes set aside for temporaries: the largest single gradient or kernel scratch buffer."""
-    return max((max(op.gradient_bytes, op.scratch_bytes) for op in problem.ops), default=0)
 
 
 def recompute_share(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -> float:
@@ -66,13 +62,12 @@ def predict(problem: Problem, runs: Sequence[Run], keeps: Sequence[str] = ()) ->
 
 def predict_ranges(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -> Prediction:
     """:func:`predict` for segments given as the solver's op ranges (and kept op positions)."""
-    extra = reserve(problem)
     eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges, keep)
     sim = simulate(problem, ranges, keep)
     return Prediction(
-        peak=sim.peak_bytes + extra,
+        peak=sim.peak_bytes,
         recompute=sim.recompute_cost,  # offload-aware, less what is kept
-        eager_peak=simulate(problem, ()).peak_bytes + extra,
+        eager_peak=simulate(problem, ()).peak_bytes,
         share=recompute_share(problem, ranges, keep),
         frees=tuple(sum(max(e - h, 0) for e, h in zip(eager_held[a:b], held[a:b]))
                     for a, b in ranges),

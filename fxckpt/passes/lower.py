@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from typing import Optional
 
 import torch
 import torch.fx
@@ -25,7 +26,7 @@ from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region
 from fxckpt.cost.annotate import has_info, info
-from fxckpt.runtime.segment import NO_EARLY_STOP, SegmentModule
+from fxckpt.runtime.segment import NO_EARLY_STOP, Offloading, SegmentModule
 from fxckpt.runtime.selective import keep_begin, keep_end
 
 __all__ = ["lower"]
@@ -33,14 +34,19 @@ __all__ = ["lower"]
 log = logging.getLogger(__name__)
 
 
-def lower(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
+def lower(gm: torch.fx.GraphModule, plan: Plan,
+          offloader: Optional[Offloading] = None) -> torch.fx.GraphModule:
     """Rewrite ``gm`` in place so every segment of ``plan`` runs under checkpoint; returns ``gm``.
+
+    Segments the plan offloads (``action="offload"``) run under ``offloader``'s saved-tensor
+    hooks instead (the transformed module's :class:`~fxckpt.runtime.offload.Offloader`; without
+    one they keep what they save, as an unmodified step does).
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     _placeholders_first(gm.graph)
     for seg in plan.segments:
         try:
-            _lower_segment(gm, seg, nodes, plan.training)
+            _lower_segment(gm, seg, nodes, plan.training, offloader)
         except KeyError as e:
             raise PlanError(
                 f"lower: {seg.name} names node {e}, which the graph does not have"
@@ -71,7 +77,8 @@ def _placeholders_first(graph: torch.fx.Graph) -> None:
 
 
 def _lower_segment(
-    gm: torch.fx.GraphModule, seg: SegmentSpec, nodes: dict[str, torch.fx.Node], training: bool
+    gm: torch.fx.GraphModule, seg: SegmentSpec, nodes: dict[str, torch.fx.Node], training: bool,
+    offloader: Optional[Offloading] = None,
 ) -> None:
     members = [nodes[name] for name in seg.nodes]
     member_set = set(members)
@@ -81,7 +88,8 @@ def _lower_segment(
     sub = SegmentModule(body, body.graph, name=seg.name, restores=seg.restores,
                         kept=len(seg.keeps), generators=_generators(body),
                         early_stop=not any(op in NO_EARLY_STOP for n in members if has_info(n)
-                                           for op in info(n).ops))
+                                           for op in info(n).ops),
+                        offloader=offloader if seg.action == "offload" else None)
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)
 

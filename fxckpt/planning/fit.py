@@ -37,14 +37,14 @@ from typing import Callable, Optional
 
 import torch.fx
 
-from fxckpt.budget import BudgetInfeasibleError
+from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.graphs import copy_graph_module
 from fxckpt.passes.lower import lower
-from fxckpt.planning.strategies import Fitting
 from fxckpt.plan import Plan, format_bytes
+from fxckpt.runtime.segment import Offloading
 from fxckpt.verify import VerifyError
 
-__all__ = ["fit", "ATTEMPTS", "LOOSEN_FROM"]
+__all__ = ["fit", "Target", "ATTEMPTS", "LOOSEN_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -53,61 +53,124 @@ ATTEMPTS = 4
 LOOSEN_FROM = 0.02
 """Over-prediction (share of the budget) worth solving again for."""
 
-Choose = Callable[[Fitting], Plan]
-"""``select`` on the annotated graph with a given :class:`Fitting`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What the budget solver aims under, as fitting steers it.
+
+    The budget's bytes are resolved from the user's :class:`~fxckpt.budget.Budget` here
+    (:meth:`limit`), and moved only by what verification found (:meth:`aim`); the solver's
+    reserve for temporaries is part of its problem and counted there. Fitting makes and changes
+    targets; :func:`fxckpt.planning.strategies.budgeted` and ``select`` only read them.
+    """
+
+    eager_bytes: Optional[int] = None
+    """The verified peak of the unmodified step: what a fractional budget is a fraction of
+    (``None``: the simulated one)."""
+    lowered: int = 0
+    """Bytes taken off the budget: what verification found plans over it by, so far."""
+    raised: int = 0
+    """Bytes given back: what verification found a fitting plan under its prediction by (only
+    with the user's loss, see :func:`fit`)."""
+    minimum: bool = False
+    """Ask for the plan with the smallest simulated peak, whatever it recomputes."""
+    per_block: bool = False
+    """With ``minimum``: one segment per repeated block instead, as a user of
+    ``torch.utils.checkpoint`` places them, the other candidate for the smallest verified peak."""
+
+    def set_aside(self, simulated_eager: int) -> int:
+        """What the verified unmodified step held beyond the simulator's figure for it: the
+        backward temporaries the simulator does not model (0 when not verified)."""
+        return 0 if self.eager_bytes is None else max(0, self.eager_bytes - simulated_eager)
+
+    def eager(self, simulated_eager: int) -> int:
+        """The unmodified step's peak: verified when known, else simulated."""
+        return simulated_eager if self.eager_bytes is None else self.eager_bytes
+
+    def limit(self, budget: Budget, simulated_eager: int) -> int:
+        """``budget`` in bytes (a fraction is of :meth:`eager`)."""
+        return budget.resolve(self.eager(simulated_eager))
+
+    def aim(self, limit: int, simulated_eager: int) -> int:
+        """The simulated peak a plan for ``limit`` may reach: less what verification sets aside
+        for every plan and found over so far, plus what it gave back."""
+        return limit - self.set_aside(simulated_eager) - self.lowered + self.raised
+
+    def allowed(self, limit: int) -> int:
+        """The largest predicted peak a plan for ``limit`` may report without a note: past the
+        budget only where fitting raised the aim on purpose."""
+        return limit + max(0, self.raised - self.lowered)
+
+
+Choose = Callable[[Target], Plan]
+"""``select`` on the annotated graph with a given :class:`Target`."""
 Verify = Callable[[torch.fx.GraphModule], int]
 """The verified peak of one training step of a graph module (raises ``VerifyError``)."""
+Check = Callable[[Plan], tuple[Plan, torch.fx.GraphModule]]
+"""A plan lowered on a copy of the base graph and verified: the plan with its verified peaks,
+and the graph that runs it."""
 
 
 def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
-        solved: bool = True, loosen: bool = False,
-        eager: Optional[int] = None) -> tuple[Plan, torch.fx.GraphModule]:
+        solved: bool = True, loosen: bool = False, eager: Optional[int] = None,
+        offloader: Optional[Offloading] = None) -> tuple[Plan, torch.fx.GraphModule]:
     """The plan for the annotated ``base`` and the rewritten graph that runs it.
 
     ``base`` is left unlowered when ``verify`` is given (each attempt lowers a copy). Only a
     ``solved`` plan (``budget=``) is tightened; others (``every=``, a replayed plan) are verified
     and reported as they are. ``loosen``: a fitting plan verified well under its prediction is
     solved again (only when ``verify`` runs the user's own loss: see the module docstring).
-    ``eager``: ``verify(base)``, when the caller measured it already.
+    ``eager``: ``verify(base)``, when the caller measured it already. ``offloader``: what the
+    segments a plan offloads run under (:func:`fxckpt.passes.lower.lower`).
     """
     if verify is None:
-        plan = choose(Fitting())
-        return plan, lower(base, plan)
+        plan = choose(Target())
+        return plan, lower(base, plan, offloader)
     try:
         if eager is None:
             eager = verify(base)
+        measured = eager
+
+        def check(plan: Plan) -> tuple[Plan, torch.fx.GraphModule]:
+            gm = lower(copy_graph_module(base), plan, offloader)
+            # With no segment the lowered graph runs base's ops in base's order (lowering only
+            # moves placeholders first and drops unused get_attr nodes): its peak is the eager one.
+            peak = verify(gm) if plan.segments else measured
+            return dataclasses.replace(plan, verified_peak=peak, verified_eager_peak=measured), gm
+
         if not solved:
-            plan = choose(Fitting())
-            return _verified(base, plan, verify, eager)
-        return _tightened(base, choose, verify, eager, loosen)
+            return check(choose(Target()))
+        return _tightened(choose, check, eager, loosen)
     except VerifyError as e:
         log.warning("fxckpt: %s", e)
-        plan = choose(Fitting())
-        return _note(plan, f"the peak is simulated, not verified: {e}"), lower(base, plan)
+        plan = choose(Target())
+        return (_note(plan, f"the peak is simulated, not verified: {e}"),
+                lower(base, plan, offloader))
 
 
-def _tightened(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
-               eager: int, loosen: bool) -> tuple[Plan, torch.fx.GraphModule]:
-    fitting = Fitting(eager_bytes=eager)
+def _tightened(choose: Choose, check: Check, eager: int,
+               loosen: bool) -> tuple[Plan, torch.fx.GraphModule]:
+    target = Target(eager_bytes=eager)
     for attempt in range(ATTEMPTS):
         try:
-            plan, gm = _verified(base, choose(fitting), verify, eager)
+            plan, gm = check(choose(target))
         except BudgetInfeasibleError:
             break  # the solver has nothing smaller: try the smallest plan
         budget = plan.budget
         assert plan.verified_peak is not None
         if budget is None or plan.verified_peak <= budget:
-            fitted = _tighten_note(plan, attempt, fitting.tighten)
+            fitted = _tighten_note(plan, attempt, target.lowered)
             if loosen and budget is not None:
-                return _loosened(base, choose, verify, eager, fitting, fitted, gm)
+                return _loosened(choose, check, target, fitted, gm)
             return fitted, gm
         log.info("fxckpt: plan verified at %s, over the budget %s; solving again",
                  format_bytes(plan.verified_peak), format_bytes(budget))
-        fitting = dataclasses.replace(fitting, tighten=_next_tighten(plan, fitting, attempt))
-    return _smallest(base, choose, verify, fitting)
+        target = dataclasses.replace(target, lowered=_next_lowered(plan, target, attempt))
+    return _smallest(choose, check, target)
 
 
-def _next_tighten(plan: Plan, fitting: Fitting, attempt: int) -> int:
+def _next_lowered(plan: Plan, target: Target, attempt: int) -> int:
     """How much further below the budget the solver aims next.
 
     Two guesses, the larger wins: this plan's own gap (what its verified peak held beyond its
@@ -117,23 +180,22 @@ def _next_tighten(plan: Plan, fitting: Fitting, attempt: int) -> int:
     """
     assert plan.budget is not None and plan.verified_peak is not None
     assert plan.predicted_peak is not None and plan.eager_peak is not None
-    own_gap = plan.verified_peak - plan.predicted_peak - fitting.set_aside(plan.eager_peak)
+    own_gap = plan.verified_peak - plan.predicted_peak - target.set_aside(plan.eager_peak)
     step = max(plan.verified_peak - plan.budget, plan.budget // 100) << attempt
-    return max(fitting.tighten + step, own_gap)
+    return max(target.lowered + step, own_gap)
 
 
-def _loosened(base: torch.fx.GraphModule, choose: Choose, verify: Verify, eager: int,
-              fitting: Fitting, plan: Plan,
+def _loosened(choose: Choose, check: Check, target: Target, plan: Plan,
               gm: torch.fx.GraphModule) -> tuple[Plan, torch.fx.GraphModule]:
     """``plan`` (which fits), or a plan solved with the target raised by what ``plan``'s
     prediction exceeded its verified peak, when that one fits too and recomputes less."""
     assert plan.budget is not None and plan.verified_peak is not None
     assert plan.predicted_peak is not None and plan.eager_peak is not None
-    raise_by = plan.predicted_peak + fitting.set_aside(plan.eager_peak) - plan.verified_peak
+    raise_by = plan.predicted_peak + target.set_aside(plan.eager_peak) - plan.verified_peak
     if raise_by <= plan.budget * LOOSEN_FROM:
         return plan, gm
-    looser, looser_gm = _verified(base, choose(
-        dataclasses.replace(fitting, tighten=fitting.tighten - raise_by)), verify, eager)
+    looser, looser_gm = check(choose(
+        dataclasses.replace(target, raised=target.raised + raise_by)))
     assert looser.verified_peak is not None
     if looser.verified_peak > plan.budget or not _recomputes_less(looser, plan):
         return plan, gm  # the gap was where this plan peaks only
@@ -147,24 +209,24 @@ def _recomputes_less(plan: Plan, than: Plan) -> bool:
     return (plan.recompute_share or 0.0) < (than.recompute_share or 0.0)
 
 
-def _smallest(base: torch.fx.GraphModule, choose: Choose, verify: Verify,
-              fitting: Fitting) -> tuple[Plan, torch.fx.GraphModule]:
+def _smallest(choose: Choose, check: Check,
+              target: Target) -> tuple[Plan, torch.fx.GraphModule]:
     """The smallest-peak plan when it fits the budget; else one segment per repeated block when
     that fits (the simulator picks the first, and may be wrong where it peaks: a loss it assumed
     smaller than it is); else the budget is refused with the smaller of their verified peaks."""
-    assert fitting.eager_bytes is not None
-    least = dataclasses.replace(fitting, minimum=True)
-    plan, gm = _verified(base, choose(least), verify, fitting.eager_bytes)
+    assert target.eager_bytes is not None
+    least = dataclasses.replace(target, minimum=True)
+    plan, gm = check(choose(least))
     assert plan.budget is not None and plan.verified_peak is not None
     if plan.verified_peak > plan.budget:
         blocks = choose(dataclasses.replace(least, per_block=True))
         if blocks.segments and _nodes(blocks) != _nodes(plan):
-            plan, gm = min([(plan, gm), _verified(base, blocks, verify, fitting.eager_bytes)],
+            plan, gm = min([(plan, gm), check(blocks)],
                            key=lambda p: p[0].verified_peak or 0)
     assert plan.budget is not None and plan.verified_peak is not None
     if plan.verified_peak <= plan.budget:
         return _note(plan, "tightened to the plan with the smallest peak to fit the budget"), gm
-    eager, least_peak = fitting.eager_bytes, plan.verified_peak
+    eager, least_peak = target.eager_bytes, plan.verified_peak
     raise BudgetInfeasibleError(
         plan.budget,
         least_peak,
@@ -182,20 +244,11 @@ def _nodes(plan: Plan) -> list[tuple[str, ...]]:
     return [seg.nodes for seg in plan.segments]
 
 
-def _verified(base: torch.fx.GraphModule, plan: Plan, verify: Verify,
-              eager: int) -> tuple[Plan, torch.fx.GraphModule]:
-    gm = lower(copy_graph_module(base), plan)
-    # With no segment the lowered graph runs base's ops in base's order (lowering only moves
-    # placeholders first and drops unused get_attr nodes): its peak is the eager one.
-    peak = verify(gm) if plan.segments else eager
-    return dataclasses.replace(plan, verified_peak=peak, verified_eager_peak=eager), gm
-
-
-def _tighten_note(plan: Plan, attempt: int, tighten: int) -> Plan:
+def _tighten_note(plan: Plan, attempt: int, lowered: int) -> Plan:
     if attempt == 0:
         return plan
     return _note(plan, f"verification found the first plan over the budget; solved again "
-                       f"{attempt} time(s) with the target lowered by {format_bytes(tighten)}")
+                       f"{attempt} time(s) with the target lowered by {format_bytes(lowered)}")
 
 
 def _note(plan: Plan, note: str) -> Plan:

@@ -29,7 +29,8 @@ from fxckpt.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import predict
 from fxckpt.cost.rates import device_of, offload_cost_per_byte
 from fxckpt.cost.runs import Run, kept_names, recomputed
-from fxckpt.planning.strategies import Fitting, choose
+from fxckpt.planning.fit import Target
+from fxckpt.planning.strategies import choose
 from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.solver import Problem
 from fxckpt.strategy import Replay
@@ -47,13 +48,13 @@ def select(
     training: bool,
     signature: str,
     hooked: Mapping[str, str] = {},
-    fitting: Fitting = Fitting(),
+    target: Target = Target(),
     loss_bytes: Optional[int] = None,
 ) -> Plan:
     """Choose segments for the annotated ``gm`` as ``config`` asks.
 
     ``hooked`` maps nodes that must never be recomputed (calls of modules with hooks, which would
-    fire again) to their module paths; they are taken out of every segment. ``fitting`` is how
+    fire again) to their module paths; they are taken out of every segment. ``target`` is where
     verification steers a budget (:mod:`fxckpt.planning.fit`). ``loss_bytes``: what the user's
     loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
     """
@@ -72,14 +73,14 @@ def select(
     modules = module_pins(config.force)
     offered, forced = choices(problem, order, config.force)
     keepable = (offered if config.selective else [], forced)
-    chosen = choose(config.strategy, order, problem, modules, fitting, keepable)
+    chosen = choose(config.strategy, order, problem, modules, target, keepable)
     runs, hooked_notes = without_hooked(order, list(chosen.runs), hooked)
     notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules)]
     again = recomputed(problem, runs)
     kept = _kept(problem, again, chosen.keeps, forced, replay)
     prediction = predict(problem, runs, kept)
     # A target raised past the budget (fit's loosening) is over it on purpose.
-    allowed = None if chosen.budget is None else chosen.budget + max(0, -fitting.tighten)
+    allowed = None if chosen.budget is None else target.allowed(chosen.budget)
     if allowed is not None and replay is None and prediction.peak > allowed:
         notes.append(
             f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "

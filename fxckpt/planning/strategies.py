@@ -33,7 +33,7 @@ from fxckpt.planning.anchors import remap
 from fxckpt.cost.annotate import info
 from fxckpt.planning.blocks import block_ranges
 from fxckpt.planning.cleanup import apply_force, frees_memory, opaque_modules, safe
-from fxckpt.cost.prediction import reserve
+from fxckpt.planning.fit import Target
 from fxckpt.planning.keeps import Groups
 from fxckpt.cost.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
@@ -41,7 +41,7 @@ from fxckpt.solver import BudgetInfeasible, Problem, simulate
 from fxckpt.solver.choose import min_peak_plan, solve_plan
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
-__all__ = ["Chosen", "Fitting", "choose"]
+__all__ = ["Chosen", "choose"]
 
 log = logging.getLogger(__name__)
 
@@ -60,29 +60,8 @@ class Chosen:
     """Nodes inside the runs whose outputs are kept from forward (selective recompute)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Fitting:
-    """How verification (:mod:`fxckpt.planning.fit`) steers the budget solver."""
-
-    eager_bytes: Optional[int] = None
-    """The verified peak of the unmodified step: what a fractional budget is a fraction of
-    (``None``: the simulated one)."""
-    tighten: int = 0
-    """Bytes taken off the solver's target: what verification found over the budget so far."""
-    minimum: bool = False
-    """Ask for the plan with the smallest simulated peak, whatever it recomputes."""
-    per_block: bool = False
-    """With ``minimum``: one segment per repeated block instead, as a user of
-    ``torch.utils.checkpoint`` places them, the other candidate for the smallest verified peak."""
-
-    def set_aside(self, simulated_eager: int) -> int:
-        """What the verified unmodified step held beyond the simulator's figure for it: the
-        backward temporaries the simulator does not model (0 when not verified)."""
-        return 0 if self.eager_bytes is None else max(0, self.eager_bytes - simulated_eager)
-
-
 def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
-           force: dict[str, str], fitting: Fitting = Fitting(),
+           force: dict[str, str], target: Target = Target(),
            keepable: tuple[Groups, Groups] = ([], [])) -> Chosen:
     """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes
     ``order``. ``keepable`` = the groups a budget plan may keep and must keep
@@ -102,7 +81,7 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
             f"graph; {', '.join(hidden)} run(s) as one op each, so what is inside is not in it "
             "(keep the model's own modules traceable, or choose a smaller depth)"))
     if isinstance(strategy, Budgeted):
-        solved, limit, keeps, notes = budgeted(problem, order, strategy.budget, fitting,
+        solved, limit, keeps, notes = budgeted(problem, order, strategy.budget, target,
                                                keepable)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Chosen(
@@ -190,37 +169,35 @@ def depth(order: Sequence[torch.fx.Node], level: int) -> list[Run]:
 
 
 def budgeted(
-    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, fitting: Fitting = Fitting(),
+    problem: Problem, order: Sequence[torch.fx.Node], budget: Budget, target: Target = Target(),
     keepable: tuple[Groups, Groups] = ([], []),
 ) -> tuple[list[Run], int, tuple[str, ...], tuple[str, ...]]:
-    """Runs with the least recompute whose predicted peak fits ``budget`` (less what
-    ``fitting`` tightens); the budget in bytes; the nodes kept inside the runs, chosen among
-    ``keepable`` (:mod:`fxckpt.solver.selective`); the solver's notes (a heuristic's bound)."""
-    extra = reserve(problem)
-    eager = simulate(problem, ()).peak_bytes + extra
-    if fitting.eager_bytes is not None:
-        extra += fitting.set_aside(eager)  # set aside for every plan
-        eager = fitting.eager_bytes
-    limit = budget.resolve(eager)
+    """Runs with the least recompute whose predicted peak fits ``budget`` (where ``target``
+    aims: :class:`~fxckpt.planning.fit.Target`); the budget in bytes; the nodes kept inside the
+    runs, chosen among ``keepable`` (:mod:`fxckpt.solver.selective`); the solver's notes (a
+    heuristic's bound)."""
+    simulated = simulate(problem, ()).peak_bytes
+    aside = target.set_aside(simulated)  # what verification found every plan holds besides
+    eager, limit = target.eager(simulated), target.limit(budget, simulated)
     blocks = block_ranges(problem, order)
-    if fitting.minimum:
-        least = tuple(blocks) if fitting.per_block else min_peak_plan(problem, blocks)[0]
+    if target.minimum:
+        least = tuple(blocks) if target.per_block else min_peak_plan(problem, blocks)[0]
         return to_runs(problem, least, order), limit, (), ()
-    target = limit - extra - fitting.tighten
-    if target <= 0:
-        raise _infeasible(budget, limit, min_peak_plan(problem, blocks)[1] + extra, eager)
+    aim = target.aim(limit, simulated)
+    if aim <= 0:
+        raise _infeasible(budget, limit, min_peak_plan(problem, blocks)[1] + aside, eager)
     offered, forced = keepable
     try:
-        solution = solve_plan(problem, target, blocks, offered, forced)
+        solution = solve_plan(problem, aim, blocks, offered, forced)
     except BudgetInfeasible as e:
-        raise _infeasible(budget, limit, e.min_budget + extra, eager) from e
+        raise _infeasible(budget, limit, e.min_budget + aside, eager) from e
     log.info(
         "budget %s (%s): %d segment(s), %d kept op(s), predicted peak %s, recompute cost %.3g",
         budget,
         format_bytes(limit),
         len(solution.segments),
         len(solution.keep),
-        format_bytes(solution.predicted_peak + extra),
+        format_bytes(solution.predicted_peak),
         solution.recompute_cost,
     )
     runs = to_runs(problem, solution.segments, order)

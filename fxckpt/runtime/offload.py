@@ -38,12 +38,14 @@ buffer given back carries an event on the stream that last used it; the next cop
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import threading
 import time
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -51,7 +53,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxckpt.errors import ConfigError
 from fxckpt.runtime.segment import SegmentModule
 
-__all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region"]
+__all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region", "offload_suspended"]
 
 log = logging.getLogger(__name__)
 
@@ -357,15 +359,36 @@ def _graph_task() -> int:
     return int(current()) if current is not None else -1
 
 
+_SUSPENDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fxckpt_offload_suspended", default=False)
+
+
+@contextlib.contextmanager
+def offload_suspended() -> Iterator[None]:
+    """Within it (on this thread), segments the plan offloads keep what they save on the device.
+
+    Verification runs a step on fake tensors (:mod:`fxckpt.verify`): copies to the host would
+    move nothing real, and the side streams and pinned pool have no fake counterpart; its figure
+    for such a plan is the one without offload, which is never smaller.
+    """
+    token = _SUSPENDED.set(True)
+    try:
+        yield
+    finally:
+        _SUSPENDED.reset(token)
+
+
 def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
     """Run ``segment`` keeping what autograd saves inside it in host memory (``offload="auto"``).
 
-    The segment's offloader is attached by the module that owns it
-    (:attr:`SegmentModule.offloader`); in ``eval()`` or under ``torch.no_grad()`` nothing is
-    saved, so the segment is simply called.
+    The segment's offloader is given to it when its graph is lowered
+    (:attr:`SegmentModule.offloader`, :func:`fxckpt.passes.lower.lower`); in ``eval()``, under
+    ``torch.no_grad()`` or :func:`offload_suspended` nothing goes to the host, so the segment is
+    simply called.
     """
     offloader = segment.offloader
-    if offloader is None or not (segment.training and torch.is_grad_enabled()):
+    if offloader is None or _SUSPENDED.get() or not (segment.training
+                                                     and torch.is_grad_enabled()):
         return segment(*inputs)
     with offloader.hooks(segment, new_step=False):
         return segment(*inputs)

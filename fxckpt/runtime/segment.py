@@ -92,8 +92,10 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
 
     def __init__(self, root: nn.Module, graph: torch.fx.Graph, *, name: str,
                  restores: tuple[str, ...] = (), kept: int = 0,
-                 generators: tuple[torch.Generator, ...] = (), early_stop: bool = True) -> None:
+                 generators: tuple[torch.Generator, ...] = (), early_stop: bool = True,
+                 offloader: Optional[Offloading] = None) -> None:
         super().__init__(root, graph, class_name="SegmentModule")
+        self.offloader = offloader
         self.name = name
         self.restores = tuple(restores)
         self.kept = int(kept)

@@ -128,6 +128,12 @@ class Problem:
     """When set, a segment may instead keep its ops and move what they save to host memory and
     back, at this cost per byte; each segment then costs the cheaper of the two. Memory is the
     same either way: the segment's tensors are off the device between its forward and backward."""
+    reserve_bytes: int = 0
+    """Bytes every peak includes beyond the tensors the simulator counts: set aside for what it
+    does not model (backward temporaries such as a gradient being scaled, kernel scratch). The
+    bridge from the graph sets it to the largest single gradient or scratch buffer
+    (:func:`fxckpt.cost.graph_view.to_problem`). Every simulated peak and every budget the
+    solvers meet count it, so nothing outside the solver adds or subtracts it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, list):
@@ -145,6 +151,7 @@ class Problem:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 <= value < math.inf:
                 raise ValueError(f"Problem.{field} must be a finite number >= 0 (got {value!r})")
+        _check_bytes("Problem.reserve_bytes", self.reserve_bytes)
 
     @functools.cached_property
     def index(self) -> "Index":
@@ -245,6 +252,8 @@ class Index:
     """:attr:`Problem.offload_cost_per_byte`."""
     overhead: float = 0.0
     """:attr:`Problem.segment_overhead`."""
+    reserve: int = 0
+    """:attr:`Problem.reserve_bytes`."""
     stops: tuple[int, ...] = ()
     """``stops[e]``, for a segment ending before ``e``: the position its recompute stops before
     (everything from there on is not run again), ignoring where it starts; ``e`` when the
@@ -302,6 +311,7 @@ class Index:
             cum_saved=tuple(saved),
             offload_per_byte=problem.offload_cost_per_byte,
             overhead=float(problem.segment_overhead),
+            reserve=problem.reserve_bytes,
             stops=tuple(stops),
             gain=tuple(float(op.cost) - problem.keep_overhead if op.cost > 0 else 0.0
                        for op in ops),

@@ -303,8 +303,16 @@ def search(ix: Index, space: Space, budget: float, *, by_peak: bool = False,
     """Cheapest plan (or, ``by_peak``, lowest-peak plan) with peak <= ``budget``, or None.
 
     The exact pass runs first unless it already gave up on this problem and space; past its
-    ``limits`` the bounded pass answers instead (``Found.exact`` is then False).
+    ``limits`` the bounded pass answers instead (``Found.exact`` is then False). ``budget`` and
+    ``Found.peak`` count the problem's reserve, as the simulator's peaks do; the passes below
+    walk the tensors only.
     """
+    found = _search(ix, space, budget - ix.reserve, by_peak, cost_cap, limits)
+    return dataclasses.replace(found, peak=found.peak + ix.reserve) if found else None
+
+
+def _search(ix: Index, space: Space, budget: float, by_peak: bool, cost_cap: float,
+            limits: Limits) -> Optional[Found]:
     if ix.n == 0:
         return Found(segments=(), peak=0, cost=0.0) if budget >= 0 else None
     with _no_gc():
@@ -333,7 +341,9 @@ def lower_bound(ix: Index, space: Space, budget: float, *, by_peak: bool = False
                 cost_cap: float = math.inf, limits: Limits = LIMITS) -> Optional[float]:
     """A lower bound on the objective (cost, or peak ``by_peak``) of every plan of ``space``
     whose peak fits ``budget``; ``None`` when no plan of the space fits it, or (``cost_cap``,
-    the cost of a plan in hand) none costs less than ``cost_cap``."""
+    the cost of a plan in hand) none costs less than ``cost_cap``. Peaks count the reserve, as
+    in :func:`search`."""
+    budget -= ix.reserve
     if ix.n == 0:
         return 0.0 if budget >= 0 else None
     # Dropped entries lower the bound (relax): fronts four times finer than the fast search's.
@@ -343,7 +353,7 @@ def lower_bound(ix: Index, space: Space, budget: float, *, by_peak: bool = False
                         limits.relaxed_kept).run()
     if found is None:
         return None
-    return float(found.peak) if by_peak else found.cost
+    return float(found.peak + ix.reserve) if by_peak else found.cost
 
 
 @contextlib.contextmanager

@@ -28,7 +28,9 @@ one pass over ops and edges:
   outputs get no gradient.
 
 Memory at a step is measured while the step runs: its new allocations are counted, the tensors it
-frees are still counted. The peak is the largest such number.
+frees are still counted. The peak is the largest such number plus the problem's reserve
+(:attr:`~fxckpt.solver.problem.Problem.reserve_bytes`, for what the walk does not model), so a
+peak compares with a budget as it is.
 """
 
 from __future__ import annotations
@@ -46,14 +48,17 @@ class Simulation:
     """What one training step of a plan costs in the model."""
 
     peak_bytes: int
-    """Largest live activation memory at any step (forward, recompute or backward)."""
+    """Largest live activation memory at any step (forward, recompute or backward), plus the
+    problem's reserve: the figure a budget is compared with."""
     recompute_cost: float
     """Total cost of the ops inside segments (each is run twice)."""
     forward_peak: int
-    """Largest live activation memory during the forward pass alone."""
+    """Largest live activation memory during the forward pass alone (reserve included)."""
     timeline: tuple[tuple[str, int], ...]
     """``(event, live_bytes)`` per step: ``forward x``, ``backward start``, ``recompute x`` (or
-    ``reuse x`` for a kept op), ``backward x``."""
+    ``reuse x`` for a kept op), ``backward x``; the tensors counted, without the reserve."""
+    reserve_bytes: int = 0
+    """The problem's reserve, which the peaks include and the timeline does not."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,15 +178,15 @@ def peak_bytes(problem: Problem, segments: object = (), keep: object = ()) -> in
     ix = problem.index
     segs = check_segments(segments, ix.n)
     live = _profile(ix, _schedule(ix.n, segs), check_keep(keep, segs, ix.n))
-    return max(live, default=0)
+    return max(live, default=0) + ix.reserve
 
 
 def profile(problem: Problem, segments: Spans) -> tuple[list[int], "_Schedule"]:
-    """Live bytes per step of ``segments`` (no keeps) and the schedule's steps, for
-    :mod:`fxckpt.solver.selective`, which adds kept values to it span by span."""
+    """Live bytes per step of ``segments`` (no keeps), reserve included, and the schedule's
+    steps, for :mod:`fxckpt.solver.selective`, which adds kept values to it span by span."""
     ix = problem.index
     sc = _schedule(ix.n, check_segments(segments, ix.n))
-    return _profile(ix, sc), sc
+    return [b + ix.reserve for b in _profile(ix, sc)], sc
 
 
 def kept_live(problem: Problem, segments: object = (), keep: object = ()) -> list[int]:
@@ -243,9 +248,10 @@ def simulate(problem: Problem, segments: object = (), keep: object = ()) -> Simu
     sc = _schedule(ix.n, segs)
     live = _profile(ix, sc, kept)
     return Simulation(
-        peak_bytes=max(live, default=0),
+        peak_bytes=max(live, default=0) + ix.reserve,
         recompute_cost=sum(ix.segment_cost(s, e) for s, e in segs)
         - ix.kept_gain(segs, kept),
-        forward_peak=max(live[: ix.n], default=0),
+        forward_peak=max(live[: ix.n], default=0) + ix.reserve,
         timeline=tuple(zip(_events(problem, sc, kept), live)),
+        reserve_bytes=ix.reserve,
     )

@@ -32,7 +32,6 @@ def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
 def _timelines(module: Any) -> tuple[Any, Any, int, list[int]]:
     """:func:`predicted_timelines` and the bytes of kept outputs (selective) at each event."""
     from fxckpt.cost.graph_view import to_problem
-    from fxckpt.cost.prediction import reserve
     from fxckpt.cost.runs import keep_positions, ranges_of
     from fxckpt.solver.simulate import kept_live, simulate
 
@@ -40,8 +39,8 @@ def _timelines(module: Any) -> tuple[Any, Any, int, list[int]]:
     problem = to_problem(seen.view)
     ranges = ranges_of(problem, [seg.nodes for seg in seen.plan.segments])
     keep = keep_positions(problem, [k for seg in seen.plan.segments for k in seg.keeps])
-    return (simulate(problem, ranges, keep), simulate(problem, ()), reserve(problem),
-            kept_live(problem, ranges, keep))
+    sim = simulate(problem, ranges, keep)
+    return sim, simulate(problem, ()), sim.reserve_bytes, kept_live(problem, ranges, keep)
 
 
 def plot_memory(

@@ -1,12 +1,13 @@
 """cost/prediction.py: every plan's predicted peak, recompute share and freed bytes, alike.
 
 A chain ``x -> a -> b -> c -> d -> loss`` of 100-byte outputs, each op saving its input for
-backward and costing 10; ``b``'s kernel needs 500 bytes of scratch.
+backward and costing 10; ``b``'s kernel needs 500 bytes of scratch, which the problem's reserve
+covers (the bridge from the graph sets it so: tests/cost/test_graph_view.py).
 """
 
 from __future__ import annotations
 
-from fxckpt.cost.prediction import predict_ranges, recompute_share, reserve
+from fxckpt.cost.prediction import predict_ranges, recompute_share
 from fxckpt.solver import Op, Problem, simulate
 
 
@@ -17,19 +18,14 @@ def _chain(scratch: int = 500) -> Problem:
            Op(name="c", out_bytes=100, cost=10, inputs=("b",), saves=("b",)),
            Op(name="d", out_bytes=100, cost=10, inputs=("c",), saves=("c",)),
            Op(name="loss", out_bytes=4, cost=0, inputs=("d",), saves=("d",), grad_bytes=0))
-    return Problem(ops=ops, outputs=("loss",))
+    return Problem(ops=ops, outputs=("loss",), reserve_bytes=scratch)
 
 
-def test_the_reserve_is_the_largest_gradient_or_scratch_buffer() -> None:
-    assert reserve(_chain()) == 500
-    assert reserve(_chain(scratch=0)) == 100  # a 100-byte output's gradient
-    assert reserve(Problem(ops=(), outputs=())) == 0
-
-
-def test_no_segments_predicts_the_eager_step_plus_the_reserve() -> None:
+def test_no_segments_predicts_the_eager_step_its_reserve_included() -> None:
     problem = _chain()
     p = predict_ranges(problem, ())
-    assert p.peak == p.eager_peak == simulate(problem, ()).peak_bytes + 500
+    sim = simulate(problem, ())
+    assert p.peak == p.eager_peak == sim.peak_bytes == max(b for _, b in sim.timeline) + 500
     assert (p.recompute, p.share, p.frees) == (0, 0.0, ())
 
 
@@ -41,7 +37,8 @@ def test_a_segment_frees_its_inner_outputs_and_recomputes_its_share() -> None:
     assert p.frees == (100,)
     assert p.share == 20 / 40  # two of the four costed ops: half a forward pass
     assert p.recompute == 20
-    assert p.peak == simulate(problem, ((1, 3),)).peak_bytes + 500
+    sim = simulate(problem, ((1, 3),))
+    assert p.peak == sim.peak_bytes == max(b for _, b in sim.timeline) + 500
     assert p.peak <= p.eager_peak
 
 

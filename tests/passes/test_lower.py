@@ -20,8 +20,8 @@ from support import assert_steps_equal, run_step
 from fxckpt.errors import PlanError
 from fxckpt.passes.lower import lower
 from fxckpt.runtime.checkpoint import checkpoint
-from fxckpt.runtime.offload import offload_region
-from fxckpt.runtime.segment import SegmentModule
+from fxckpt.runtime.offload import Offloader, offload_region, offload_suspended
+from fxckpt.runtime.segment import SegmentModule, segment_of
 
 X = (3, 4)
 
@@ -170,6 +170,29 @@ def test_offload_action_calls_the_offload_region() -> None:
     gm = lowered(off, FC2)
     runners = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert runners == [offload_region, checkpoint, operator.add]
+
+
+def test_the_offloader_is_given_to_the_segments_the_plan_offloads_only() -> None:
+    off = segment("segment_0", ("fc1", "relu"), ("x",), ("relu",), action="offload")
+    offloader = Offloader("cpu", threshold=0)
+    gm = lower(traced(Tiny(), torch.randn(*X)), plan(off, FC2), offloader)
+    assert segment_of(gm, "segment_0").offloader is offloader
+    assert segment_of(gm, "segment_1").offloader is None  # recomputed, not offloaded
+    assert segment_of(lowered(off, FC2), "segment_0").offloader is None  # none given
+
+
+def test_verification_runs_offloaded_segments_without_their_hooks() -> None:
+    """On fake tensors a copy to the host moves nothing: offload_suspended keeps what the
+    segment saves on the device, and the offloader packs nothing."""
+    off = segment("segment_0", ("fc1", "relu"), ("x",), ("relu",), action="offload")
+    offloader = Offloader("cpu", threshold=0)
+    gm = lower(traced(Tiny(), torch.randn(*X)), plan(off, FC2), offloader)
+    x = torch.randn(*X, requires_grad=True)
+    with offload_suspended():
+        gm(x).sum().backward()
+    assert offloader.stats.packed == 0
+    gm(x).sum().backward()
+    assert offloader.stats.packed > 0
 
 
 def test_placeholders_move_before_every_other_node() -> None:

@@ -7,9 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from fxckpt.budget import BudgetInfeasibleError
-from fxckpt.planning.fit import ATTEMPTS, fit
-from fxckpt.planning.strategies import Fitting
+from fxckpt.budget import BudgetInfeasibleError, parse_budget
+from fxckpt.planning.fit import ATTEMPTS, Target, fit
 from fxckpt.plan import Plan
 from fxckpt.verify import VerifyError
 from handmade import Tiny, plan, segment, traced
@@ -23,23 +22,23 @@ def _base() -> torch.fx.GraphModule:
 
 
 class Scripted:
-    """A ``choose`` that records the fittings it was asked with and a ``verify`` that answers
+    """A ``choose`` that records the targets it was asked with and a ``verify`` that answers
     from a script: the n-th verified plan (the eager graph first) gets ``peaks[n]``."""
 
     def __init__(self, peaks: list[int], *, minimum: int = 0) -> None:
         self.peaks, self.minimum = list(peaks), minimum
-        self.fittings: list[Fitting] = []
+        self.targets: list[Target] = []
 
-    def choose(self, fitting: Fitting) -> Plan:
-        self.fittings.append(fitting)
-        predicted = BUDGET - 100 - fitting.tighten
-        if fitting.minimum:
+    def choose(self, target: Target) -> Plan:
+        self.targets.append(target)
+        predicted = BUDGET - 100 - target.lowered
+        if target.minimum:
             predicted = 10
         return dataclasses.replace(plan(FIRST), predicted_peak=predicted, eager_peak=2000,
                                    budget=BUDGET)
 
     def verify(self, gm: torch.fx.GraphModule) -> int:
-        if self.fittings and self.fittings[-1].minimum:
+        if self.targets and self.targets[-1].minimum:
             return self.minimum
         return self.peaks.pop(0)
 
@@ -48,7 +47,7 @@ def test_a_plan_that_fits_at_once_is_kept() -> None:
     s = Scripted([2000, 950])
     got, _ = fit(_base(), s.choose, s.verify)
     assert (got.verified_peak, got.verified_eager_peak, got.notes) == (950, 2000, ())
-    assert s.fittings == [Fitting(eager_bytes=2000)]
+    assert s.targets == [Target(eager_bytes=2000)]
 
 
 def test_a_plan_without_segments_is_the_eager_graph_and_is_not_verified_again() -> None:
@@ -58,7 +57,7 @@ def test_a_plan_without_segments_is_the_eager_graph_and_is_not_verified_again() 
         verified.append(gm)
         return 700
 
-    def choose(fitting: Fitting) -> Plan:
+    def choose(target: Target) -> Plan:
         return dataclasses.replace(plan(), predicted_peak=690, eager_peak=700, budget=BUDGET)
 
     got, gm = fit(_base(), choose, verify)
@@ -70,16 +69,16 @@ def test_an_overshoot_is_solved_again_lower_until_it_fits() -> None:
     s = Scripted([2000, 1100, 1020, 990])
     got, _ = fit(_base(), s.choose, s.verify)
     assert got.verified_peak == 990
-    tightens = [f.tighten for f in s.fittings]
-    assert tightens[0] == 0 and tightens == sorted(tightens) and len(set(tightens)) == 3
-    assert tightens[1] >= 1100 - BUDGET  # at least the overshoot
+    lowered = [f.lowered for f in s.targets]
+    assert lowered[0] == 0 and lowered == sorted(lowered) and len(set(lowered)) == 3
+    assert lowered[1] >= 1100 - BUDGET  # at least the overshoot
     assert "solved again 2 time(s)" in got.notes[-1]
 
 
 def test_when_no_attempt_fits_the_smallest_plan_is_tried() -> None:
     s = Scripted([2000] + [1100] * ATTEMPTS, minimum=800)
     got, _ = fit(_base(), s.choose, s.verify)
-    assert s.fittings[-1].minimum and got.verified_peak == 800
+    assert s.targets[-1].minimum and got.verified_peak == 800
     assert "smallest peak" in got.notes[-1]
 
 
@@ -94,7 +93,7 @@ def test_when_the_smallest_plan_is_over_too_the_budget_is_refused_with_its_figur
 def test_plans_that_are_not_solved_are_verified_not_tightened() -> None:
     s = Scripted([2000, 1500])
     got, _ = fit(_base(), s.choose, s.verify, solved=False)
-    assert got.verified_peak == 1500 and len(s.fittings) == 1
+    assert got.verified_peak == 1500 and len(s.targets) == 1
 
 
 def test_a_step_that_cannot_run_on_fake_tensors_keeps_the_simulated_figures() -> None:
@@ -107,3 +106,35 @@ def test_a_step_that_cannot_run_on_fake_tensors_keeps_the_simulated_figures() ->
     assert got.notes[-1].startswith("the peak is simulated, not verified")
     assert "boom" in got.notes[-1]
     assert isinstance(gm, torch.fx.GraphModule)
+
+
+def test_a_target_resolves_the_budget_and_moves_it_only_by_what_verification_found() -> None:
+    half, mib = parse_budget(0.5), parse_budget(1 << 20)
+    assert Target().limit(half, 800) == 400  # a fraction of the simulated eager peak
+    verified = Target(eager_bytes=1000)
+    assert verified.limit(half, 800) == 500  # ... of the verified one when known
+    assert verified.limit(mib, 800) == 1 << 20
+    assert verified.set_aside(800) == 200 and Target().set_aside(800) == 0
+    assert verified.aim(500, 800) == 300  # what the verified step holds beyond it, set aside
+    moved = dataclasses.replace(verified, lowered=50, raised=20)
+    assert moved.aim(500, 800) == 270
+    assert moved.allowed(500) == 500  # lowered more than raised: the budget itself
+    assert dataclasses.replace(verified, raised=70).allowed(500) == 570
+
+
+def test_a_plan_well_under_its_prediction_is_solved_again_with_the_aim_raised() -> None:
+    class Loose(Scripted):
+        def choose(self, target: Target) -> Plan:
+            self.targets.append(target)
+            share = 0.5 - target.raised / 1000
+            return dataclasses.replace(plan(FIRST), predicted_peak=900 + target.raised,
+                                       eager_peak=2000, budget=BUDGET, recompute_share=share)
+
+    s = Loose([2000, 700, 980])  # 200 under its prediction, then a plan that still fits
+    got, _ = fit(_base(), s.choose, s.verify, loosen=True)
+    assert [t.raised for t in s.targets] == [0, 200]
+    assert got.verified_peak == 980 and got.recompute_share == pytest.approx(0.3)
+    assert "raised" in got.notes[-1]
+    s = Loose([2000, 700, 1080])  # the looser plan does not fit: the first one stays
+    got, _ = fit(_base(), s.choose, s.verify, loosen=True)
+    assert got.verified_peak == 700 and got.notes == ()

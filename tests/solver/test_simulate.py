@@ -6,11 +6,16 @@ Every expected timeline below was worked out on paper from the rules in
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
 from solver_oracle import chain4
 
-from fxckpt.solver import Op, Problem, check_segments, held_at_backward, peak_bytes, simulate
+from fxckpt.solver import (
+    BudgetInfeasible, Op, Problem, check_segments, held_at_backward, peak_bytes, simulate,
+)
 
 
 def relu_chain() -> Problem:
@@ -204,3 +209,36 @@ def test_held_at_backward_is_what_backward_start_holds_op_by_op() -> None:
                  for p in ((), tuple(segments))}
         drop = sum(held_at_backward(problem)) - sum(held_at_backward(problem, segments))
         assert drop == start[()] - start[tuple(segments)]  # gradients at the start are the same
+
+
+def test_every_peak_counts_the_problems_reserve_and_the_solver_meets_budgets_with_it() -> None:
+    """The reserve is part of the problem: simulate's peaks include it, the solvers' budgets
+    count it, and nothing outside adds or subtracts it."""
+    from fxckpt.solver import min_feasible_peak, solve
+    from fxckpt.solver.search import lower_bound, search
+    from fxckpt.solver.moves import Space
+
+    ops = tuple(Op(name=f"o{i}", out_bytes=100, cost=10, inputs=(f"o{i - 1}",) if i else ("x",),
+                   saves=(f"o{i - 1}",) if i else ("x",)) for i in range(6))
+    bare = Problem(ops=ops, outputs=("o5",))
+    held = dataclasses.replace(bare, reserve_bytes=1000)
+    assert held.index.reserve == 1000
+    for segs in ((), ((1, 4),), ((0, 3), (3, 5))):
+        a, b = simulate(bare, segs), simulate(held, segs)
+        assert b.peak_bytes == a.peak_bytes + 1000 and b.forward_peak == a.forward_peak + 1000
+        assert b.timeline == a.timeline and b.reserve_bytes == 1000
+        assert peak_bytes(held, segs) == b.peak_bytes
+    assert min_feasible_peak(held) == min_feasible_peak(bare) + 1000
+    budget = min_feasible_peak(bare) + 100
+    plan = solve(bare, budget)
+    moved = solve(held, budget + 1000)
+    assert (moved.segments, moved.predicted_peak) == (plan.segments, plan.predicted_peak + 1000)
+    with pytest.raises(BudgetInfeasible) as e:
+        solve(held, budget)  # the bare problem's budget leaves no room for the reserve
+    assert e.value.min_budget == min_feasible_peak(held)
+    found = search(held.index, Space(exact=True), budget + 1000)
+    assert found is not None and found.peak == peak_bytes(held, found.segments)
+    assert lower_bound(held.index, Space(exact=True), math.inf, by_peak=True) \
+        == min_feasible_peak(held)
+    with pytest.raises(ValueError, match="reserve_bytes"):
+        Problem(ops=ops, outputs=("o5",), reserve_bytes=-1)
