@@ -21,7 +21,8 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.passes.lower import lower
 from fxckpt.planning.select import select
-from fxckpt.pipeline.partition import partition, split_stages
+from fxckpt.pipeline.partition import partition
+from fxckpt.pipeline.split import split_stages
 from models import MLP
 
 

@@ -22,14 +22,8 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import ConfigError
 from fxckpt.pipeline.batch_outputs import batch_outputs
-from fxckpt.pipeline.partition import (
-    Balance,
-    StagePlan,
-    partition,
-    pytree_specs,
-    split_stages,
-    stage_order,
-)
+from fxckpt.pipeline.partition import Balance, StagePlan, partition, stage_order
+from fxckpt.pipeline.split import pytree_specs, split_stages
 from fxckpt.plan import PipelineView, Plan, StageView
 from fxckpt.runtime.pipeline import Device, Pipeline, check_checkpoint, check_chunks, check_device
 

@@ -17,7 +17,8 @@ from fxckpt.capture.captured import capture
 from fxckpt.passes.lower import lower
 from fxckpt.planning.select import select
 from fxckpt.cost.annotate import info
-from fxckpt.pipeline.partition import legal_cuts, node_costs, partition, split_stages, stage_order
+from fxckpt.pipeline.partition import legal_cuts, node_costs, partition, stage_order
+from fxckpt.pipeline.split import split_stages
 from fxckpt.plan import Plan
 from fxckpt.solver.stages import stage_costs
 from models import MLP, UNet
