@@ -39,7 +39,6 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
@@ -53,7 +52,9 @@ from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
     from fxckpt.capture.captured import Captured
+    from fxckpt.plan import Plan
     from fxckpt.planner import Compiled
+    from fxckpt.planning.unmodified import Unmodified
     from fxckpt.runtime.offload import Offloader
 
 __all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
@@ -112,6 +113,42 @@ class Dispatcher:
         """
         self.compiled_call: Optional[Callable[..., Any]] = None
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
+        self.unmodified: dict[CallKey, Unmodified] = {}
+        """Per call structure, the sizes whose unmodified step fits a budget in bytes."""
+        self.unmodified_plan: Optional[Plan] = None
+        """What the latest call that ran the model unmodified is described by (``None`` when the
+        latest call ran a plan)."""
+
+    def _runs_unmodified(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Whether this training call runs the model's own forward: under a budget in bytes,
+        while no call of its structure has been captured, its unmodified step verified within
+        the budget (:mod:`fxckpt.planning.unmodified`). Not with ``force=`` pins (they ask for
+        segments), offload or pipeline stages, nor when verification is off."""
+        config = self.config
+        budget = config.budget
+        if (budget is None or budget.bytes is None or not config.verifies or config.offload
+                or config.force):
+            return False
+        key, shapes = call_key(module_states(tm), args, kwargs)
+        state = self.unmodified.get(key)
+        if self.entries.get(key) or (state is not None and state.closed):
+            return False
+        from fxckpt.planner import unmodified_peak, unmodified_plan
+        from fxckpt.planning.unmodified import Unmodified
+
+        if state is None:
+            state = self.unmodified[key] = Unmodified(budget.bytes)
+        view = _view(tm, self.model)
+        start = time.perf_counter()
+        with _planning():
+            runs = state.runs(shapes, args, kwargs,
+                              lambda a, k: unmodified_peak(view, config, a, k),
+                              lambda a, k: call_key(module_states(tm), a, k)[1])
+        self.counts.plan_seconds += time.perf_counter() - start
+        if runs:
+            assert state.peak is not None
+            self.unmodified_plan = unmodified_plan(config, args, kwargs, state.peak)
+        return runs
 
     def runs_model_itself(self, training: bool) -> bool:
         """True when a call runs the model's own forward (eval / no_grad, no pipeline stages)."""
@@ -132,6 +169,8 @@ class Dispatcher:
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         kwargs = self.step_kwargs(tm, kwargs)
         compiled = self.serve(tm, args, kwargs)
+        if compiled is None:  # the unmodified step fits the budget: the model's own forward
+            return type(self.model).forward(tm, *args, **kwargs)
         offloader = self.offloader
         training = tm.training and torch.is_grad_enabled()
         if offloader is None or self.config.offload == "auto" or not training:
@@ -140,15 +179,18 @@ class Dispatcher:
             return compiled(args, kwargs)
 
     @torch.compiler.disable(reason=_SERVE_REASON)
-    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
-        """The plan that runs this call (captured and planned now if needed).
+    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Compiled]:
+        """The plan that runs this call (captured and planned now if needed), or ``None`` when
+        the model runs unmodified (its step fits a budget in bytes: :meth:`_runs_unmodified`).
 
         ``torch.compile`` does not trace this lookup (one graph break, before any segment): it
         runs Python over dicts and may capture or plan, and its result, a different object for
         each mode, autocast state and call structure, is what the compiled graph is guarded on.
         """
+        if self._runs_unmodified(tm, args, kwargs):
+            return None
         compiled = self.compiled_for(tm, args, kwargs)
-        self.last = compiled
+        self.last, self.unmodified_plan = compiled, None
         if self.offloader is not None and tm.training and torch.is_grad_enabled():
             self.offloader.stats = type(self.offloader.stats)()
         return compiled
@@ -156,13 +198,14 @@ class Dispatcher:
     def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
         """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
         compiled = self.compiled_for(tm, args, self.step_kwargs(tm, kwargs))
-        self.last = compiled
+        self.last, self.unmodified_plan = compiled, None
         return compiled
 
     def forget(self) -> None:
         """Drop every capture and plan (after ``.to()`` / ``.half()`` replaced the tensors)."""
         self.entries.clear()
-        self.last = None
+        self.unmodified.clear()
+        self.last, self.unmodified_plan = None, None
 
     def compiled(self) -> list[Compiled]:
         """Every plan made so far, oldest first."""
@@ -178,7 +221,9 @@ class Dispatcher:
             entry = self._entry(tm, key, shapes, args, kwargs)
             return self._plan(tm, key, entry, shapes, args, kwargs)
         except (CaptureError, PlanError):
-            own = _own_error(_view(tm, self.model), args, kwargs)
+            from fxckpt.own_error import own_error
+
+            own = own_error(_view(tm, self.model), args, kwargs)
             if own is not None:
                 raise own from None  # what the model itself raises for this call, unchanged
             raise
@@ -214,6 +259,9 @@ class Dispatcher:
             self.counts.capture_seconds += time.perf_counter() - start
             _share(self.model, key, fingerprint, captured)
         entry = Entry(captured)
+        before = self.unmodified.get(key)
+        if before is not None:  # the unmodified step ran these calls until now
+            entry.plans.start_from(before.held, before.measured)
         entries.append(entry)
         return entry
 
@@ -288,56 +336,6 @@ class Dispatcher:
     def _shape_dependent(self, entry: Entry) -> bool:
         """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
         return self.config.budget is not None or not entry.captured.shape_free
-
-
-def _own_error(view: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Exception]:
-    """The exception the model's own forward raises for this call, if it raises one.
-
-    Asked only when capture or planning failed: a call the model itself refuses (a missing
-    argument, ``tm([x])``, its own ``ValueError`` on bad input) must raise what the model
-    raises, not fxckpt's error. The forward runs under the state guard (buffers, attributes and
-    hooks as they were), and is given up, with no answer, at its first in-place write to a
-    parameter or buffer (an EMA teacher's update, which the guard would not put back) and for
-    models FSDP shards (their forward needs FSDP's hooks and collectives on every rank).
-    """
-    from fxckpt.capture.sharding import sharding_key
-    from fxckpt.capture.state_guard import StateGuard
-    from fxckpt.signature import has_hooks
-
-    if any(sharding_key(view)):
-        return None
-    hooked = [m for m in view.modules() if has_hooks(m)]
-    try:
-        with StateGuard(view, hooked), _NoStateWrites([*view.parameters(), *view.buffers()]):
-            type(view).forward(view, *args, **kwargs)
-    except _GaveUp:
-        return None
-    except Exception as e:  # the model's own: whatever it is, it is the answer
-        return e
-    return None
-
-
-class _GaveUp(Exception):
-    """The probe of :func:`_own_error` would have changed the model's state."""
-
-
-class _NoStateWrites(TorchDispatchMode):
-    """Raises :class:`_GaveUp` before any op writes one of ``state`` in place."""
-
-    def __init__(self, state: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.state = {t.untyped_storage().data_ptr() for t in state if t.numel()}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: Optional[dict] = None) -> Any:
-        kwargs = kwargs or {}
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
-                if isinstance(value, torch.Tensor) and \
-                        value.untyped_storage().data_ptr() in self.state:
-                    raise _GaveUp()
-        return func(*args, **kwargs)
 
 
 @contextlib.contextmanager

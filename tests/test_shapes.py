@@ -81,16 +81,19 @@ def test_a_growing_batch_is_planned_at_power_of_two_buckets() -> None:
         else:
             tm(x).sum().backward()
     info = fxckpt.inspect(tm)
-    # 1 first, then power-of-two sizes up to 64 (40 rounds up to 64): each served by the
-    # latest plan when it verifies under the budget there, else planned; never one per size.
-    # Once two peaks give the line, the check jumps ahead to where the plan is predicted to
-    # hold (3 -> 32), so 4, 8 and 16 cost no check of their own.
+    # The unmodified step fits the budget at small sizes: those calls run the model as it is,
+    # measured at 1, then (one measurement giving a bound) far ahead, then at power-of-two
+    # sizes. The first call it would not fit at is captured once and planned at the bucket
+    # beyond (40 rounds up to 64), against the unmodified peak measured there.
     from fxckpt.module import dispatcher_of
+    (state,) = dispatcher_of(tm).unmodified.values()
+    held = sorted(s[0][0] for s in state.held)
+    assert held[0] == 1 and all(n & (n - 1) == 0 for n in held) and len(state.measured) < 6
+    assert state.closed and max(held) < 64
     (entry,) = [e for es in dispatcher_of(tm).entries.values() for e in es]
     sizes = sorted(s[0][0] for s in entry.plans.plans)
-    assert sizes[:2] == [1, 2] and sizes[-1] == 64 and len(sizes) < 7
-    assert all(n & (n - 1) == 0 for n in sizes)
-    assert info.captures == 1 and 1 <= info.plans_made < 7
+    assert sizes == [64]
+    assert info.captures == 1 and info.plans_made == 1
     assert len(info.plans) == info.plans_made
     for p in info.plans:
         assert p.verified_peak is not None and p.verified_peak <= budget
@@ -103,15 +106,50 @@ def test_a_growing_batch_is_planned_at_power_of_two_buckets() -> None:
 def test_buckets_give_way_when_the_loss_fn_holds_the_batch_size() -> None:
     """A ``loss_fn`` closing over targets of the call's size cannot run at bucketed sizes: the
     call's own sizes are planned, and buckets are not tried again."""
-    targets: dict[str, torch.Tensor] = {}
+    targets = {"y": torch.randn(4, 4)}
+    # planned at once (example_inputs): calls of this structure are planned, not run unmodified
     tm = fxckpt.transform(MLP(), budget="1GiB",
-                          loss_fn=lambda out, x: (out - targets["y"]).square().mean())
+                          loss_fn=lambda out, x: (out - targets["y"]).square().mean(),
+                          example_inputs=(torch.randn(4, 32),))
     for batch in (4, 6, 7):
         targets["y"] = torch.randn(batch, 4)
         (tm(torch.randn(batch, 32)) - targets["y"]).square().mean().backward()
     info = fxckpt.inspect(tm)
     assert sorted(p.signature for p in info.plans) == [
         "(float32[4, 32])", "(float32[6, 32])", "(float32[7, 32])"]
+
+
+def test_while_the_unmodified_step_fits_a_budget_in_bytes_nothing_is_captured() -> None:
+    """Calls whose unmodified step verifies within the budget run the model as it is: the same
+    gradients, no capture, no plan; a ``loss_fn`` closing over targets of the call's size is
+    measured at the call's own sizes. A call it would not fit is captured and planned."""
+    targets: dict[str, torch.Tensor] = {}
+    model = MLP()
+    reference = copy.deepcopy(model)
+    budget = _bytes(model, 64, 0.8)
+    tm = fxckpt.transform(model, budget=budget,
+                          loss_fn=lambda out, x: (out - targets["y"]).square().mean())
+    for step, batch in enumerate((4, 6, 7, 3)):
+        targets["y"] = torch.randn(batch, 4)
+        x = torch.randn(batch, 32)
+        tm.zero_grad()
+        reference.zero_grad()
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step),
+                           run_step(reference, (x,), {}, seed=step))
+    info = fxckpt.inspect(tm)
+    assert (info.captures, info.plans_made) == (0, 0)
+    from fxckpt.module import dispatcher_of
+    (state,) = dispatcher_of(tm).unmodified.values()
+    assert not state.buckets and sorted(s[0][0] for s in state.held) == [4, 6, 7]
+    assert info.plan.segments == () and info.plan.capture == "none"
+    assert info.plan.verified_peak is not None and info.plan.verified_peak <= budget
+    assert "ran as it is" in info.plan.notes[0]
+    with pytest.raises(fxckpt.NotPlannedError, match="ran the model unmodified"):
+        info.graph_module
+    targets["y"] = torch.randn(96, 4)
+    tm(torch.randn(96, 32)).sum().backward()  # over the budget unmodified: planned
+    assert (info.captures, info.plans_made) == (1, 1) and info.plan.segments
+    assert info.plan.verified_peak is not None and info.plan.verified_peak <= budget
 
 
 def test_a_smaller_batch_never_fails_a_budget_a_larger_one_met(

@@ -25,6 +25,13 @@ plan serves every shape of a capture. Under a budget:
   so its peak at the bucket is the eager one the next plan is fitted against: the build is
   given it instead of measuring it again.
 * **Bounded.** A capture keeps at most :data:`MAX_PLANS` plans; the least recently used goes.
+* **No plan while the unmodified step fits** (:mod:`fxckpt.planning.unmodified`). Under a
+  budget in bytes, a call whose unmodified step verifies within it runs the model as it is: no
+  capture, no plan. Its sizes are measured as plans' are checked (grown dimensions bucketed, a
+  measurement further on where the peaks predict it holds); the first call that would not fit
+  closes the way, and the plan cache of the capture made then starts from the largest sizes
+  that fit (its first plan is made at the bucket beyond them, fitted against the unmodified
+  peak measured there).
 * **Never a failure mid-training.** When a smaller call's own plan cannot meet the budget (a
   fraction of a small step is mostly what does not shrink with the batch) but a larger call was
   planned under it, the smaller call gets the plan with the smallest peak, and a warning says so.
@@ -36,14 +43,15 @@ import collections
 import logging
 from typing import Callable, Generic, Optional, Protocol, TypeVar
 
-import torch
-import torch.utils._pytree as pytree
 
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.plan import Plan
+from fxckpt.planning.sizes import (
+    JUMP, JUMP_SHARE, Growth, grown_dims, padded_args, scaled, volume,
+)
 from fxckpt.signature import Shapes, dominates
 
-__all__ = ["PlanCache", "Planned", "Growth", "MAX_PLANS", "bucket"]
+__all__ = ["PlanCache", "Planned", "MAX_PLANS"]
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +78,10 @@ ShapesOf = Callable[[tuple, dict], Shapes]
 PeakAt = Callable[[P, tuple, dict], Optional[int]]
 """A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
 
-JUMP = 3
-"""Doublings past the bucket at which the latest plan may be checked first, when predicted to
-hold there (:class:`Growth`)."""
-JUMP_SHARE = 0.9
-"""A check further on is tried only where the predicted peak is at most this share of the
-budget (a miss costs one check more)."""
+
+
+_UNMODIFIED = object()
+"""What the unmodified step's peaks are noted under in :class:`Growth` (one line of its own)."""
 
 
 class PlanCache(Generic[P]):
@@ -87,8 +93,21 @@ class PlanCache(Generic[P]):
         """Whether bucketed sizes may still be tried on this capture."""
         self.beyond: set[Shapes] = set()
         """Bucketed sizes the budget cannot be met at (the call's own sizes are planned)."""
-        self.growth: Growth[P] = Growth()
+        self.growth: Growth[object] = Growth()
         """The verified peaks seen, by size: what predicts a plan's peak at a larger size."""
+        self.floor: Optional[Shapes] = None
+        """The largest sizes the unmodified step served before this capture
+        (:mod:`fxckpt.planning.unmodified`): the first plan is made at the bucket beyond them."""
+        self.eager_at: dict[Shapes, int] = {}
+        """The unmodified step's verified peak at sizes measured before this capture."""
+
+    def start_from(self, held: list[Shapes], measured: dict[Shapes, int]) -> None:
+        """Continue where the unmodified step stopped fitting (:mod:`fxckpt.planning.unmodified`):
+        the sizes it held at, its verified peaks by sizes (the line through them predicts)."""
+        self.floor = max(held, key=volume) if held else None
+        self.eager_at = dict(measured)
+        for sizes, peak in measured.items():
+            self.growth.saw(_UNMODIFIED, volume(sizes), peak)
 
     def values(self) -> list[P]:
         return list(self.plans.values())
@@ -103,7 +122,7 @@ class PlanCache(Generic[P]):
         larger = [s for s in self.plans if s is not None and dominates(s, key)]
         if not larger:
             return None
-        best = min(larger, key=_volume)
+        best = min(larger, key=volume)
         log.debug("reusing the plan made for %s for %s", best, key)
         self.plans.move_to_end(best)
         return self.plans[best]
@@ -120,17 +139,18 @@ class PlanCache(Generic[P]):
         any capture of such calls), so a budget this call cannot meet falls back to the plan
         with the smallest peak instead of failing training.
         """
-        if key is not None and self.buckets and self.plans:
+        if key is not None and self.buckets and (self.plans or self.floor is not None):
             grown = self._grown(key)
-            padded = _padded(args, kwargs, key, grown)
+            padded = padded_args(args, kwargs, key, grown)
             if padded is not None:
                 bucketed = shapes_of(*padded)
-                latest = next(reversed(self.plans.values()))
+                latest = next(reversed(self.plans.values()), None)
                 # beyond the budget at the bucket: whether it holds at the call's own sizes
                 sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
                                  else (bucketed, padded))
-                eager = None
-                if accepts(sizes) and peak_at is not None and _budget(latest) is not None:
+                eager = self.eager_at.get(bucketed)
+                if (latest is not None and accepts(sizes) and peak_at is not None
+                        and _budget(latest) is not None):
                     if sizes == bucketed:
                         ahead = self._ahead(latest, key, grown, args, kwargs, shapes_of,
                                             accepts, peak_at)
@@ -147,7 +167,7 @@ class PlanCache(Generic[P]):
                         compiled = build(*padded, None, eager)
                         if _unverified(compiled):
                             raise RuntimeError("the plan could not be verified at those sizes")
-                        self.growth.saw(compiled, _volume(bucketed), _verified(compiled))
+                        self.growth.saw(compiled, volume(bucketed), _verified(compiled))
                         return self._keep(bucketed, compiled), True
                     except BudgetInfeasibleError:  # the budget binds before the bucket's sizes
                         self.beyond.add(bucketed)
@@ -156,7 +176,7 @@ class PlanCache(Generic[P]):
                         log.info("fxckpt: planning for bucketed sizes %s failed (%s: %s); "
                                  "planning each size as it comes", bucketed, type(e).__name__, e)
         try:
-            compiled = build(args, kwargs, None, None)
+            compiled = build(args, kwargs, None, None if key is None else self.eager_at.get(key))
         except BudgetInfeasibleError as e:
             if not planned_larger:
                 raise
@@ -167,7 +187,7 @@ class PlanCache(Generic[P]):
                 e.min_budget)
             compiled = build(args, kwargs, Budget(bytes=e.min_budget), None)
         if key is not None:
-            self.growth.saw(compiled, _volume(key), _verified(compiled))
+            self.growth.saw(compiled, volume(key), _verified(compiled))
         return self._keep(key, compiled), True
 
     def _check(self, compiled: P, sizes: Shapes, args: tuple, kwargs: dict,
@@ -176,7 +196,7 @@ class PlanCache(Generic[P]):
         (``None`` when not measured: the prediction said it would not hold)."""
         budget = _budget(compiled)
         assert budget is not None
-        predicted = self.growth.predict(compiled, _volume(sizes))
+        predicted = self.growth.predict(compiled, volume(sizes))
         if predicted is not None and predicted > budget:
             log.debug("the latest plan is predicted at %d bytes at %s, over its budget: not "
                       "checked", predicted, sizes)
@@ -184,7 +204,7 @@ class PlanCache(Generic[P]):
         peak = peak_at(compiled, args, kwargs)
         if peak is None:
             return False, None
-        self.growth.saw(compiled, _volume(sizes), peak)
+        self.growth.saw(compiled, volume(sizes), peak)
         return peak <= budget, peak
 
     def _ahead(self, latest: P, key: Shapes, grown: set[tuple[int, int]], args: tuple,
@@ -195,11 +215,11 @@ class PlanCache(Generic[P]):
         budget = _budget(latest)
         assert budget is not None
         for doublings in range(JUMP, 0, -1):
-            far = _scaled(key, grown, 1 << doublings)
-            predicted = self.growth.predict(latest, _volume(far))
+            far = scaled(key, grown, 1 << doublings)
+            predicted = self.growth.predict(latest, volume(far))
             if predicted is None or predicted > JUMP_SHARE * budget or not accepts(far):
                 continue
-            padded = _padded(args, kwargs, key, grown, 1 << doublings)
+            padded = padded_args(args, kwargs, key, grown, 1 << doublings)
             if padded is None or shapes_of(*padded) != far:
                 return None
             held, _ = self._check(latest, far, *padded, peak_at)
@@ -209,14 +229,10 @@ class PlanCache(Generic[P]):
         return None
 
     def _grown(self, key: Shapes) -> set[tuple[int, int]]:
-        """``(tensor, dim)`` positions where ``key`` is larger than the largest plan so far."""
-        planned = [s for s in self.plans if s is not None and len(s) == len(key)
-                   and all(len(a) == len(b) for a, b in zip(s, key))]
-        if not planned:
-            return set()
-        largest = max(planned, key=_volume)
-        return {(i, d) for i, (new, old) in enumerate(zip(key, largest))
-                for d, (n, o) in enumerate(zip(new, old)) if n > o}
+        """``(tensor, dim)`` positions where ``key`` is larger than the largest plan so far (or
+        than the sizes the unmodified step served, before the first plan)."""
+        seen = [s for s in self.plans if s is not None]
+        return grown_dims(seen or ([self.floor] if self.floor is not None else []), key)
 
     def _keep(self, key: Optional[Shapes], compiled: P) -> P:
         self.plans[key] = compiled
@@ -225,44 +241,6 @@ class PlanCache(Generic[P]):
             dropped, _ = self.plans.popitem(last=False)
             log.debug("dropped the least recently used plan (for %s)", dropped)
         return compiled
-
-
-class Growth(Generic[P]):
-    """Verified peaks noted with the total size (elements over every input) of the call they
-    were measured at; from them, the bytes that do not grow with the inputs and a plan's peak at
-    a larger size (a straight line through its latest peak and those fixed bytes)."""
-
-    KEEP = 16
-    """Peaks remembered (the latest)."""
-
-    def __init__(self) -> None:
-        self.points: list[tuple[P, int, int]] = []
-
-    def saw(self, compiled: P, volume: int, peak: Optional[int]) -> None:
-        if peak is not None:
-            self.points.append((compiled, volume, peak))
-            del self.points[:-self.KEEP]
-
-    def fixed(self) -> Optional[float]:
-        """The bytes at size 0 of the line through the latest two peaks one plan had at two
-        sizes (weights, gradients: what a larger call does not add to), or ``None``."""
-        for i in range(len(self.points) - 1, 0, -1):
-            plan, v2, p2 = self.points[i]
-            for other, v1, p1 in reversed(self.points[:i]):
-                if other is plan and v1 != v2:
-                    slope = (p2 - p1) / (v2 - v1)
-                    return min(max(0.0, p1 - slope * v1), float(min(p1, p2)))
-        return None
-
-    def predict(self, compiled: P, volume: int) -> Optional[float]:
-        """``compiled``'s peak at a call of ``volume`` elements, extrapolated; ``None`` before
-        there is anything to extrapolate from."""
-        own = [(v, p) for plan, v, p in self.points if plan is compiled and v > 0]
-        fixed = self.fixed()
-        if not own or fixed is None:
-            return None
-        size, peak = own[-1]
-        return fixed + (peak - fixed) * volume / size
 
 
 def _budget(compiled: Planned) -> Optional[int]:
@@ -282,44 +260,3 @@ def _verified(compiled: Planned) -> Optional[int]:
 def _unverified(compiled: Planned) -> bool:
     """A budget plan left with simulated figures only (its step failed on fake tensors)."""
     return compiled.plan.budget is not None and compiled.plan.verified_peak is None
-
-
-def bucket(size: int) -> int:
-    """The size a growing dimension is planned at: the next power of two."""
-    return 1 << max(0, size - 1).bit_length()
-
-
-def _scaled(key: Shapes, grown: set[tuple[int, int]], scale: int = 1) -> Shapes:
-    """``key`` with the grown dimensions bucketed, times ``scale``."""
-    return tuple(tuple(bucket(n) * scale if (i, d) in grown else n for d, n in enumerate(shape))
-                 for i, shape in enumerate(key))
-
-
-def _padded(args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
-            scale: int = 1) -> Optional[tuple[tuple, dict]]:
-    """Placeholder arguments with the grown dimensions bucketed (times ``scale``; zeros:
-    planning reads shapes only), or ``None`` when nothing grew."""
-    if not grown:
-        return None
-    index = 0
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        nonlocal index
-        i, index = index, index + 1
-        shape = [bucket(n) * scale if (i, d) in grown else n for d, n in enumerate(t.shape)]
-        if list(t.shape) == shape:
-            return t
-        return torch.zeros(shape, dtype=t.dtype, device=t.device).requires_grad_(t.requires_grad)
-
-    padded = pytree.tree_map_only(torch.Tensor, pad, (args, kwargs))
-    return padded if index == len(key) else None
-
-
-def _volume(shapes: Shapes) -> int:
-    total = 0
-    for shape in shapes:
-        n = 1
-        for s in shape:
-            n *= s
-        total += n
-    return total

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 import torch
 
-from fxckpt.planning.plan_cache import MAX_PLANS, Growth, PlanCache
+from fxckpt.planning.plan_cache import MAX_PLANS, PlanCache
+from fxckpt.planning.sizes import Growth
 
 FIXED, EAGER, CHECKPOINTED = 100, 10, 4
 """Bytes a step holds at any batch, and per sample without and with checkpointing."""
