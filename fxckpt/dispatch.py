@@ -139,6 +139,7 @@ class Dispatcher:
         if state is None:
             state = self.unmodified[key] = Unmodified(budget.bytes)
         view = _view(tm, self.model)
+        first = not state.held
         start = time.perf_counter()
         with _planning():
             runs = state.runs(shapes, args, kwargs,
@@ -148,6 +149,13 @@ class Dispatcher:
         if runs:
             assert state.peak is not None
             self.unmodified_plan = unmodified_plan(config, args, kwargs, state.peak)
+            if first:
+                log.info("%s: the unmodified step holds %d bytes, within the budget: running the "
+                         "model as it is until a call would not fit", type(self.model).__name__,
+                         state.peak)
+        elif state.held:  # closed now, once
+            log.info("%s: the unmodified step would not fit the budget at %s: capturing and "
+                     "planning", type(self.model).__name__, shapes)
         return runs
 
     def runs_model_itself(self, training: bool) -> bool:

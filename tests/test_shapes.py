@@ -119,10 +119,12 @@ def test_buckets_give_way_when_the_loss_fn_holds_the_batch_size() -> None:
         "(float32[4, 32])", "(float32[6, 32])", "(float32[7, 32])"]
 
 
-def test_while_the_unmodified_step_fits_a_budget_in_bytes_nothing_is_captured() -> None:
+def test_while_the_unmodified_step_fits_a_budget_in_bytes_nothing_is_captured(
+        caplog: pytest.LogCaptureFixture) -> None:
     """Calls whose unmodified step verifies within the budget run the model as it is: the same
     gradients, no capture, no plan; a ``loss_fn`` closing over targets of the call's size is
     measured at the call's own sizes. A call it would not fit is captured and planned."""
+    caplog.set_level("INFO", logger="fxckpt.dispatch")
     targets: dict[str, torch.Tensor] = {}
     model = MLP()
     reference = copy.deepcopy(model)
@@ -146,9 +148,13 @@ def test_while_the_unmodified_step_fits_a_budget_in_bytes_nothing_is_captured() 
     assert "ran as it is" in info.plan.notes[0]
     with pytest.raises(fxckpt.NotPlannedError, match="ran the model unmodified"):
         info.graph_module
+    said = [r.getMessage() for r in caplog.records if "unmodified step" in r.getMessage()]
+    assert len(said) == 1 and "running the model as it is" in said[0]  # said once
     targets["y"] = torch.randn(96, 4)
     tm(torch.randn(96, 32)).sum().backward()  # over the budget unmodified: planned
     assert (info.captures, info.plans_made) == (1, 1) and info.plan.segments
+    said = [r.getMessage() for r in caplog.records if "unmodified step" in r.getMessage()]
+    assert len(said) == 2 and "would not fit the budget" in said[1]
     assert info.plan.verified_peak is not None and info.plan.verified_peak <= budget
 
 
