@@ -119,7 +119,8 @@ class Dispatcher:
         """What the latest call that ran the model unmodified is described by (``None`` when the
         latest call ran a plan)."""
 
-    def _runs_unmodified(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+    def _runs_unmodified(self, tm: torch.nn.Module, keyed: tuple[CallKey, Shapes], args: tuple,
+                         kwargs: dict) -> bool:
         """Whether this training call runs the model's own forward: under a budget in bytes,
         while no call of its structure has been captured, its unmodified step verified within
         the budget (:mod:`fxckpt.planning.unmodified`). Not with ``force=`` pins (they ask for
@@ -129,7 +130,7 @@ class Dispatcher:
         if (budget is None or budget.bytes is None or not config.verifies or config.offload
                 or config.force):
             return False
-        key, shapes = call_key(module_states(tm), args, kwargs)
+        key, shapes = keyed
         state = self.unmodified.get(key)
         if self.entries.get(key) or (state is not None and state.closed):
             return False
@@ -144,7 +145,7 @@ class Dispatcher:
         with _planning():
             runs = state.runs(shapes, args, kwargs,
                               lambda a, k: unmodified_peak(view, config, a, k),
-                              lambda a, k: call_key(module_states(tm), a, k)[1])
+                              lambda a, k: self._keyed(tm, a, k)[1])
         self.counts.plan_seconds += time.perf_counter() - start
         if runs:
             assert state.peak is not None
@@ -195,9 +196,10 @@ class Dispatcher:
         runs Python over dicts and may capture or plan, and its result, a different object for
         each mode, autocast state and call structure, is what the compiled graph is guarded on.
         """
-        if self._runs_unmodified(tm, args, kwargs):
+        keyed = self._keyed(tm, args, kwargs)  # once per call: the modules' states are walked
+        if self._runs_unmodified(tm, keyed, args, kwargs):
             return None
-        compiled = self.compiled_for(tm, args, kwargs)
+        compiled = self.compiled_for(tm, args, kwargs, keyed)
         self.last, self.unmodified_plan = compiled, None
         if self.offloader is not None and tm.training and torch.is_grad_enabled():
             self.offloader.stats = type(self.offloader.stats)()
@@ -220,11 +222,15 @@ class Dispatcher:
         every = [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
         return list({id(c): c for c in every}.values())  # one plan may serve several sizes
 
-    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+    def _keyed(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
+        """The call's key and shapes, as planned (the first micro-batch's)."""
         from fxckpt.planner import first_micro_batch
 
-        plan_args, plan_kwargs = first_micro_batch(self.config, args, kwargs)
-        key, shapes = call_key(module_states(tm), plan_args, plan_kwargs)
+        return call_key(module_states(tm), *first_micro_batch(self.config, args, kwargs))
+
+    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict,
+                     keyed: Optional[tuple[CallKey, Shapes]] = None) -> Compiled:
+        key, shapes = keyed if keyed is not None else self._keyed(tm, args, kwargs)
         try:
             entry = self._entry(tm, key, shapes, args, kwargs)
             return self._plan(tm, key, entry, shapes, args, kwargs)
@@ -318,9 +324,7 @@ class Dispatcher:
                              eager_peak=eager, offloader=self.offloader)
 
         def shapes_of(a: tuple, k: dict) -> Shapes:
-            from fxckpt.planner import first_micro_batch
-
-            return call_key(module_states(tm), *first_micro_batch(self.config, a, k))[1]
+            return self._keyed(tm, a, k)[1]
 
         if self.config.pipelined or self.config.budget is None:
             entry.plans.buckets = False
@@ -395,6 +399,3 @@ def _make_offloader(config: TransformConfig) -> Optional[Offloader]:
     from fxckpt.runtime.offload import Offloader
 
     return Offloader(config.offload_device or "cpu", threshold=config.offload_threshold)
-
-
-

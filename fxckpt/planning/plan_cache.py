@@ -43,11 +43,10 @@ import collections
 import logging
 from typing import Callable, Generic, Optional, Protocol, TypeVar
 
-
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.plan import Plan
 from fxckpt.planning.sizes import (
-    JUMP, JUMP_SHARE, Growth, grown_dims, padded_args, scaled, volume,
+    JUMP, JUMP_SHARE, Growth, ShapesOf, grown_dims, padded_args, scaled, volume,
 )
 from fxckpt.signature import Shapes, dominates
 
@@ -73,12 +72,8 @@ P = TypeVar("P", bound=Planned)
 Build = Callable[[tuple, dict, Optional[Budget], Optional[int]], P]
 """Plan for these call arguments (with this budget instead of the configured one, if given;
 with the unmodified step's verified peak at these sizes, if already known)."""
-ShapesOf = Callable[[tuple, dict], Shapes]
-"""The shapes a call's arguments are planned at (the first micro-batch's)."""
 PeakAt = Callable[[P, tuple, dict], Optional[int]]
 """A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
-
-
 
 _UNMODIFIED = object()
 """What the unmodified step's peaks are noted under in :class:`Growth` (one line of its own)."""

@@ -8,17 +8,20 @@ prediction.
 
 from __future__ import annotations
 
-from typing import Generic, Optional, TypeVar
+from typing import Callable, Generic, Optional, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.signature import Shapes
 
-__all__ = ["Growth", "JUMP", "JUMP_SHARE", "bucket", "grown_dims", "padded_args", "scaled",
-           "volume"]
+__all__ = ["Growth", "JUMP", "JUMP_SHARE", "ShapesOf", "bucket", "grown_dims", "padded_args",
+           "scaled", "volume"]
 
 K = TypeVar("K")
+
+ShapesOf = Callable[[tuple, dict], Shapes]
+"""The shapes a call's arguments are planned or measured at (the first micro-batch's)."""
 
 JUMP = 3
 """Doublings past the bucket at which the latest plan may be checked first, when predicted to

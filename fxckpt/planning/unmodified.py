@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from fxckpt.planning.sizes import (
-    JUMP_SHARE, Growth, grown_dims, padded_args, scaled, volume,
+    JUMP_SHARE, Growth, ShapesOf, grown_dims, padded_args, scaled, volume,
 )
 from fxckpt.signature import Shapes, dominates
 
@@ -22,10 +22,6 @@ LEAP = 5
 """Doublings past the bucket at which a growing call may first be measured, where the peaks
 seen predict the unmodified step holds well under the budget there (a measurement costs about
 what one verification of a plan does; :data:`fxckpt.planning.sizes.JUMP` is the plans' own)."""
-
-ShapesOf = Callable[[tuple, dict], Shapes]
-"""The shapes a call's arguments are measured at."""
-
 
 class Unmodified:
     """Calls of one structure whose unmodified step holds a budget in bytes: they run the model
