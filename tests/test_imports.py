@@ -21,14 +21,43 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _graph() -> nx.DiGraph:
+def _executed(tree: ast.Module) -> list[ast.stmt]:
+    """The import statements that run when the module is imported: module and class bodies and
+    the branches of ``if``/``try``/``with``, not function bodies or ``if TYPE_CHECKING:``."""
+    found: list[ast.stmt] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                found.append(stmt)
+            elif isinstance(stmt, ast.If):
+                test = stmt.test
+                checking = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+                            or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+                visit(stmt.orelse)
+                if not checking:
+                    visit(stmt.body)
+            elif isinstance(stmt, ast.Try):
+                for part in (stmt.body, *(h.body for h in stmt.handlers), stmt.orelse,
+                             stmt.finalbody):
+                    visit(part)
+            elif isinstance(stmt, (ast.With, ast.ClassDef)):
+                visit(stmt.body)
+
+    visit(tree.body)
+    return found
+
+
+def _graph(at_import: bool = False) -> nx.DiGraph:
     """Module -> module it imports (``from a.b import c`` names ``a.b.c`` when that is a
-    module); a package's edges to its own modules and to the root are left out."""
+    module); a package's edges to its own modules and to the root are left out. ``at_import``
+    keeps only the imports that run when the module is imported."""
     modules = {_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
     for module, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in (_executed(tree) if at_import else ast.walk(tree)):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
@@ -110,3 +139,15 @@ def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
             later += [f"{module} -> {target}" for target in graph.successors(module)
                       if target.startswith(tuple(s + "." for s in order[i + 1:]))]
     assert not later, "\n".join(later)
+
+
+def test_importing_runs_a_chain_of_at_most_eleven_modules() -> None:
+    """The deepest chain of imports that run at import time (planner -> planning -> cost ->
+    runtime) is 11 modules; issue 35 counted 17 layers before the layout by stages. Imports
+    inside functions (the CLI and inspect reaching the whole stack lazily) make a chain of 20
+    and are not counted: they run only when that function is called."""
+    graph = _graph(at_import=True)
+    assert not graph.has_edge("fxckpt.dispatch", "fxckpt.planner")  # only inside functions
+    assert graph.has_edge("fxckpt.planner", "fxckpt.planning.fit")
+    chain = nx.dag_longest_path(graph)
+    assert len(chain) <= 11, " -> ".join(chain)
