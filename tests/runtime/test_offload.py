@@ -173,7 +173,13 @@ def test_a_forward_that_raises_midway_gives_its_host_buffers_back() -> None:
     del out
     gc.collect()
     assert offloader.in_flight == 0 and not offloader.pool.in_use
-    assert len(offloader._live) <= 17  # the storage -> host copy index forgets dead entries too
+    # The storage -> host copy index forgets dead entries when it outgrows the live ones; it is
+    # checked after one more step because a test run that frees graphs late (another test's
+    # thread or tracer holding frames) may leave it up to twice the copies then in flight.
+    with offloader.hooks(model):
+        out = model(torch.randn(4, 16))
+    assert offloader.in_flight == 2
+    assert len(offloader._live) <= 2 * offloader.in_flight + 17  # 51 if it never forgot
 
 
 def test_a_storage_written_in_place_after_it_was_saved_gets_a_new_copy() -> None:
