@@ -150,8 +150,13 @@ def test_while_the_unmodified_step_fits_a_budget_in_bytes_nothing_is_captured(
         info.graph_module
     said = [r.getMessage() for r in caplog.records if "unmodified step" in r.getMessage()]
     assert len(said) == 1 and "running the model as it is" in said[0]  # said once
-    targets["y"] = torch.randn(96, 4)
-    tm(torch.randn(96, 32)).sum().backward()  # over the budget unmodified: planned
+    for step, batch in enumerate((96, 5), start=4):  # over the budget unmodified: planned,
+        targets["y"] = torch.randn(batch, 4)         # and the way stays closed after
+        x = torch.randn(batch, 32)
+        tm.zero_grad()
+        reference.zero_grad()
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step),
+                           run_step(reference, (x,), {}, seed=step))
     assert (info.captures, info.plans_made) == (1, 1) and info.plan.segments
     said = [r.getMessage() for r in caplog.records if "unmodified step" in r.getMessage()]
     assert len(said) == 2 and "would not fit the budget" in said[1]
