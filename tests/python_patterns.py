@@ -687,6 +687,50 @@ class HeldNumpyGenerator(nn.Module):
         return self.body(x) * float(self.rng.uniform(0.9, 1.1))
 
 
+class HeldPythonRandom(nn.Module):
+    """A ``random.Random`` the model owns, for a per-call jitter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Body()
+        self.rand = random.Random(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.rand.uniform(0.9, 1.1)
+
+
+class HeldRandomState(nn.Module):
+    """A legacy ``np.random.RandomState`` in a dict of generators the model keeps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Body()
+        self.rngs = {"scale": np.random.RandomState(0)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * float(self.rngs["scale"].uniform(0.9, 1.1))
+
+
+class Jitter:
+    """An augmentation helper with its own numpy Generator (a plain object, not a module)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(self.rng.normal(1.0, 0.05))
+
+
+class HelperWithGenerator(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Body()
+        self.jitter = Jitter(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.jitter(x))
+
+
 class LayerDrop(nn.Module):
     """A random Python decision per layer (LayerDrop / stochastic depth)."""
 
@@ -931,6 +975,14 @@ CASES = [
     Case("python_random_choice", PythonChoice, error=_PYTHON),
     Case("numpy_generator_held", HeldNumpyGenerator,
          error=(CaptureError, r"reads `<root>.rng`, a numpy.random._generator.Generator random")),
+    Case("python_random_held", HeldPythonRandom,
+         error=(CaptureError, r"reads `<root>.rand`, a random.Random random generator")),
+    Case("numpy_random_state_in_dict", HeldRandomState,
+         error=(CaptureError, r"reads `<root>\.rngs\['scale'\]`, a numpy\.random\.mtrand\."
+                r"RandomState random generator, and draws from it")),
+    Case("numpy_generator_in_helper", HelperWithGenerator,
+         error=(CaptureError, r"reads `<root>\.jitter\.rng`, a numpy\.random\._generator\."
+                r"Generator random generator, and draws from it")),
     Case("layer_drop_decision", LayerDrop,
          error=(CaptureError, r"could not capture LayerDrop")),
     Case("stochastic_depth_tensors", StochasticDepthTensor,

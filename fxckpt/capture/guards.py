@@ -32,14 +32,13 @@ import copy
 import dataclasses
 import itertools
 import operator
-import random
-import sys
 import types
 from typing import Any, Optional
 
 import torch
 
 from fxckpt.errors import CaptureError
+from fxckpt.capture.generators import describe, generator_types
 from fxckpt.capture.reads import MISSING, MUTABLE, Reads, is_plain
 
 __all__ = ["Guards", "Failure", "build_guards"]
@@ -238,14 +237,9 @@ def _is_plain_object(value: Any) -> bool:
 
 
 def _refuse_foreign_generator(where: str, name: str, value: Any) -> None:
-    numpy = sys.modules.get("numpy")
-    foreign: tuple[type, ...] = (random.Random,)
-    if numpy is not None:
-        foreign += (numpy.random.Generator, numpy.random.RandomState)
-    if isinstance(value, foreign):
+    if isinstance(value, generator_types()):
         raise CaptureError(
-            f"the forward reads `{where}.{name}`, a {type(value).__module__}."
-            f"{type(value).__qualname__} random generator; numbers drawn from it while the "
+            f"{describe(f'{where}.{name}', value)}; numbers drawn from it while the "
             "model is captured would be replayed as constants on every call. Draw random "
             "numbers with torch (torch.rand, torch.randn(..., generator=g) with a "
             "torch.Generator), which fxckpt replays exactly, or draw them outside the model "

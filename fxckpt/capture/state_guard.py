@@ -1,15 +1,20 @@
 """Capture runs the model's forward once; it must leave no trace and reveal what a graph can't
 replay.
 
-``StateGuard`` wraps one capture attempt. On exit it puts back everything the attempt may have
-changed — buffer values, module attributes, hook tables, and torch, numpy and Python random
-state when no other thread could have drawn meanwhile — and reports the changes that mean a
-captured graph would diverge from the model:
+``StateGuard`` wraps one capture attempt (or one run of the unmodified step on fake tensors, to
+measure it). On exit it puts back everything the attempt may have changed — buffer values,
+module attributes, hook tables, the random generators the model holds, and torch, numpy and
+Python random state when no other thread could have drawn meanwhile (while it is active, this
+thread's draws through ``random.*`` and ``np.random.*`` come from a copy of the global generator,
+so those never reach the global stream) — and reports the changes that mean a captured graph
+would diverge from the model:
 
 * the forward drew from numpy's or Python's global random generator (Wav2Vec2's SpecAugment
   draws its masks with numpy): a graph would replay one draw forever;
 * the forward changed a Python attribute of a module (``self.calls += 1``) or rebound a tensor
-  attribute or buffer: a graph would run with the value seen while tracing.
+  attribute or buffer: a graph would run with the value seen while tracing;
+* the forward drew from a Python or numpy random generator the model holds
+  (:mod:`fxckpt.capture.generators`); its state is put back whether or not other threads run.
 
 Attributes the forward only *adds* (``self.attn_map = attn``, a lazily built cache) are removed
 again and listed in :attr:`StateGuard.assigned`: capture makes the graph set them every call
@@ -31,6 +36,8 @@ import threading
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
+
+from fxckpt.capture import generators
 
 __all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
 
@@ -75,6 +82,8 @@ class StateGuard:
         self._stack.enter_context(_recording_draws(self.draws))
         self._random = random.getstate()
         self._numpy = _numpy_state()
+        self._held = [(path, g, generators.state_of(g))
+                      for path, g in generators.held_generators(self.model)]
         self._attrs = {
             path: _snapshot(m) for path, m in self.model.named_modules(remove_duplicate=False)
         }
@@ -88,6 +97,14 @@ class StateGuard:
                     "(torch.set_grad_enabled) and leaves them so when it returns; use `with "
                     "torch.no_grad():` around the part that needs it")
             self._check_random()
+            for path, generator, state in self._held:
+                if not generators.same_state(generators.state_of(generator), state):
+                    self.changes.append(
+                        f"{generators.describe(path, generator)}, and draws from it: a graph "
+                        "would replay one draw forever; draw with torch (torch.rand, or a "
+                        "torch.Generator the model owns, which fxckpt replays exactly) or "
+                        "outside the model")
+                generators.set_state(generator, state)
             modules = dict(self.model.named_modules(remove_duplicate=False))
             for path, before in self._attrs.items():
                 if path in modules:
@@ -275,12 +292,22 @@ _NOT_DRAWS = {
 
 @contextlib.contextmanager
 def _recording_draws(draws: list[str]) -> Iterator[None]:
-    """Note the call site of every numpy / ``random`` module-level draw, to name it in errors."""
+    """Note the call site of every numpy / ``random`` module-level draw, to name it in errors.
+
+    This thread's draws come from a copy of the global generator, so a forward run to capture
+    or measure the model leaves the global stream as it was even when other threads run (and
+    the global state is not rewound); other threads draw from the real one, unnoted."""
     patched: list[tuple[Any, str, Any]] = []
-    modules = [(random, "random")]
+    private = random.Random()
+    private.setstate(random.getstate())
+    modules: list[tuple[Any, str, Any]] = [(random, "random", private)]
     if "numpy" in sys.modules:
-        modules.append((sys.modules["numpy"].random, "np.random"))
-    for module, label in modules:
+        numpy = sys.modules["numpy"]
+        state = numpy.random.RandomState()
+        state.set_state(numpy.random.get_state())
+        modules.append((numpy.random, "np.random", state))
+    thread = threading.get_ident()
+    for module, label, stand_in in modules:
         for name in dir(module):
             fn = getattr(module, name)
             if (
@@ -291,7 +318,8 @@ def _recording_draws(draws: list[str]) -> Iterator[None]:
             ):
                 continue
             patched.append((module, name, fn))
-            setattr(module, name, _noting(fn, f"{label}.{name}", draws))
+            own = getattr(stand_in, name, fn)
+            setattr(module, name, _noting(fn, own, f"{label}.{name}", draws, thread))
     try:
         yield
     finally:
@@ -299,17 +327,16 @@ def _recording_draws(draws: list[str]) -> Iterator[None]:
             setattr(module, name, fn)
 
 
-def _noting(fn: Any, label: str, draws: list[str]) -> Any:
-    thread = threading.get_ident()  # other threads draw as they did, unnoted
-
+def _noting(fn: Any, own: Any, label: str, draws: list[str], thread: int) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == thread:
-            frame = sys._getframe(1)
-            draws.append(
-                f"{label}() in {frame.f_code.co_name} at "
-                f"{_file(frame.f_code.co_filename)}:{frame.f_lineno}"
-            )
-        return fn(*args, **kwargs)
+        if threading.get_ident() != thread:
+            return fn(*args, **kwargs)
+        frame = sys._getframe(1)
+        draws.append(
+            f"{label}() in {frame.f_code.co_name} at "
+            f"{_file(frame.f_code.co_filename)}:{frame.f_lineno}"
+        )
+        return own(*args, **kwargs)
 
     return call
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 import threading
 
+import numpy as np
 import torch
 import torch.nn as nn
 
+from fxckpt.capture.generators import same_state
 from fxckpt.capture.state_guard import StateGuard, hooks_off, preserved_tensors
 
 
@@ -32,14 +34,13 @@ class Busy(nn.Module):
 def test_everything_the_forward_changed_is_put_back_and_reported() -> None:
     model = Busy()
     state = random.getstate()
-    alone = threading.active_count() == 1
     with StateGuard(model) as guard:
         model(torch.randn(1, 2))
     assert model.seen.item() == 0.0 and model.calls == 0 and "last" not in vars(model)
     assert not model.fc._forward_hooks  # removed without complaint
-    # random state is rewound only when no other thread could have drawn meanwhile (a test
-    # session may hold threads other tests started)
-    assert (random.getstate() == state) == alone
+    # the draw came from a copy of the global generator (and the state is also rewound when no
+    # other thread could have drawn meanwhile; a test session may hold other tests' threads)
+    assert random.getstate() == state
     assert guard.changes[0].startswith("the forward draws from Python's `random` module")
     assert "the forward changes `calls` (from 0 to 1)" in guard.changes
     assert [(path, name) for path, name, _ in guard.assigned] == [("", "last")]
@@ -88,17 +89,35 @@ def test_preserved_tensors_get_their_values_back() -> None:
 
 
 def test_random_state_is_not_rewound_while_another_thread_could_draw() -> None:
-    """A capture never rewinds a data-loading thread's random numbers; the draw is reported."""
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait)
+    """A capture never rewinds a data-loading thread's random numbers, and its own module-level
+    draws come from a copy of the global generator: afterwards the global stream holds exactly
+    the other thread's draws. This thread's draws are still reported."""
+    go, done, stop = threading.Event(), threading.Event(), threading.Event()
+    drawn: list[float] = []
+
+    def loader() -> None:  # a data-loading thread drawing while the capture runs
+        go.wait()
+        drawn.extend([random.random(), float(np.random.uniform())])
+        done.set()
+        stop.wait()
+
+    other = threading.Thread(target=loader)
     other.start()
     try:
         model = Busy()
+        python, numpy = random.Random(), np.random.RandomState()
+        python.setstate(random.getstate())
+        numpy.set_state(np.random.get_state())
         with StateGuard(model) as guard:
-            state = random.getstate()
+            go.set()
+            done.wait()
             model(torch.randn(1, 2))
-        assert random.getstate() != state
+            np.random.uniform()  # a numpy draw on this thread too
+        assert drawn == [python.random(), float(numpy.uniform())]  # the real stream
+        assert random.getstate() == python.getstate()  # its draws kept, this thread's unseen
+        assert same_state(np.random.get_state(), numpy.get_state())
         assert guard.changes[0].startswith("the forward draws from Python's `random` module")
+        assert guard.changes[1].startswith("the forward draws from numpy's global random")
     finally:
         stop.set()
         other.join()
