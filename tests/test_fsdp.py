@@ -132,6 +132,14 @@ def _data_parallel(rank: int, world: int) -> None:
     tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), depth=2))
     _assert_grads(_train(tm, batches, rank, world), ddp, "DDP(tm)", exact=True)
     _assert_grads(ddp, reference, "DDP alone", exact=False)
+    # a budget in bytes the unmodified step fits: DDP runs the model as it is, measured on fake
+    # tensors without touching its reducer; FSDP's shards cannot be measured so it is planned
+    tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), budget="1TiB"))
+    _assert_grads(_train(tm, batches, rank, world), ddp, "DDP(tm), fits", exact=True)
+    assert fxckpt.inspect(tm.module).captures == 0
+    tm = _shard(fxckpt.transform(copy.deepcopy(model), budget="1TiB"))
+    _assert_grads(_train(tm, batches, rank, world), plain_fsdp, "FSDP(tm), fits", exact=True)
+    assert fxckpt.inspect(tm).captures == 1
 
     late = fxckpt.transform(_shard(copy.deepcopy(model)), depth=2)
     message = r"own parameters \['pos'\] are sharded by FSDP .* call the transformed module in"
