@@ -731,6 +731,46 @@ class HelperWithGenerator(nn.Module):
         return self.body(self.jitter(x))
 
 
+@functools.lru_cache(maxsize=8)
+def _decay_table(n: int) -> torch.Tensor:
+    """A table built from constants and memoised, as rotary or ALiBi tables are."""
+    return torch.linspace(1.0, 0.5, n)
+
+
+def _method_cache(fn: Callable) -> Callable:
+    """Hugging Face's compile_compatible_method_lru_cache, in short: a wrapper over a cache."""
+    cached = functools.lru_cache(maxsize=4)(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        return cached(*args)
+
+    wrapper.empty = cached.cache_clear  # type: ignore[attr-defined]
+    return wrapper
+
+
+class CachedTables(nn.Module):
+    """Tensors built from constants and memoised: by a module-level ``lru_cache`` function and by
+    a cached static method (BEiT's relative position index)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Body()
+        self.width = W  # a size from the config, as BEiT's window size is
+        _decay_table.cache_clear()  # as in a fresh process: the first call fills the caches
+        CachedTables.position_index.empty()  # type: ignore[attr-defined]
+
+    @staticmethod
+    @_method_cache
+    def position_index(n: int) -> torch.Tensor:
+        return torch.arange(n).flip(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.width
+        h = self.body(x) * _decay_table(n)
+        return h + h[..., self.position_index(n)]
+
+
 class LayerDrop(nn.Module):
     """A random Python decision per layer (LayerDrop / stochastic depth)."""
 
@@ -983,6 +1023,7 @@ CASES = [
     Case("numpy_generator_in_helper", HelperWithGenerator,
          error=(CaptureError, r"reads `<root>\.jitter\.rng`, a numpy\.random\._generator\."
                 r"Generator random generator, and draws from it")),
+    Case("cached_constant_tables", CachedTables),
     Case("layer_drop_decision", LayerDrop,
          error=(CaptureError, r"could not capture LayerDrop")),
     Case("stochastic_depth_tensors", StochasticDepthTensor,

@@ -3,7 +3,8 @@ replay.
 
 ``StateGuard`` wraps one capture attempt (or one run of the unmodified step on fake tensors, to
 measure it). On exit it puts back everything the attempt may have changed — buffer values,
-module attributes, hook tables, the random generators the model holds, and torch, numpy and
+module attributes, hook tables, the random generators the model holds, the ``functools``
+caches its code filled (:mod:`fxckpt.capture.caches`), and torch, numpy and
 Python random state when no other thread could have drawn meanwhile (while it is active, this
 thread's draws through ``random.*`` and ``np.random.*`` come from a copy of the global generator,
 so those never reach the global stream) — and reports the changes that mean a captured graph
@@ -38,6 +39,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 
 from fxckpt.capture import generators
+from fxckpt.capture.caches import caches_kept
 
 __all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
 
@@ -80,6 +82,7 @@ class StateGuard:
         self._stack.enter_context(hooks_off(self.quiet))
         self.draws: list[str] = []
         self._stack.enter_context(_recording_draws(self.draws))
+        self._stack.enter_context(caches_kept(self.model))
         self._random = random.getstate()
         self._numpy = _numpy_state()
         self._held = [(path, g, generators.state_of(g))
