@@ -87,22 +87,7 @@ def test_same_bits_or_a_named_refusal(case: Case, strategy: str, capture: str) -
         assert before[0] == after[0]
         assert all(torch.equal(before[1][k], after[1][k]) for k in before[1])
         return
-    optimizers = [torch.optim.SGD(m.parameters(), lr=1e-4) for m in (tm, reference)]
-    for step in range(case.steps):
-        if step == 1 and case.between is not None:
-            case.between(model)
-            case.between(reference)
-        call_kwargs = dict(kwargs, **(case.call_kwargs[step] if case.call_kwargs else {}))
-        got = run_step(tm, args, call_kwargs, seed=step)
-        want = run_step(reference, args, call_kwargs, seed=step)
-        assert_steps_equal(got, want)
-        for path in case.attributes:
-            assert _same(_attribute(model, path), _attribute(reference, path)), path
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad()
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-            assert torch.equal(p, q), f"parameter {name} after step {step}"
+    _train_both(case, model, tm, reference, args, kwargs)
     assert [m.training for m in model.modules()] == [m.training for m in reference.modules()]
     assert fxckpt.inspect(tm).plan.capture == capture
 
@@ -144,6 +129,19 @@ def _runs_as_it_is(case: Case) -> None:
         with pytest.raises(case.error[0], match=case.error[1]):
             tm(*args, **kwargs)
         return
+    _train_both(case, model, tm, reference, args, kwargs)
+    info = fxckpt.inspect(tm)
+    if case.name in UNMEASURED:
+        assert info.captures >= 1 and info.plan.capture != "none"
+    else:
+        assert (info.captures, info.plans_made, info.plan.capture) == (0, 0, "none")
+
+
+def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Module, args: tuple,
+                kwargs: dict) -> None:
+    """``case.steps`` SGD steps of ``tm`` (transformed ``model``) and ``reference``, the case's
+    change applied to both between the first and second; every step bit-identical. Python's and
+    numpy's global generators are seeded alike before each (the cases that draw from them)."""
     optimizers = [torch.optim.SGD(m.parameters(), lr=1e-4) for m in (tm, reference)]
     for step in range(case.steps):
         if step == 1 and case.between is not None:
@@ -163,8 +161,3 @@ def _runs_as_it_is(case: Case) -> None:
             opt.zero_grad()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), f"parameter {name} after step {step}"
-    info = fxckpt.inspect(tm)
-    if case.name in UNMEASURED:
-        assert info.captures >= 1 and info.plan.capture != "none"
-    else:
-        assert (info.captures, info.plans_made, info.plan.capture) == (0, 0, "none")
