@@ -168,3 +168,38 @@ def test_use_cache_is_seen_through_a_pass_through_wrapper() -> None:
     assert "use_cache" not in inspect.signature(wrapped.forward).parameters
     assert hf.takes_use_cache(wrapped)
     assert not hf.takes_use_cache(Typed())
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "padding"])
+def test_a_layer_called_as_it_is_gets_the_mask_eager_code_gives_it(padded: bool) -> None:
+    """A decoder layer with a forward hook is called as it is under capture='export' (as an
+    FSDP-sharded one is). Eager Hugging Face code gives it attention_mask=None when nothing is
+    padded (its attention then runs is_causal=True); the exported graph built a boolean mask, so
+    the graph passes it through fxckpt_layer_mask, and the layer sees what eager code passes."""
+    seen: list[object] = []
+    model = _llama()
+    model.model.layers[0].register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+    reference = copy.deepcopy(model)
+    x = _ids()
+    mask = torch.ones_like(x)
+    if padded:
+        mask[0, :3] = 0
+    tm = fxckpt.transform(model, every=1, capture="export", example_inputs=(),
+                          example_kwargs={"input_ids": x, "attention_mask": mask, "labels": x})
+    from fxckpt.module import dispatcher_of
+
+    compiled = dispatcher_of(tm).last
+    assert compiled is not None and "fxckpt_layer_mask(" in compiled.captured.gm.code
+    for module in (tm, reference):
+        for p in module.parameters():
+            p.grad = None
+        seen.clear()
+        torch.manual_seed(0)
+        module(input_ids=x, attention_mask=mask, labels=x).loss.backward()
+        if padded:  # a padded batch keeps its mask, in eager code and in the graph
+            assert all(isinstance(m, torch.Tensor) for m in seen), seen
+        else:
+            assert seen and all(m is None for m in seen), seen
+    _assert_same({n: p.grad for n, p in model.named_parameters()},
+                 {n: p.grad for n, p in reference.named_parameters()})

@@ -17,6 +17,15 @@ For every ``aten.scaled_dot_product_attention`` given a boolean mask (and not ``
     before:  k = reshape(expand(unsqueeze(k0, 2), [b, 2, 2, s, d]), [b, 4, s, d])
              out = aten.scaled_dot_product_attention(q, k, v, mask, scale=0.17)
     after:   out = fxckpt_attention(q, k0, v0, mask, scale=0.17, kv_repeats=2, expect='causal')
+
+A Hugging Face layer the graph calls as it is (sharded by FSDP, hooked) runs its own attention on
+the ``attention_mask`` it is given, so its mask goes through
+:func:`fxckpt.runtime.attention.layer_mask` first: ``None`` where eager code would have passed
+``None`` (a causal mask to a causal layer), so the layer takes eager's kernel path.
+
+    before:  layers_0 = self.layers.0(h, attention_mask=mask)
+    after:   layer_mask = fxckpt_layer_mask(mask, causal=True)
+             layers_0 = self.layers.0(h, attention_mask=layer_mask)
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import torch
 import torch.fx
 
 from fxckpt.integrations import hf
-from fxckpt.runtime.attention import attention, mask_kind
+from fxckpt.runtime.attention import attention, layer_mask, mask_kind
 
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
 
@@ -48,6 +57,9 @@ class Rewritten:
     """Of those, the calls whose ``repeat_kv`` was folded in (``kv_repeats``)."""
     expected: int = 0
     """Of those, the calls whose mask was found causal or all-visible at capture (``expect``)."""
+    layers: int = 0
+    """Hugging Face layers called as they are whose ``attention_mask`` goes through
+    :func:`~fxckpt.runtime.attention.layer_mask`."""
 
 
 def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
@@ -75,11 +87,35 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
         node.args = (query, key, value, mask, *node.args[4:])
         node.kwargs = kwargs
         calls += 1
+    layers = _layer_masks(gm)
     if calls:
         graph.eliminate_dead_code()  # the repeats folded in
+    if calls or layers:
         graph.lint()
         gm.recompile()
-    return Rewritten(calls, repeats, expected)
+    return Rewritten(calls, repeats, expected, layers)
+
+
+def _layer_masks(gm: torch.fx.GraphModule) -> int:
+    """Route the ``attention_mask`` of each Hugging Face layer called as it is through
+    :func:`layer_mask` (module docstring); the number of layers."""
+    done = 0
+    for node in list(gm.graph.nodes):
+        mask = node.kwargs.get("attention_mask") if node.op == "call_module" else None
+        if not isinstance(mask, torch.fx.Node):
+            continue
+        value = _val(mask)  # often unknown: the swap's pytree plumbing carries no values
+        causal = hf.attention_causality(gm.get_submodule(str(node.target)))
+        if causal is None or value is not None and not (
+                isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+            continue
+        with gm.graph.inserting_before(node):
+            given = gm.graph.call_function(layer_mask, (mask,), {"causal": causal})
+        if value is not None:
+            given.meta["val"] = value
+        node.kwargs = {**node.kwargs, "attention_mask": given}
+        done += 1
+    return done
 
 
 def _boolean_mask(node: torch.fx.Node) -> Optional[torch.fx.Node]:

@@ -189,6 +189,17 @@ def output_class(type_name: str, registered: dict[str, Any]) -> Optional[bool]:
     return isinstance(cls, type) and issubclass(cls, ModelOutput)
 
 
+def attention_causality(module: torch.nn.Module) -> Optional[bool]:
+    """Whether every Hugging Face attention inside ``module`` is causal (``True``) or none is
+    (``False``); ``None`` when it holds none, or both kinds. A layer called as it is receives
+    ``attention_mask``, which eager code leaves ``None`` where it can skip it (see
+    :func:`fxckpt.runtime.attention.layer_mask`)."""
+    kinds = {getattr(m, "is_causal") for m in module.modules()
+             if type(m).__module__.startswith("transformers.")
+             and isinstance(getattr(m, "is_causal", None), bool)}
+    return bool(kinds.pop()) if len(kinds) == 1 else None
+
+
 GQA_HEAD_LIMIT = 256
 """Hugging Face's eager attention uses ``enable_gqa`` only for head sizes up to this."""
 

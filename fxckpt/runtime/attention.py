@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt.integrations import hf
 
-__all__ = ["attention", "mask_kind", "CAUSAL", "FULL"]
+__all__ = ["attention", "layer_mask", "mask_kind", "CAUSAL", "FULL"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
@@ -70,6 +70,23 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 attention.__module__ = "fxckpt"  # generated code reads `fxckpt_attention(...)`
+
+
+def layer_mask(mask: Any, causal: bool) -> Any:
+    """The ``attention_mask`` a Hugging Face layer called as it is (sharded by FSDP, hooked)
+    gets, as eager code would have given it: ``None`` where the boolean mask an exported graph
+    built is one eager code skips (causal, for a layer whose attention is causal; all visible, for
+    a non-causal one or a single query), so the layer's own attention takes the same kernel path
+    (``is_causal=True`` or no mask) as eager; else the mask as it is. Fake and meta masks stay."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2 or _valueless(mask):
+        return mask
+    kind = mask_kind(mask, mask.shape[-2], mask.shape[-1])
+    if kind == CAUSAL and causal or kind == FULL and (not causal or mask.shape[-2] == 1):
+        return None
+    return mask
+
+
+layer_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_layer_mask(...)`
 
 
 def _valueless(mask: torch.Tensor) -> bool:

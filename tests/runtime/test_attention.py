@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxckpt.runtime.attention import CAUSAL, FULL, attention, mask_kind
+from fxckpt.runtime.attention import CAUSAL, FULL, attention, layer_mask, mask_kind
 
 
 def _causal(*shape: int) -> torch.Tensor:
@@ -98,3 +98,24 @@ def test_fake_tensors_follow_expect_and_real_ones_their_values() -> None:
             with mode:
                 attention(fq, fk, fv, fm, kv_repeats=2, expect=expect)
             assert mode.calls == calls, expect
+
+
+def test_a_layer_called_as_it_is_gets_the_mask_eager_code_gives_it() -> None:
+    """None where Hugging Face's eager mask code skips the mask, the mask itself elsewhere."""
+    causal = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6)
+    full = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    padded = causal.clone()
+    padded[0, ..., 0] = False
+    one_query = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    assert layer_mask(causal, causal=True) is None
+    assert layer_mask(causal, causal=False) is causal  # an encoder given a causal mask keeps it
+    assert layer_mask(full, causal=False) is None
+    assert layer_mask(full, causal=True) is full  # 6 queries, all visible: not what eager skips
+    assert layer_mask(one_query, causal=True) is None  # one query (decoding): eager skips it
+    assert layer_mask(padded, causal=True) is padded
+    additive = torch.zeros(2, 1, 6, 6)
+    assert layer_mask(additive, causal=True) is additive  # eager attention's float mask
+    assert layer_mask(None, causal=True) is None
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(causal)
+        assert layer_mask(fake, causal=True) is fake  # no values: planning keeps the mask
