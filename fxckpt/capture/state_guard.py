@@ -131,7 +131,7 @@ class StateGuard:
         now = _numpy_state()
         numpy = any(d.startswith("np.random.") for d in self.draws) or (
             self._alone and now is not None and self._numpy is not None
-            and not _same_numpy_state(now, self._numpy))
+            and not generators.same_state(now, self._numpy))
         if numpy:
             self.changes.append(f"the forward draws from numpy's global random generator{where}")
 
@@ -392,8 +392,3 @@ def _set_numpy_state(state: Optional[Any]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None and state is not None:
         numpy.random.set_state(state)
-
-
-def _same_numpy_state(a: Any, b: Any) -> bool:
-    numpy = sys.modules["numpy"]
-    return a[0] == b[0] and bool(numpy.array_equal(a[1], b[1])) and a[2:] == b[2:]
