@@ -180,6 +180,43 @@ class DinoCentre(nn.Module):
         return out
 
 
+class CentreReadAfter(nn.Module):
+    """A buffer written in place inside a grad-mode region, then read after it (DINO's centre as
+    users write it), in the forms users write the write: ``mul_``/``add_``, ``copy_``, ``lerp_``,
+    a slice assignment, a ``@torch.no_grad()`` method, ``torch.set_grad_enabled(False)``."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.body, self.head = Body(), nn.Linear(W, W)
+        self.register_buffer("center", torch.zeros(W))
+
+    @torch.no_grad()
+    def update_center(self, h: torch.Tensor) -> None:
+        self.center.mul_(0.9).add_(0.1 * h.mean(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        if self.form == "method":
+            self.update_center(h)
+        elif self.form == "set_grad_enabled":
+            torch.set_grad_enabled(False)
+            self.center.mul_(0.9).add_(0.1 * h.mean(0))
+            torch.set_grad_enabled(True)
+        else:
+            with torch.no_grad():
+                if self.form == "mul_add":
+                    self.center.mul_(0.9).add_(0.1 * h.mean(0))
+                elif self.form == "copy":
+                    self.center.copy_(h.mean(0))
+                elif self.form == "lerp":
+                    self.center.lerp_(h.mean(0), 0.1)
+                elif self.form == "slice":
+                    self.center[:] = 0.5 * self.center + 0.5 * h.mean(0)
+        h = h - self.center
+        return self.head(torch.relu(h))
+
+
 class VQCodebook(nn.Module):
     """VQ-VAE: nearest code, straight-through, codebook EMA update under no_grad."""
 
@@ -956,6 +993,10 @@ CASES = [
         CaptureError, r"writes the model's parameters, buffers or tensor attributes in place")),
     Case("dino_centre", DinoCentre),
     Case("vq_codebook", VQCodebook),
+    *(Case(f"centre_{form}_read_after", functools.partial(CentreReadAfter, form))
+      for form in ("mul_add", "copy", "lerp", "method", "set_grad_enabled")),
+    Case("centre_slice_read_after", functools.partial(CentreReadAfter, "slice"), symbolic_error=(
+        CaptureError, r"'Proxy' object does not support item assignment")),
     Case("no_grad_in_child_forward", FrozenEmbeddingLookup),
     Case("dropout_inside_no_grad", NoGradAroundDropout),
     Case("grad_mode_left_off", GradModeLeftOff,

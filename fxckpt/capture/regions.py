@@ -205,11 +205,14 @@ def _first_region(graph: torch.fx.Graph) -> Optional[tuple[list[torch.fx.Node], 
 def _outline(gm: torch.fx.GraphModule, span: list[torch.fx.Node], mode: tuple,
              index: int) -> None:
     graph = gm.graph
-    start, body_nodes = span[0], span[1:-1]
-    for n in body_nodes:  # parameters and buffers become inputs, as in torch.export's regions
+    start = span[0]
+    # parameters and buffers become inputs, as in torch.export's regions: hoisted out of the span
+    # (a buffer the region writes in place may be read after it: an EMA centre)
+    for n in span[1:-1]:
         if n.op == "get_attr":
             start.prepend(n)
-    body_nodes = [n for n in body_nodes if n.op != "get_attr"]
+    span = [n for n in span if n.op != "get_attr"]
+    body_nodes = span[1:-1]
     inside = set(span)
     inputs: list[torch.fx.Node] = []
     for n in body_nodes:
