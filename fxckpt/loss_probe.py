@@ -101,7 +101,7 @@ def fake_loss_peak(root: torch.nn.Module, layout: OutputLayout, args: tuple, kwa
         return memo[id(t)]
 
     try:
-        with torch.random.fork_rng(devices=[]), _swapped_state(root, fake), mode:
+        with _swapped_state(root, fake), mode:  # fake tensors draw nothing: no fork
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             for t in memo.values():  # the steady state: parameter gradients added in place
                 if t.requires_grad and t.is_leaf and t.grad is None:

@@ -21,6 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.measure import LiveTensorTracker
+from fxckpt.runtime.state import torch_random_kept
 
 __all__ = ["OpTimeline", "MeasuredStep", "measure_step", "default_loss"]
 
@@ -90,9 +91,7 @@ def _state_kept(module: torch.nn.Module) -> Iterator[None]:
     params = list(module.parameters())
     grads = [p.grad for p in params]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
-    with torch.random.fork_rng(
-        devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    ):
+    with torch_random_kept():  # a real step: its draws are undone unless another thread draws
         try:
             for p in params:
                 p.grad = None

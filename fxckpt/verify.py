@@ -79,8 +79,9 @@ def fake_step_peak(
 
     try:
         # Segments a plan offloads keep their tensors on the device here (offload_suspended).
-        with torch.random.fork_rng(devices=[]), _swapped_state(root, fake), mode, \
-                offload_suspended():
+        # Fake and meta tensors draw nothing from torch's generators: no fork (a fork would
+        # rewind another thread's draws, fxckpt.runtime.state).
+        with _swapped_state(root, fake), mode, offload_suspended():
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             _existing_grads(memo.values())
             with LiveTensorTracker(fake=True, scratch=call_scratch) as tracker:

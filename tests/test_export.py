@@ -467,7 +467,9 @@ def test_loaded_segments_are_segments_with_the_saved_name_and_restores(tmp_path:
     modules = structure["variants"][0]["modules"]
     saved = {e["path"]: e["segment"] for e in modules if "segment" in e}
     plan = fxckpt.inspect(tm).plan
-    assert saved == {s.name: {"name": s.name, "restores": list(s.restores)} for s in plan.segments}
+    # a ResNet draws no random numbers: no segment saves torch's generator state
+    assert saved == {s.name: {"name": s.name, "restores": list(s.restores), "draws": False}
+                     for s in plan.segments}
     loaded = fxckpt.load(tmp_path / "r")
     for s in plan.segments:
         seg = segment_of(loaded.graph_module, s.name)
@@ -483,7 +485,8 @@ def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> No
         "_fxckpt_name": encode("segment_0", "name"),
         "_fxckpt_restores": encode(("bn.running_mean",), "restores")}}
     # none kept; early stop on
-    assert _segment_fields(legacy) == ("segment_0", ("bn.running_mean",), 0, True)
+    assert _segment_fields(legacy) == dict(name="segment_0", restores=("bn.running_mean",),
+                                           kept=0, early_stop=True, draws=True)
     assert _segment_fields({"program": "p", "attrs": {}}) is None
     with pytest.raises(ExportError, match="a graph module has no saved attribute 'code'"):
         _segment_fields({"program": "p", "attrs": {"code": "x"}})
@@ -498,29 +501,35 @@ def test_a_segments_kept_count_must_be_a_non_negative_int() -> None:
     from fxckpt.export.rebuild import _segment_fields
 
     entry = {"program": "p", "attrs": {}, "segment": {"name": "segment_0", "restores": []}}
-    assert _segment_fields({**entry, "segment": {**entry["segment"], "kept": 3}}) == (
-        "segment_0", (), 3, True)
+    fields = dict(name="segment_0", restores=(), kept=0, early_stop=True, draws=True)
+    assert _segment_fields({**entry, "segment": {**entry["segment"], "kept": 3}}) == {
+        **fields, "kept": 3}
     for bad in (-1, "2", True, 1.5):
         with pytest.raises(ExportError, match="kept count must be an int >= 0"):
             _segment_fields({**entry, "segment": {**entry["segment"], "kept": bad}})
-    assert _segment_fields({**entry, "segment": {**entry["segment"], "early_stop": False}}) == (
-        "segment_0", (), 0, False)
-    for bad in (0, "no", None):
-        with pytest.raises(ExportError, match="early_stop must be true or false"):
-            _segment_fields({**entry, "segment": {**entry["segment"], "early_stop": bad}})
+    for flag in ("early_stop", "draws"):
+        assert _segment_fields({**entry, "segment": {**entry["segment"], flag: False}}) == {
+            **fields, flag: False}
+        for bad in (0, "no", None):
+            with pytest.raises(ExportError, match=f"{flag} must be true or false"):
+                _segment_fields({**entry, "segment": {**entry["segment"], flag: bad}})
 
 
 def test_a_segment_without_early_stop_saves_and_loads_so(tmp_path) -> None:
     """RReLU in a segment turns torch's early stop off there; the loaded export keeps it off."""
     nn = torch.nn
-    model = nn.Sequential(nn.Linear(8, 8), nn.RReLU(), nn.Linear(8, 8), nn.RReLU(),
-                          nn.Linear(8, 2))
+    model = nn.Sequential(nn.Linear(8, 8), nn.RReLU(), nn.Linear(8, 8), nn.GELU(),
+                          nn.Linear(8, 8), nn.RReLU(), nn.Linear(8, 2))
     x = torch.randn(4, 8)
     tm = fxckpt.transform(model, every=1, example_inputs=(x,))
     flags = {s.name: fxckpt.inspect(tm).graph_module.get_submodule(s.name).early_stop
              for s in fxckpt.inspect(tm).plan.segments}
     assert False in flags.values()
+    draws = {s.name: fxckpt.inspect(tm).graph_module.get_submodule(s.name).draws
+             for s in fxckpt.inspect(tm).plan.segments}
+    assert set(draws.values()) == {True, False}  # RReLU draws noise; the last Linear does not
     fxckpt.save(tm, tmp_path / "rrelu")
     loaded = fxckpt.load(tmp_path / "rrelu")
     root = fxckpt.inspect(loaded).graph_module
     assert {name: root.get_submodule(name).early_stop for name in flags} == flags
+    assert {name: root.get_submodule(name).draws for name in draws} == draws

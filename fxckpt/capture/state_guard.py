@@ -40,6 +40,7 @@ import torch
 
 from fxckpt.capture import generators
 from fxckpt.capture.caches import caches_kept
+from fxckpt.runtime.state import alone, set_torch_states, torch_states
 
 __all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
 
@@ -70,8 +71,8 @@ class StateGuard:
     def __enter__(self) -> "StateGuard":
         # Random states are put back only when no other thread could have drawn meanwhile: a
         # capture never rewinds a data-loading or augmentation thread's random numbers.
-        self._alone = threading.active_count() == 1
-        self._torch = _torch_states()
+        self._alone = alone()
+        self._torch = torch_states()
         self._grad = torch.is_grad_enabled()
         self._stack.enter_context(torch.set_grad_enabled(self._grad))  # restored on exit
         self._stack.enter_context(_autocast_kept())
@@ -116,7 +117,7 @@ class StateGuard:
             if self._alone:
                 random.setstate(self._random)
                 _set_numpy_state(self._numpy)
-                _set_torch_states(self._torch)
+                set_torch_states(self._torch)
             self._stack.close()
             torch.clear_autocast_cache()  # fake casts made under a user's autocast must not leak
 
@@ -357,23 +358,6 @@ def _autocast_kept() -> Iterator[None]:
             torch.set_autocast_enabled(device, enabled)
             torch.set_autocast_dtype(device, dtype)
         torch.set_autocast_cache_enabled(cache)
-
-
-def _torch_states() -> list[torch.Tensor]:
-    """torch's CPU generator state, and each initialised CUDA device's."""
-    states = [torch.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states += torch.cuda.get_rng_state_all()
-    return states
-
-
-def _set_torch_states(states: list[torch.Tensor]) -> None:
-    now = _torch_states()
-    if len(now) == len(states) and all(torch.equal(a, b) for a, b in zip(now, states)):
-        return
-    torch.set_rng_state(states[0])
-    if len(states) > 1:
-        torch.cuda.set_rng_state_all(states[1:])
 
 
 def _file(path: str) -> str:

@@ -162,12 +162,11 @@ def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
 
 @contextlib.contextmanager
 def _kept_state(gm: torch.fx.GraphModule) -> Iterator[None]:
-    """RNG states and ``gm``'s buffers as they were, whatever runs inside."""
+    """``gm``'s buffers as they were, whatever runs inside (fake tensors draw nothing from torch's
+    generators, so they need no fork: fxckpt.runtime.state)."""
     saved = [b.detach().clone() for b in gm.buffers()]
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
-            yield
+        yield
     finally:
         # Under a user's autocast region, autocast caches casts of parameters: drop the fake ones.
         torch.clear_autocast_cache()

@@ -285,8 +285,9 @@ def _graph(
         described["segment"] = {"name": gm.name, "restores": list(gm.restores)}
         if gm.kept:
             described["segment"]["kept"] = gm.kept
-        if not gm.early_stop:
-            described["segment"]["early_stop"] = False
+        for flag in ("early_stop", "draws"):  # both default to true
+            if not getattr(gm, flag):
+                described["segment"][flag] = False
     return described
 
 

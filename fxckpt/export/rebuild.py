@@ -105,8 +105,7 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
             raise ExportError(f"{where}: {str(name)[:80]!r} is not a class name")
         fields = _segment_fields(e)
         if fields is not None:
-            return SegmentModule(torch.nn.Module(), torch.fx.Graph(), name=fields[0],
-                           restores=fields[1], kept=fields[2], early_stop=fields[3])
+            return SegmentModule(torch.nn.Module(), torch.fx.Graph(), **fields)
         return torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(), name)
     raise ExportError(f"unknown module kind {str(kind)[:40]!r} of {where} in the export")
 
@@ -141,11 +140,9 @@ def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) ->
     install(gm, graph, info, where)
 
 
-def _segment_fields(
-    e: dict[str, Any]
-) -> Optional[tuple[str, tuple[str, ...], int, bool]]:
-    """A segment's ``(name, restores, kept, early_stop)`` if the graph entry is a lowered
-    segment, else None."""
+def _segment_fields(e: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A segment's keyword arguments (``name``, ``restores``, ``kept``, ``early_stop``,
+    ``draws``) if the graph entry is a lowered segment, else None."""
     where = e.get("program")
     attrs = e.get("attrs", {})
     for key in attrs:
@@ -161,12 +158,14 @@ def _segment_fields(
     if not isinstance(name, str) or not isinstance(restores, (list, tuple)):
         raise ExportError(f"{where}: a segment needs a name and a list of buffers to restore "
                           f"(got {str(fields)[:80]})")
-    early_stop = fields.get("early_stop", True)
-    if not isinstance(early_stop, bool):
-        raise ExportError(f"{where}: a segment's early_stop must be true or false "
-                          f"(got {str(early_stop)[:80]})")
-    return (name, tuple(check_name(n, f"{where}: a buffer to restore") for n in restores),
-            _kept(fields.get("kept", 0), str(where)), early_stop)
+    flags = {flag: fields.get(flag, True) for flag in ("early_stop", "draws")}
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ExportError(f"{where}: a segment's {flag} must be true or false "
+                              f"(got {str(value)[:80]})")
+    return dict(name=name,
+                restores=tuple(check_name(n, f"{where}: a buffer to restore") for n in restores),
+                kept=_kept(fields.get("kept", 0), str(where)), **flags)
 
 
 def _kept(value: Any, where: str) -> int:

@@ -89,6 +89,7 @@ def _lower_segment(
                         kept=len(seg.keeps), generators=_generators(body),
                         early_stop=not any(op in NO_EARLY_STOP for n in members if has_info(n)
                                            for op in info(n).ops),
+                        draws=any(not has_info(n) or info(n).random for n in members),
                         offloader=offloader if seg.action == "offload" else None)
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)

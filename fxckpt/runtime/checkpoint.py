@@ -85,7 +85,7 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
             segment,
             *inputs,
             use_reentrant=False,
-            preserve_rng_state=True,
+            preserve_rng_state=getattr(segment, "draws", True),
             context_fn=call.contexts,
             determinism_check=_DETERMINISM,
         )

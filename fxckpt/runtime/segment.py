@@ -51,7 +51,7 @@ hands backward an unwritten tensor, and the gradient comes out NaN or inf
 (pytorch/pytorch#193671). A segment running one recomputes to its end."""
 
 SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept", "generators",
-                  "early_stop")
+                  "early_stop", "draws")
 """Attribute names a :class:`SegmentModule` owns (a model's attribute of that name is renamed)."""
 
 
@@ -90,10 +90,15 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
     """Whether the recompute may stop once it has what backward needs (torch's early stop); off
     for segments running ops that early stop gets wrong (see :data:`NO_EARLY_STOP`)."""
 
+    draws: bool = True
+    """Whether the segment draws from torch's global generators (dropout, ``rand*``): only then
+    are their states saved in forward and set again for the recompute. A segment that draws
+    nothing leaves them alone, so the recompute never rewinds another thread's draws."""
+
     def __init__(self, root: nn.Module, graph: torch.fx.Graph, *, name: str,
                  restores: tuple[str, ...] = (), kept: int = 0,
                  generators: tuple[torch.Generator, ...] = (), early_stop: bool = True,
-                 offloader: Optional[Offloading] = None) -> None:
+                 draws: bool = True, offloader: Optional[Offloading] = None) -> None:
         super().__init__(root, graph, class_name="SegmentModule")
         self.offloader = offloader
         self.name = name
@@ -101,6 +106,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         self.kept = int(kept)
         self.generators = tuple(generators)
         self.early_stop = bool(early_stop)
+        self.draws = bool(draws)
 
     def recompile(self) -> PythonCode:
         code = super().recompile()
@@ -116,7 +122,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         res = super().__deepcopy__(memo)
         assert isinstance(res, SegmentModule)  # GraphModule.__deepcopy__ makes one of our class
         res.name, res.restores, res.kept = self.name, self.restores, self.kept
-        res.generators, res.early_stop = self.generators, self.early_stop
+        res.generators, res.early_stop, res.draws = self.generators, self.early_stop, self.draws
         res.offloader = self.offloader
         return res
 
