@@ -16,10 +16,14 @@ from fxckpt.export import load, save
 from fxckpt.errors import (
     CaptureError,
     ConfigError,
+    ConfigTypeError,
+    ExportError,
     FxckptError,
     InputError,
+    MeasureError,
     NotPlannedError,
     PlanError,
+    VerifyError,
 )
 from fxckpt.inspection import Inspection, inspect
 from fxckpt.module import TransformedModule
@@ -50,10 +54,14 @@ __all__ = [
     "StageView",
     "FxckptError",
     "ConfigError",
+    "ConfigTypeError",
     "CaptureError",
     "PlanError",
     "NotPlannedError",
     "InputError",
+    "VerifyError",
+    "MeasureError",
+    "ExportError",
     "distributed",
 ]
 

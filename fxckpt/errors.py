@@ -16,6 +16,9 @@ __all__ = [
     "PlanError",
     "NotPlannedError",
     "InputError",
+    "VerifyError",
+    "MeasureError",
+    "ExportError",
 ]
 
 
@@ -49,3 +52,15 @@ class NotPlannedError(FxckptError, RuntimeError):
 class InputError(FxckptError, TypeError):
     """A call's arguments cannot be planned for safely (e.g. a mutable object fxckpt cannot key).
     """
+
+
+class VerifyError(FxckptError, RuntimeError):
+    """A training step could not be executed on fake tensors (the plan is then only simulated)."""
+
+
+class MeasureError(FxckptError, RuntimeError):
+    """A measurement could not be taken (no ``/proc``, or the measuring subprocess failed)."""
+
+
+class ExportError(FxckptError, RuntimeError):
+    """A module cannot be saved, or a directory is not a valid, intact fxckpt export."""

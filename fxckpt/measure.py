@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from fxckpt.checks import check_int
-from fxckpt.errors import FxckptError
+from fxckpt.errors import MeasureError
 from fxckpt.tracker import LiveTensorTracker, Scratch
 
 __all__ = [
@@ -69,10 +69,6 @@ log = logging.getLogger(__name__)
 
 MMAP_THRESHOLD = 65536
 """Bytes from which glibc serves (and returns) each allocation with its own ``mmap``."""
-
-
-class MeasureError(FxckptError, RuntimeError):
-    """A measurement could not be taken (no ``/proc``, or the measuring subprocess failed)."""
 
 
 def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1, *,

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from fxckpt.errors import FxckptError
+from fxckpt.errors import FxckptError, VerifyError
 from fxckpt.measure import LiveTensorTracker
 from fxckpt.meta_run import meta_twin, on_meta
 from fxckpt.runtime.offload import offload_suspended
@@ -40,10 +40,6 @@ log = logging.getLogger(__name__)
 
 LossFn = Callable[..., torch.Tensor]
 """``loss_fn(output, *args, **kwargs) -> scalar``: the loss of one call's output."""
-
-
-class VerifyError(FxckptError, RuntimeError):
-    """A training step could not be executed on fake tensors (the plan is then only simulated)."""
 
 
 def fake_step_peak(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -227,3 +231,44 @@ else:
     saved = json.loads(Path(plan).read_text())
     assert "0x" not in json.dumps(saved)  # no `<built-in method arange ... at 0x7f...>`
     assert json.loads(out.stdout) == [s["nodes"] for s in saved["segments"]]
+
+
+def _documented_errors() -> set[str]:
+    root = Path(__file__).resolve().parents[1]
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return {name for path in texts
+            for name in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", path.read_text())}
+
+
+# errors the docs name that are not fxckpt's: Python's, and PyTorch's recompute check
+_NOT_OURS = {"CheckpointError": torch.utils.checkpoint.CheckpointError}
+
+
+def test_every_error_class_the_docs_name_is_importable_from_fxckpt() -> None:
+    """``except fxckpt.ExportError:`` must never fail with an AttributeError while handling the
+    real error: every error class the guide and the docs name is on the top level."""
+    names = _documented_errors()
+    assert {"CaptureError", "ExportError", "BudgetInfeasibleError"} <= names  # the walk works
+    for name in sorted(names):
+        if hasattr(builtins, name):
+            continue
+        if name in _NOT_OURS:
+            assert not hasattr(fxckpt, name)
+            continue
+        cls = getattr(fxckpt, name, None)
+        assert isinstance(cls, type) and issubclass(cls, fxckpt.FxckptError), name
+        assert name in fxckpt.__all__, name
+
+
+def test_every_error_class_fxckpt_defines_is_on_the_top_level() -> None:
+    import fxckpt.errors
+    import fxckpt.export
+    import fxckpt.measure
+    import fxckpt.verify
+
+    for name in fxckpt.errors.__all__:
+        assert getattr(fxckpt, name) is getattr(fxckpt.errors, name), name
+    assert fxckpt.ExportError is fxckpt.export.ExportError  # the old home still works
+    assert fxckpt.VerifyError is fxckpt.verify.VerifyError
+    assert fxckpt.MeasureError is fxckpt.measure.MeasureError
+    assert issubclass(fxckpt.BudgetInfeasibleError, fxckpt.FxckptError)

@@ -33,17 +33,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fxckpt.errors import FxckptError
+from fxckpt.errors import ExportError
 
 __all__ = [
     "ExportError", "function_name", "table_name", "resolve_function", "METHODS", "GETATTR_NAMES",
     "resolve_attribute_function",
     "module_class_path", "resolve_module_class", "DTYPES", "MEMORY_FORMATS", "LAYOUTS",
 ]
-
-
-class ExportError(FxckptError, RuntimeError):
-    """A module cannot be saved, or a directory is not a valid, intact fxckpt export."""
 
 
 _OPERATOR = (
