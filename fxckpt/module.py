@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from fxckpt.capture.sharding import share_state
 from fxckpt.config import TransformConfig
 from fxckpt.dispatch import Dispatcher
 from fxckpt.integrations import hf
@@ -97,6 +98,7 @@ def make_transformed(model: torch.nn.Module, config: TransformConfig) -> Transfo
     tm: TransformedModule = object.__new__(cls)
     object.__setattr__(tm, "__dict__", model.__dict__)
     object.__setattr__(tm, STATE, Dispatcher(model, config))
+    share_state(model, tm)  # fully_shard applied before transform: tm.unshard() works too
     if model.__dict__.get("_compiled_call_impl") is not None:  # model.compile()
         log.warning(
             "fxckpt: %s was compiled with module.compile(); the transformed module runs "

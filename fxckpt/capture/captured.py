@@ -45,7 +45,7 @@ from fxckpt.capture.guards import Guards, build_guards
 from fxckpt.capture.reads import Reads, recording
 from fxckpt.capture.isolation import isolated
 from fxckpt.capture.regions import outline_regions
-from fxckpt.capture.sharding import (full_parameters, parameter_owners, refuse_sharded_root,
+from fxckpt.capture.sharding import (full_parameters, parameter_owners, root_gathered,
                                     sharding_key)
 from fxckpt.capture.state_guard import StateGuard
 from fxckpt.capture.tracer import FxckptTracer, to_graph_module
@@ -118,8 +118,9 @@ def capture(
     ``model`` views (the transformed module, for a view of it): the guards check its state.
     Captures run one at a time, unseen by other threads (:mod:`fxckpt.capture.isolation`).
     """
-    with isolated():
-        return _capture(model, args, kwargs, method, model if live is None else live)
+    live = model if live is None else live
+    with isolated(), root_gathered(model, live):
+        return _capture(model, args, kwargs, method, live)
 
 
 def _capture(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dict],
@@ -129,8 +130,7 @@ def _capture(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dic
     modules = list(model.named_modules())
     hooked = tuple(path for path, m in modules if path and has_hooks(m))
     sharding = sharding_key(model)
-    if any(sharding):  # FSDP: parameters are read by calling the modules that own them
-        refuse_sharded_root(model)
+    # FSDP: parameters are read by calling the modules that own them
     owners = parameter_owners(model) if any(sharding) else ()
     compiled = tuple(path for path, m in modules if path and is_compiled(m))
     called = tuple(dict.fromkeys(hooked + compiled + tuple(owners)))

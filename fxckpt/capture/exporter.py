@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import copy
 import dataclasses
 import dis
 import logging
@@ -165,7 +166,8 @@ def _swapped(model: torch.nn.Module, ep: torch.export.ExportedProgram, opaque: t
     try:
         with warnings.catch_warnings():  # torch's swap adds its pytree specs right after warning
             warnings.filterwarnings("ignore", message="Attempted to insert a get_attr Node")
-            return _swap_modules(ep, {p: model.get_submodule(p) for p in opaque})
+            return _swap_modules(_builtin_inputs_named(ep),
+                                 {p: model.get_submodule(p) for p in opaque})
     except Exception as e:
         functions = sorted({f"{cls.__qualname__} (in {path})" for cls, path in calls})
         raise CaptureError(
@@ -178,6 +180,40 @@ def _swapped(model: torch.nn.Module, ep: torch.export.ExportedProgram, opaque: t
             "which keeps Function calls and hooked modules opaque without swapping (torch.export "
             "fails to swap modules that create tensor constants)"
         ) from e
+
+
+def _builtin_inputs_named(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` with its module call signatures naming inputs as ``ep.module()``'s graph does.
+
+    torch's swap finds an opaque module's inputs by name in ``ep.module()``'s graph, but that
+    graph renames a user input whose name is a Python builtin: ``nn.Sequential``'s ``input``
+    becomes ``input_1``. A graph input passed straight to an opaque module (the first block of
+    a ``Sequential`` with FSDP hooks) was then found nowhere and passed as ``None``.
+    """
+    names = list(ep.graph_signature.user_inputs)
+    if not any(isinstance(n, str) and hasattr(builtins, n) for n in names):
+        return ep
+    placeholders = [n.name for n in ep.module().graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(names):
+        return ep
+    renamed = {old: new for old, new in zip(names, placeholders) if old != new}
+
+    def rename(argument: Any) -> Any:
+        name = getattr(argument, "name", None)
+        if dataclasses.is_dataclass(argument) and name in renamed:
+            return dataclasses.replace(argument, name=renamed[name])  # type: ignore[type-var]
+        return argument
+
+    entries = []
+    for entry in ep.module_call_graph:
+        signature = entry.signature
+        if signature is not None and entry.fqn:
+            signature = dataclasses.replace(signature,
+                                            inputs=[rename(a) for a in signature.inputs])
+        entries.append(dataclasses.replace(entry, signature=signature))
+    fixed = copy.copy(ep)
+    fixed._module_call_graph = entries
+    return fixed
 
 
 def _function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],

@@ -119,7 +119,7 @@ class _RealOps(TorchDispatchMode):
 
     def __init__(self, state: Iterable[torch.Tensor]) -> None:
         super().__init__()
-        self.state = {t.untyped_storage().data_ptr() for t in state}
+        self.state = {_storage(t) for t in state} - {None, 0}
         self.seen: list[str] = []
         self.wrote: list[str] = []
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -134,8 +134,7 @@ class _RealOps(TorchDispatchMode):
                 continue
             value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
             for t in pytree.tree_leaves(value):
-                if (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.state
-                        and t.untyped_storage().data_ptr() != 0):
+                if isinstance(t, torch.Tensor) and _storage(t) in self.state:
                     self.wrote.append(str(func.overloadpacket.__name__))
                     self.saved.setdefault(id(t), (t, t.detach().clone()))
         return func(*args, **kwargs)
@@ -145,6 +144,15 @@ class _RealOps(TorchDispatchMode):
         with torch.no_grad():
             for t, value in self.saved.values():
                 t.copy_(value)
+
+
+def _storage(t: torch.Tensor) -> Optional[int]:
+    """Where ``t``'s storage lives; None for a tensor without one of its own (an FSDP ``DTensor``
+    parameter is a wrapper: its shard is what the hooks write, inside the opaque module)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _traced(args: tuple, kwargs: dict) -> bool:

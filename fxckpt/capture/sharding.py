@@ -31,7 +31,7 @@ import torch
 from fxckpt.errors import CaptureError
 
 __all__ = ["is_fsdp", "recomputable", "sharding_key", "parameter_owners", "full_parameters",
-           "refuse_sharded_root"]
+           "root_gathered", "share_state"]
 
 
 def is_fsdp(module: torch.nn.Module) -> bool:
@@ -100,17 +100,48 @@ def full_parameters(model: torch.nn.Module) -> Iterator[None]:
             m._parameters[name] = p
 
 
-def refuse_sharded_root(model: torch.nn.Module) -> None:
-    """The graph reads the root's own parameters: they must be whole (gathered) when captured."""
+def share_state(model: torch.nn.Module, tm: torch.nn.Module) -> None:
+    """Register ``tm`` (sharing ``model``'s ``__dict__``) with the state a composable API
+    (``fully_shard``) keeps for ``model``: torch finds that state by module object, so without
+    this ``tm.unshard()``, ``tm.reshard()`` and ``tm.to(...)`` of a model sharded before
+    ``transform`` fail with "No FSDP state found"."""
+    if "torch.distributed._composable_state" not in sys.modules:
+        return
+    from torch.distributed import _composable_state as composable
+
+    state = composable._get_module_state(model)
+    if state is not None and state is not model and composable._get_module_state(tm) is None:
+        composable._insert_module_state(tm, state)
+
+
+@contextlib.contextmanager
+def root_gathered(model: torch.nn.Module, live: torch.nn.Module) -> Iterator[None]:
+    """The root's own parameters whole while the graph that reads them is captured.
+
+    Inside the root's forward (a training call) FSDP has gathered them already. Outside it
+    (``example_inputs=`` or ``plan_for`` after ``fully_shard``) they are shards: the root
+    (``live``, the FSDP module ``model`` views) gathers them for the capture, as its forward
+    would, and shards them again after. Every rank transforms alike, so the all-gather meets its
+    peers. FSDP2 keeps the same unsharded Parameter objects across steps, so a graph holding them
+    reads the gathered values at every call.
+    """
     sharded = [name for name, p in model._parameters.items() if _is_dtensor(p)]
-    if sharded:
+    if not sharded:
+        yield
+        return
+    if not is_fsdp(live):
         raise CaptureError(
-            f"{type(model).__name__}'s own parameters {sharded} are sharded by FSDP (fully_shard) "
-            "right now, and the graph reads them directly. fxckpt captures a sharded model inside "
-            "its forward, where FSDP has gathered them: call the transformed module in training "
-            "(its first call plans) rather than example_inputs= or plan_for after fully_shard, or "
-            "move these parameters into a submodule"
+            f"{type(model).__name__}'s own parameters {sharded} are sharded (DTensor), but not by "
+            "fully_shard on the model itself, so nothing gathers them for the graph that reads "
+            "them. Apply fully_shard to the model (the root), or move these parameters into a "
+            "submodule that fully_shard manages"
         )
+    fsdp = cast(Any, live)
+    fsdp.unshard()
+    try:
+        yield
+    finally:
+        fsdp.reshard()
 
 
 def _is_dtensor(t: object) -> bool:

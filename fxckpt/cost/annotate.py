@@ -114,7 +114,13 @@ def module_path_of(node: torch.fx.Node) -> str:
     if not stack:
         return ""
     path = list(stack.values())[-1][0]
+    if path.startswith(_NO_STACK):  # torch's name for a node export left without a stack
+        return ""
     return _normalise_path(path)
+
+
+_NO_STACK = "_empty_nn_module_stack"
+"""The path torch.export's metadata hook gives a node it found no module stack for."""
 
 
 def _normalise_path(path: str) -> str:

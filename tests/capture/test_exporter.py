@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from fxckpt.capture.exporter import _mend_guards, export_graph
 
@@ -63,3 +64,30 @@ def test_a_model_on_meta_is_exported_for_its_shapes_and_a_real_one_for_every_bat
     on_meta = export_graph(model, (torch.empty(2, 4, device="meta"),), {}, ())
     assert on_meta.shapes is not None
     assert on_meta.shapes.accepts(((2, 4),)) and not on_meta.shapes.accepts(((7, 4),))
+
+
+def test_a_graph_input_passed_straight_to_an_opaque_module_reaches_it() -> None:
+    """``nn.Sequential``'s argument is ``input``, a Python builtin that ``ep.module()`` renames;
+    torch's swap looked the name up, found nothing and handed the hooked first block ``None``
+    (the first training call of an FSDP-sharded Sequential failed in ``linear()``)."""
+
+    import fxckpt
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16),
+                                                          torch.nn.GELU()) for _ in range(4)])
+        model[0].register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+        return model
+
+    x = torch.randn(64, 16)
+    exported = export_graph(make(), (x,), {}, opaque=("0",))
+    block = next(n for n in exported.gm.graph.nodes if n.op == "call_module" and n.target == "0")
+    assert all(a is not None for a in pytree.tree_leaves(block.args)), block.format_node()
+    for options in ({"every": 2}, {"depth": 1}, {"budget": 0.8}):
+        model, reference = make(), make()
+        tm = fxckpt.transform(model, capture="export", **options)
+        tm(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), (options, name)

@@ -103,3 +103,18 @@ def test_the_counter_counts_cpu_attention_backward_and_grouped_heads() -> None:
         out.sum().backward()
     one = 2 * 2 * 4 * 16 * 16 * 8  # one (b*h, s, d) x (b*h, d, s) batched matmul
     assert forward.get_total_flops() == 2 * one and backward.get_total_flops() == 5 * one
+
+
+def test_a_node_export_left_without_a_module_stack_belongs_to_the_root() -> None:
+    """torch.export names a node it found no module stack for after its metadata hook; plans
+    showed that name as a module path (``_empty_nn_module_stack_from_metadata_hook``)."""
+    from fxckpt.cost.annotate import module_path_of
+
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.relu, (graph.placeholder("x"),))
+    node.meta["nn_module_stack"] = {
+        "_empty_nn_module_stack_from_metadata_hook": (
+            "_empty_nn_module_stack_from_metadata_hook", torch.nn.Module)}
+    assert module_path_of(node) == ""
+    node.meta["nn_module_stack"] = {"L__self___layers_0": ("L['self'].layers[0]", torch.nn.Module)}
+    assert module_path_of(node) == "layers.0"
