@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from fxckpt.capture.sharding import (full_parameters, is_fsdp, parameter_owners, recomputable,
-                                     refuse_sharded_root, sharding_key)
+                                     root_gathered, sharding_key)
 
 
 class Net(nn.Module):
@@ -39,7 +39,8 @@ def test_plain_parameters_are_left_alone() -> None:
     before = [id(p) for p in model.parameters()]
     with full_parameters(model):
         assert [id(p) for p in model.parameters()] == before
-    refuse_sharded_root(model)  # nothing sharded: no error
+    with root_gathered(model, model):  # nothing sharded: nothing to gather, no error
+        assert [id(p) for p in model.parameters()] == before
 
 
 @pytest.mark.slow
@@ -66,12 +67,20 @@ def test_a_sharded_model_seen_by_capture_on_one_gloo_rank() -> None:
         assert type(model[0]._parameters["weight"]).__name__ == "DTensor"
         root = nn.Linear(4, 4)
         fully_shard(root)
+        assert type(root.weight).__name__ == "DTensor"
+        with root_gathered(root, root):  # gathered for a capture outside forward
+            assert type(root.weight) is nn.Parameter and root.weight.shape == (4, 4)
+        assert type(root.weight).__name__ == "DTensor"  # sharded again
+        other = nn.Module()  # DTensor parameters that no fully_shard on this root manages
+        other._parameters = root._parameters
         try:
-            refuse_sharded_root(root)
+            with root_gathered(other, other):
+                pass
         except CaptureError as e:
-            assert "own parameters ['weight', 'bias'] are sharded by FSDP" in str(e)
+            assert "own parameters ['weight', 'bias'] are sharded (DTensor)" in str(e)
+            assert "fully_shard" in str(e)
         else:
-            raise AssertionError("a sharded root was not refused")
+            raise AssertionError("a root FSDP does not manage was not refused")
         dist.destroy_process_group()
         print("ok")
     ''')
