@@ -73,10 +73,10 @@ class Kind:
     """A model kind: how to build it, its blocks, a batch, its loss and its depth strategy."""
 
     def __init__(self, make: Callable[[], nn.Module], blocks: Callable[[nn.Module], Any],
-                 batch: Callable[[], torch.Tensor], loss: Callable[[nn.Module, torch.Tensor],
-                                                                  torch.Tensor],
-                 depth: int) -> None:
-        self.make, self.blocks, self.batch, self.loss, self.depth = make, blocks, batch, loss, depth
+                 batch: Callable[[], torch.Tensor],
+                 loss: Callable[[nn.Module, torch.Tensor], torch.Tensor], depth: int) -> None:
+        self.make, self.blocks, self.batch = make, blocks, batch
+        self.loss, self.depth = loss, depth
 
 
 KINDS = {
