@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -29,6 +30,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from fxckpt.export.allowlist import names_used, outside, refusal
 from fxckpt.export.codec import dump_spec, encode
 from fxckpt.export.program import check_part, describe_graph
 from fxckpt.export.targets import ExportError, module_class_path
@@ -81,7 +83,32 @@ def describe(tm: torch.nn.Module) -> Described:
     texts: dict[str, str] = {}
     variants = [_variant(i, key, c, tensors, texts) for i, (key, c) in enumerate(items)]
     structure = {"state": state, "variants": variants, "training": tm.training}
+    _warn_outside(structure, texts)
     return Described(structure, texts, dict(tensors.values), last.plan.to_dict())
+
+
+def _refusal_of(name: str, used: dict[str, set[str]]) -> str:
+    return next(str(refusal(kind, name)) for kind, found in used.items() if name in found)
+
+
+def _warn_outside(structure: dict[str, Any], texts: dict[str, str]) -> None:
+    """Names the export uses that a load refuses unless ``allow=`` names them: said once."""
+    programs = [json.loads(t) for rel, t in texts.items() if rel.startswith("programs/")]
+    used = names_used(structure, programs)
+    names = outside(used)
+    never = sorted(n for kind, found in used.items() for n in found if refusal(kind, n))
+    if never:
+        warnings.warn(f"this export uses {', '.join(never)}, which a loaded export may never "
+                      f"call ({_refusal_of(never[0], used)}); fxckpt.load will refuse it",
+                      stacklevel=3)
+        names = [n for n in names if n not in never]
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        warnings.warn(
+            f"this export uses {shown}, which fxckpt's allowlist of what a loaded export may "
+            "call does not hold (it holds what the models fxckpt is tested on need); "
+            f"fxckpt.load refuses it unless allow= names them: allow={names!r}",
+            stacklevel=3)
 
 
 def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:

@@ -44,8 +44,14 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Veri
            "sha256_bytes", "as_key", "manifest_mac"]
 
 FORMAT = "fxckpt-export"
-FORMAT_VERSION = 2
-"""2: graphs as node lists (programs/); 1 held generated code, which this fxckpt does not run."""
+FORMAT_VERSION = 3
+"""3: checked against the closed allowlist, Tensor methods as ``torch.Tensor.<name>`` calls, no
+file the manifest does not list; 2: graphs as node lists checked against a denylist; 1: generated
+code, which this fxckpt does not run."""
+MAX_JSON_BYTES = 64 << 20
+"""Default cap on each JSON file of an export (``fxckpt.load(max_json_bytes=)``), checked before
+it is read: parsing costs about 20x a file's size in memory (a 57 MiB file, 1.2 GiB). The largest
+file of a 32-layer Llama's export is about 1 MiB."""
 MAC_ALGORITHM = "hmac-sha256"
 MANIFEST = "manifest.json"
 PathLike = Union[str, os.PathLike]
@@ -160,14 +166,18 @@ def _write(root: Path, rel: str, data: bytes) -> str:
 class Verified:
     """An export directory whose every file matched its manifest hash."""
 
-    def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, root: Path, manifest: dict[str, Any],
+                 max_json_bytes: int = MAX_JSON_BYTES) -> None:
         self.root = root
         self.manifest = manifest
         self.files: dict[str, str] = manifest["files"]
+        self.max_json_bytes = max_json_bytes
 
     def read_text(self, rel: str) -> str:
-        """A listed text file, hash-checked again on the very bytes returned."""
-        data = (self.root / self._listed(rel)).read_bytes()
+        """A listed text file, size-capped, hash-checked again on the very bytes returned."""
+        path = self.root / self._listed(rel)
+        _check_size(self.root, rel, self.max_json_bytes)
+        data = path.read_bytes()
         if sha256_bytes(data) != self.files[rel]:
             raise ExportError(_mismatch(self.root, rel))
         return data.decode()
@@ -190,15 +200,17 @@ class Verified:
         return rel
 
 
-def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
-    """Check the manifest's MAC (with ``key``) and every file's hash; :class:`ExportError` on
-    any difference."""
+def verify(path: PathLike, key: Optional[bytes] = None,
+           max_json_bytes: int = MAX_JSON_BYTES) -> Verified:
+    """Check the manifest's MAC (with ``key``), that the directory holds exactly the files it
+    lists, and every file's hash; :class:`ExportError` on any difference."""
     root = Path(path)
     if not root.is_dir():
         raise ExportError(f"no fxckpt export at {root}: not a directory")
-    manifest = _read_manifest(root)
+    manifest = _read_manifest(root, max_json_bytes)
     _check_mac(root, manifest, key)
     files = manifest["files"]
+    _check_unlisted(root, files)
     for rel, digest in files.items():
         if not isinstance(rel, str) or not isinstance(digest, str):
             raise ExportError(f"export {root} is corrupted: {MANIFEST} lists a file that is not "
@@ -206,6 +218,8 @@ def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
         _check_relative(root, rel)
         if not (root / rel).is_file():
             raise ExportError(f"export {root} is incomplete: {rel} is missing")
+        if rel.endswith(".json"):
+            _check_size(root, rel, max_json_bytes)
         if not rel.startswith("weights.") and _sha256_file(root / rel) != digest:
             raise ExportError(_mismatch(root, rel))  # the weights: checked as they are read
     if manifest.get("content_hash") != content_hash(files):
@@ -213,11 +227,34 @@ def verify(path: PathLike, key: Optional[bytes] = None) -> Verified:
             f"export {root} was modified: its content hash does not match its manifest "
             "(hash mismatch)"
         )
-    return Verified(root, manifest)
+    return Verified(root, manifest, max_json_bytes)
 
 
-def _read_manifest(root: Path) -> dict[str, Any]:
+def _check_size(root: Path, rel: str, limit: int) -> None:
+    size = (root / rel).stat().st_size
+    if size > limit:
+        raise ExportError(f"export {root}: {rel} is {size} bytes, over the {limit} bytes "
+                          "a JSON file of an export may have (fxckpt.load(max_json_bytes=) "
+                          "raises the cap for an export you trust)")
+
+
+def _check_unlisted(root: Path, files: dict[str, Any]) -> None:
+    """The folder is the manifest: a file it does not list (a ``payload.py`` beside the graphs)
+    is refused, never read or put on ``sys.path``."""
+    listed = {MANIFEST, *files}
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        here = Path(folder).relative_to(root)
+        for name in [*names, *(d for d in dirs if (Path(folder) / d).is_symlink())]:
+            rel = (here / name).as_posix()
+            if rel not in listed:
+                raise ExportError(f"export {root} holds {rel}, which its manifest does not list; "
+                                  "an export is exactly the files its manifest lists (remove "
+                                  "the file, or save the module again)")
+
+
+def _read_manifest(root: Path, max_json_bytes: int) -> dict[str, Any]:
     try:
+        _check_size(root, MANIFEST, max_json_bytes)
         manifest = json.loads((root / MANIFEST).read_text())
     except FileNotFoundError:
         raise ExportError(
@@ -236,10 +273,13 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             f"{root} is not an fxckpt export: {MANIFEST} has no format {FORMAT!r} and file list"
         )
     version = manifest.get("format_version", 0)
-    if version == 1:
-        raise ExportError(f"export {root} has format version 1, whose graphs are Python code; "
-                          "this fxckpt runs no code from an export and reads version 2 only: save "
-                          "the module again with this fxckpt")
+    if version in (1, 2):
+        what = ("whose graphs are Python code" if version == 1 else
+                "whose loader checked what a graph calls against a list of dangerous families")
+        raise ExportError(f"export {root} has format version {version}, {what}; this fxckpt "
+                          f"reads version {FORMAT_VERSION}, checked against a closed allowlist. "
+                          "Re-save it: transform the model with this fxckpt and call "
+                          "fxckpt.save(tm, path) (a loaded export cannot be saved again)")
     if version != FORMAT_VERSION:
         raise ExportError(f"export {root} has format version {str(version)[:20]}; this fxckpt "
                           f"reads version {FORMAT_VERSION} (upgrade fxckpt for a newer one)")

@@ -21,7 +21,6 @@ naming the node.
 from __future__ import annotations
 
 import keyword
-import operator
 import re
 from typing import Any, Optional
 
@@ -30,9 +29,10 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 
+from fxckpt.export.bound import EXAMPLE, example_from, example_of
 from fxckpt.export.codec import decode, dump_spec, encode, load_spec
 from fxckpt.export.targets import (GETATTR_NAMES, METHODS, ExportError, function_name,
-                                   resolve_function)
+                                   resolve_function, table_name)
 
 __all__ = ["describe_graph", "build_graph", "install", "check_part"]
 
@@ -49,11 +49,19 @@ def describe_graph(gm: torch.fx.GraphModule, where: str) -> dict[str, Any]:
     nodes = []
     for n in gm.graph.nodes:
         at = f"node {n.name!r} ({n.op} {_shown(n.target)}) of {where}"
-        nodes.append({
-            "name": n.name, "op": n.op, "target": _target(n, at),
+        target = _target(n, at)
+        op = n.op
+        if op == "call_method":  # x.view(...) as torch.Tensor.view(x, ...): a typed receiver
+            op, target = "call_function", f"torch.Tensor.{target}"
+        entry = {
+            "name": n.name, "op": op, "target": target,
             "args": [encode(a, at, _name) for a in n.args],
             "kwargs": {k: encode(v, at, _name) for k, v in n.kwargs.items()},
-        })
+        }
+        example = example_of(n) if n.op == "placeholder" else None
+        if example is not None:  # the shapes a load measures the graph at (export/bound.py)
+            entry["example"] = example
+        nodes.append(entry)
     return {"pytree": _pytree(gm, where), "nodes": nodes}
 
 
@@ -77,8 +85,12 @@ def _target(n: torch.fx.Node, where: str) -> str:
     return str(n.target)
 
 
-def _check_getattr(args: list[Any], kwargs: dict[str, Any], where: str) -> None:
-    if kwargs or len(args) not in (2, 3) or args[1] not in GETATTR_NAMES:
+def _check_getattr(args: list[Any], kwargs: dict[str, Any], where: str,
+                   loading: bool = False) -> None:
+    from fxckpt.export.allowlist import permits
+
+    if (kwargs or len(args) not in (2, 3) or args[1] not in GETATTR_NAMES
+            or loading and not permits("getattr", args[1])):
         shown = args[1] if len(args) > 1 else None
         raise ExportError(f"{where} reads the attribute {str(shown)[:80]!r} with getattr; a "
                           "loaded export reads only Tensor properties "
@@ -130,7 +142,12 @@ def _node(graph: torch.fx.Graph, e: dict[str, Any], env: dict[str, torch.fx.Node
     args = tuple(decode(a, env) for a in raw_args)
     kwargs = {k: decode(v, env) for k, v in raw_kwargs.items()}
     resolved = _resolve_target(op, target, args, kwargs, where)
-    return graph.create_node(op, resolved, args, kwargs, name=e["name"])
+    node = graph.create_node(op, resolved, args, kwargs, name=e["name"])
+    if e.get("example") is not None:
+        if op != "placeholder":
+            raise ExportError(f"{where}: only a placeholder has an example")
+        node.meta[EXAMPLE] = example_from(e["example"], where)
+    return node
 
 
 def _keyword(name: Any) -> bool:
@@ -143,11 +160,12 @@ def _resolve_target(op: str, target: Any, args: tuple, kwargs: dict[str, Any], w
     if op == "call_function":
         fn = resolve_function(target, where)
         if target == "builtins.getattr":
-            _check_getattr(list(args), kwargs, where)
+            _check_getattr(list(args), kwargs, where, loading=True)
         return fn
-    if op == "call_method" and (target not in METHODS or not args):
-        raise ExportError(f"{where} calls the method {target[:80]!r}, which is not one of the "
-                          "Tensor methods a loaded export may call")
+    if op == "call_method":
+        raise ExportError(f"{where} calls the method {target[:80]!r} on whatever its first "
+                          "argument is; an export holds Tensor methods as torch.Tensor.<name> "
+                          "calls, which check that it is a tensor")
     if op == "placeholder" and (not _PLACEHOLDER.fullmatch(target) or len(args) > 1 or kwargs
                                 or _has_node(args)):
         raise ExportError(f"{where}: a placeholder's target must be an argument name, its only "
@@ -197,19 +215,26 @@ def _pytree_info(data: Any, where: str) -> Optional[_PyTreeInfo]:
 def install(gm: torch.fx.GraphModule, graph: torch.fx.Graph, info: Optional[_PyTreeInfo],
             where: str) -> None:
     """Give ``gm`` its graph (torch.fx generates and compiles the forward from it)."""
-    modules = set()
+    objects: dict[torch.fx.Node, str] = {}  # get_attr nodes of modules and pytree specs
     for n in graph.nodes:
         if n.op in ("get_attr", "call_module"):
             value = _attribute(gm, str(n.target), f"node {n.name!r} of {where}")
             if n.op == "call_module" and not isinstance(value, torch.nn.Module):
                 raise ExportError(f"node {n.name!r} of {where} calls {n.target!r}, which is not a "
                                   "module")
-            if n.op == "get_attr" and isinstance(value, torch.nn.Module):
-                modules.add(n)
-        elif n.op == "call_function" and n.target in _SETTERS and n.args and n.args[0] in modules:
-            raise ExportError(f"node {n.name!r} of {where} writes into the module "
-                              f"{n.args[0].target!r} with {n.target.__name__}; a loaded graph "
-                              "writes tensors only")
+            if isinstance(value, _CONTAINERS):
+                raise ExportError(f"node {n.name!r} of {where} reaches the container "
+                                  f"{n.target!r}; a loaded graph never touches a torch.nn "
+                                  "container (its items are reached by any name)")
+            if n.op == "get_attr" and not isinstance(value, torch.Tensor):
+                objects[n] = "module" if isinstance(value, torch.nn.Module) else "spec"
+        for i, a in enumerate([*n.args, *n.kwargs.values()]):
+            for used in _nodes_in(a):
+                if used in objects and not _takes(n, i, objects[used]):
+                    raise ExportError(
+                        f"node {n.name!r} of {where} passes the {objects[used]} "
+                        f"{used.target!r} to {_shown(n.target)}; a loaded graph hands modules "
+                        "to fxckpt's runtime and pytree specs to torch's pytree functions only")
     if info is not None:
         graph._codegen = _PyTreeCodeGen(info)
     try:
@@ -220,9 +245,34 @@ def install(gm: torch.fx.GraphModule, graph: torch.fx.Graph, info: Optional[_PyT
                           f"({type(e).__name__}: {e})") from None
 
 
-_SETTERS = frozenset({operator.setitem, operator.delitem, operator.iadd, operator.isub,
-                      operator.imul, operator.itruediv, operator.ior, operator.iand})
-"""``operator`` functions that write into their first argument."""
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList,
+               torch.nn.ParameterDict, torch.nn.Sequential)
+
+
+def _nodes_in(value: Any) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(value, found.append)
+    return found
+
+
+def _takes(node: torch.fx.Node, position: int, kind: str) -> bool:
+    """Whether ``node`` takes a module (or a pytree spec) as its argument at ``position``: the
+    runtime's recompute and grad-mode / autocast wrappers take the module they run, torch's
+    pytree functions the spec. Anywhere else a module could be written into (``setitem`` on a
+    container) or handed back to Python."""
+    if node.op != "call_function" or len(node.kwargs) and position >= len(node.args):
+        return False
+    return position in _OBJECT_ARGUMENTS.get((table_name(node.target), kind), ())
+
+
+_OBJECT_ARGUMENTS: dict[tuple[Optional[str], str], tuple[int, ...]] = {
+    ("fxckpt.checkpoint", "module"): (0,),
+    ("torch.ops.higher_order.wrap_with_set_grad_enabled", "module"): (1,),
+    ("torch.ops.higher_order.wrap_with_autocast", "module"): (4,),
+    ("torch.utils._pytree.tree_unflatten", "spec"): (1,),
+    ("torch.fx._pytree.tree_flatten_spec", "spec"): (1,),
+}
+"""``(runtime function, kind) -> positions`` where a loaded graph may pass a module or spec."""
 
 
 def _attribute(gm: torch.nn.Module, target: str, where: str) -> Any:

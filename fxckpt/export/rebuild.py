@@ -65,10 +65,11 @@ def build_tree(entries: list[dict[str, Any]], store: Verified, tensors: dict[str
         if "same_as" in e:
             mod = modules[e["same_as"]]
         else:
-            mod = _make(e)
+            parent = modules.get(path.rpartition(".")[0]) if path else None
+            mod = _make(e, inside_leaf=_is_leaf(parent))
             slots += _link(mod, e, tensors)
             if e["kind"] == "leaf" and hasattr(mod, "_init_flat_weights"):
-                getattr(mod, "_init_flat_weights")()  # RNNs keep a list of their parameters
+                _init_flat_weights(mod, e)  # RNNs keep a list of their parameters
             if e["kind"] == "graph":
                 graphs.append((mod, e))  # type: ignore[arg-type]
             mod.training = training
@@ -81,7 +82,16 @@ def build_tree(entries: list[dict[str, Any]], store: Verified, tensors: dict[str
     return modules[""], slots
 
 
-def _make(e: dict[str, Any]) -> torch.nn.Module:
+def _is_leaf(mod: Optional[torch.nn.Module]) -> bool:
+    """A rebuilt torch.nn module (not a container of the graph's tree, not a graph)."""
+    return mod is not None and type(mod) not in (torch.nn.Module, _NoOp) \
+        and not isinstance(mod, torch.fx.GraphModule)
+
+
+def _make(e: dict[str, Any], inside_leaf: bool = False) -> torch.nn.Module:
+    """A module from its entry. A torch.nn container (``ModuleList``) is rebuilt only inside a
+    leaf module, whose own forward uses it (``TransformerEncoder.layers``): never as a leaf a
+    graph can reach."""
     kind = e["kind"]
     where = f"the module at {e['path'] or '<root>'}"
     if kind == "container":
@@ -89,7 +99,7 @@ def _make(e: dict[str, Any]) -> torch.nn.Module:
     if kind == "noop":
         return _NoOp()
     if kind == "leaf":
-        cls: Any = resolve_module_class(e["cls"], where)
+        cls: Any = resolve_module_class(e["cls"], where, inside_leaf=inside_leaf)
         mod = cls.__new__(cls)
         torch.nn.Module.__init__(mod)
         for name, value in e["attrs"].items():
@@ -132,8 +142,9 @@ def _give_graph(gm: torch.fx.GraphModule, e: dict[str, Any], store: Verified) ->
         gm.__dict__[name] = load_spec(text, f"{where} {name}")
     try:
         program = json.loads(store.read_text(where))
-    except ValueError as err:
-        raise ExportError(f"{where} in export {store.root} is not valid JSON: {err}") from None
+    except (ValueError, RecursionError) as err:
+        raise ExportError(f"{where} in export {store.root} is not valid JSON: "
+                          f"{type(err).__name__}: {str(err)[:100]}") from None
     if not isinstance(program, dict):
         raise ExportError(f"{where} in export {store.root} is not a graph program")
     graph, info = build_graph(program, where)
@@ -168,6 +179,17 @@ def _segment_fields(e: dict[str, Any]) -> Optional[dict[str, Any]]:
                 kept=_kept(fields.get("kept", 0), str(where)), **flags)
 
 
+def _init_flat_weights(mod: torch.nn.Module, e: dict[str, Any]) -> None:
+    """An RNN's list of its parameters, named by ``_flat_weights_names`` from the file: each
+    name must be one of the module's own parameters (``getattr`` reads them)."""
+    names = mod.__dict__.get("_flat_weights_names")
+    if not (isinstance(names, list)
+            and all(isinstance(n, str) and n in mod._parameters for n in names)):
+        raise ExportError(f"the module at {e['path'] or '<root>'}: _flat_weights_names must name "
+                          f"its own parameters (got {str(names)[:80]})")
+    getattr(mod, "_init_flat_weights")()
+
+
 def _kept(value: Any, where: str) -> int:
     """How many nodes a segment keeps (selective recompute)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -180,10 +202,9 @@ def _link(mod: torch.nn.Module, e: dict[str, Any], tensors: dict[str, torch.Tens
     slots: list[Slot] = []
     where = f"the module at {e['path'] or '<root>'}"
     names = [*e["params"], *e["buffers"], *e["tensors"]]
-    graph = isinstance(mod, torch.fx.GraphModule)
-    for name in names:
-        if (not check_part(name) or name in _MODULE_KEYS
-                or graph and (hasattr(type(mod), name) or name in mod.__dict__)):
+    for name in names:  # never a name the class defines (a tensor as `_call_impl`)
+        if (not check_part(name) or name in _MODULE_KEYS or hasattr(type(mod), name)
+                or name in mod.__dict__):
             raise ExportError(f"{where}: {str(name)[:80]!r} is not a tensor name an export may "
                               "use")
     for name, key in e["params"].items():

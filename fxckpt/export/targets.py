@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from fxckpt.errors import ExportError
+from fxckpt.export.allowlist import (CHECKED, PROPERTIES, UNCHECKED_WHY, permits, refusal,
+                                     unchecked)
 
 __all__ = [
     "ExportError", "function_name", "table_name", "resolve_function", "METHODS", "GETATTR_NAMES",
@@ -161,8 +163,12 @@ def _namespace_functions() -> dict[str, Any]:
 def resolve_attribute_function(name: str, where: str) -> Callable[..., Any]:
     """A function a saved module attribute holds: a tensor function of torch's namespaces only
     (never ``getattr``, ``operator.*`` or fxckpt's runtime functions, which a module could call
-    with arguments of its own choosing: ``_call_impl = getattr`` walked to ``exec`` once)."""
+    with arguments of its own choosing: ``_call_impl = getattr`` walked to ``exec`` once), and
+    on the allowlist."""
     found = _namespace_functions().get(name) if isinstance(name, str) else None
+    if found is not None and not permits("attribute_functions", name):
+        raise ExportError(f"{where} holds the function {name[:80]!r}, which is not on fxckpt's "
+                          f"allowlist of what a loaded export may use{_ALLOW_HINT}")
     if found is None:
         raise ExportError(f"{where} holds the function {str(name)[:80]!r}; a saved module's "
                           "attribute may hold a torch tensor function only (torch.*, "
@@ -198,7 +204,7 @@ def function_name(target: Any, where: str) -> str:
 
     if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
         aten = _qualified(target)
-        if resolve_function(aten, where) is target:
+        if _table_function(aten, where) is target:
             return aten
     name = table_name(target)
     if name is not None:
@@ -218,10 +224,28 @@ def function_name(target: Any, where: str) -> str:
         "model instead")
 
 
+_ALLOW_HINT = (" (fxckpt/export/allowlist.json: what fxckpt.save writes for the models it is "
+               "tested on). If you trust this export's source, fxckpt.load(path, allow=[...]) "
+               "may name it")
+
+
 def resolve_function(name: str, where: str) -> Callable[..., Any]:
-    """The object of a table name (``torch.ops.aten.NAME.OVERLOAD`` is looked up exactly)."""
+    """The object of a table name on the allowlist (``torch.ops.aten.NAME.OVERLOAD`` is looked up
+    exactly)."""
     if not isinstance(name, str):
         raise ExportError(f"{where}: a call target must be a name, not {type(name).__name__}")
+    if not permits("functions", name):
+        why = refusal("functions", name)
+        if why is not None:
+            raise ExportError(f"{where} calls {name[:120]}, which a loaded export may never "
+                              f"call: {why}")
+        raise ExportError(f"{where} calls {name[:120]}, which is not on fxckpt's allowlist of "
+                          f"what a loaded export may call{_ALLOW_HINT}")
+    return CHECKED.get(name) or _table_function(name, where)
+
+
+def _table_function(name: str, where: str) -> Callable[..., Any]:
+    """The object of a name of the table (ATen overloads checked against the dispatcher)."""
     aten = _ATEN.fullmatch(name)
     if aten is not None:
         return _aten(aten.group(1), aten.group(2), where)
@@ -251,34 +275,8 @@ def _aten(name: str, overload: str, where: str) -> torch._ops.OpOverload:
         raise ExportError(f"{where} names the ATen operator {qualified}, which reads or writes "
                           "files; a loaded export may not call it")
     if unchecked(name) or any(a.name == "unsafe" for a in schema.arguments):
-        raise ExportError(f"{where} names the ATen operator {qualified}, which {_UNCHECKED_WHY}")
+        raise ExportError(f"{where} names the ATen operator {qualified}, which {UNCHECKED_WHY}")
     return op
-
-
-_UNCHECKED = re.compile(
-    r"(^|_)(sparse|csr|csc|bsr|bsc|compressed|nested)(_|$)|unsafe|^set_|as_strided|from_file")
-_MEMORY_SAFE = frozenset({"_unsafe_view", "unsafe_split", "unsafe_chunk",
-                          "unsafe_split_with_sizes"})
-""""unsafe" in torch's autograd sense only: these check their sizes like their safe twins."""
-_UNCHECKED_WHY = ("builds tensors from data without checking it, or points a tensor at other "
-                  "memory (sparse, compressed and nested constructors, unchecked indexing, set_, "
-                  "as_strided); a loaded export may not call it")
-
-
-def unchecked(name: str) -> bool:
-    """An operator, function or method a loaded export may not call, whatever its arguments:
-    the families that skip validation (``_sparse_coo_tensor_with_dims_and_tensors`` and every
-    sparse, compressed or nested constructor: forged indices wrote out of bounds; ``_unsafe_*``
-    indexing) or that point a tensor at other memory (``set_``, ``as_strided``). Models' training
-    graphs do not use them."""
-    return name not in _MEMORY_SAFE and _UNCHECKED.search(name) is not None
-
-
-_PROPERTIES = frozenset({
-    "shape", "dtype", "device", "layout", "ndim", "T", "mT", "H", "mH", "data", "grad", "real",
-    "imag", "requires_grad", "is_leaf", "is_cuda", "is_cpu", "is_meta", "is_sparse",
-    "is_quantized", "is_nested", "itemsize", "nbytes",
-})
 
 
 @functools.cache
@@ -286,7 +284,7 @@ def _methods_and_properties() -> tuple[frozenset[str], frozenset[str]]:
     _, members = _tensor_overridables()
     methods = {n for n, m in members.items()
                if callable(m) and n not in _NO_METHODS and not unchecked(n)}
-    return frozenset(methods), _PROPERTIES
+    return frozenset(methods), PROPERTIES
 
 
 class _Names:
@@ -337,8 +335,16 @@ def module_class_path(cls: type, where: str) -> str:
     return path
 
 
-def resolve_module_class(path: str, where: str) -> type:
+def resolve_module_class(path: str, where: str, inside_leaf: bool = False) -> type:
+    """A leaf module class on the allowlist; a torch.nn container only inside a leaf."""
+    from fxckpt.export.allowlist import container
+
     cls = _module_classes().get(path) if isinstance(path, str) else None
+    if cls is not None and inside_leaf and container(path):
+        return cls
+    if cls is not None and not permits("modules", path):
+        raise ExportError(f"{where} is a {path[:120]}, which is not a leaf module class on "
+                          f"fxckpt's allowlist (containers never are){_ALLOW_HINT}")
     if cls is None:
         raise ExportError(f"{where} names the module class {str(path)[:120]!r}, which is not one "
                           "of the torch.nn module classes a loaded export may rebuild")
