@@ -39,10 +39,13 @@ class LiveTensorTracker(TorchDispatchMode):
     what a step *would* hold, holding nothing (:mod:`fxckpt.verify`).
     """
 
-    def __init__(self, *, fake: bool = False, scratch: Optional[Scratch] = None) -> None:
+    def __init__(self, *, fake: bool = False, scratch: Optional[Scratch] = None,
+                 size: Callable[[Any], int] = int) -> None:
         super().__init__()
         self._fake = fake
         self._scratch = scratch
+        self._size = size
+        """A storage's byte count as an int (fake tensors of data-dependent size: an estimate)."""
         self._lock = threading.RLock()
         self._live: dict[int, tuple[str, int]] = {}
         self._current: dict[str, int] = {}
@@ -112,7 +115,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self._peak_total = max(self._peak_total, self.current_bytes + extra)
 
     def _count(self, storage: torch.UntypedStorage, device: str) -> None:
-        key, nbytes = id(storage), storage.nbytes()
+        key, nbytes = id(storage), self._size(storage.nbytes())
         with self._lock:
             if key in self._live:
                 return

@@ -30,13 +30,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from fxckpt.export.files import as_key, verify, versions, write_atomically, write_export
+from fxckpt.export.allowlist import extended
+from fxckpt.export.bound import check_saved
+from fxckpt.export.files import (MAX_JSON_BYTES, as_key, verify, versions, write_atomically,
+                                 write_export)
 from fxckpt.export.loaded import LoadedModule, Variant
 from fxckpt.errors import ConfigError
+from fxckpt.integrations import hf
 from fxckpt.export.targets import ExportError
 
 __all__ = ["save", "load", "ExportError", "LoadedModule"]
@@ -83,6 +87,10 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
             "example_inputs= to fxckpt.transform or to fxckpt.save"
         )
     described = describe(tm)
+    # what a training call adds to the caller's keywords (use_cache=False for a Hugging Face
+    # model): the loaded module adds the same, so the same calls find their graphs
+    added = hf.without_cache(dispatcher.model, {}) if dispatcher.takes_use_cache else None
+    described.structure["training_kwargs"] = added or {}
     described.structure["devices"] = {k: str(t.device) for k, t in described.tensors.items()}
     described.structure["tensor_bytes"] = sum(
         t.numel() * t.element_size() for t in described.tensors.values())
@@ -107,7 +115,9 @@ def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
 
 def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = None,
          key: Key = None, max_bytes: Optional[int] = None, mmap: bool = False,
-         legacy_weights: bool = False) -> LoadedModule:
+         legacy_weights: bool = False, allow: Iterable[str] = (),
+         max_json_bytes: int = MAX_JSON_BYTES,
+         max_activation_bytes: Optional[int] = None) -> LoadedModule:
     """Rebuild the module saved at ``path`` (see :class:`~fxckpt.export.loaded.LoadedModule`).
 
     Every file is checked against the manifest first; a missing or corrupted file raises
@@ -121,39 +131,38 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
     the parameters until written, and a change to the file shows in them: never with ``key=``).
     ``max_bytes`` bounds the weights file (default: twice the tensor bytes the export declares).
     ``legacy_weights=True`` reads a ``weights.pt`` (torch.save) export, refused otherwise.
+
+    What the graphs may call is a closed allowlist (:mod:`fxckpt.export.allowlist`); ``allow``
+    names more (``"torch.ops.aten.fft_rfft.default"``, ``"torch.Tensor.cumprod"``) for an export
+    whose source you trust, never an operator a rule refuses. JSON files over ``max_json_bytes``
+    are refused before they are read. Each graph runs one training step on fake tensors at load
+    (and at a call's first new input shapes); a step past ``max_activation_bytes``, by default
+    4x the peak the export's plan states (:mod:`fxckpt.export.bound`), is refused before any
+    real allocation.
     """
     from fxckpt.checks import check_int
-    from fxckpt.export.rebuild import build_tree
-    from fxckpt.export.views import view_from_json
 
     secret = as_key(key)
     device = _map_location(map_location)
     if max_bytes is not None:
         check_int("max_bytes", max_bytes, unit="of bytes")
+    check_int("max_json_bytes", max_json_bytes, unit="of bytes")
+    if max_activation_bytes is not None:
+        check_int("max_activation_bytes", max_activation_bytes, unit="of bytes")
+    allowed = _allowed(allow)
     if mmap and secret is not None:
         raise ConfigError("mmap=True cannot be combined with key=: a mapped file can change "
                           "after its MAC was checked, and the weights in use must be the bytes "
                           "the key verified. Load keyed exports without mmap")
-    store = verify(path, secret)
+    store = verify(path, secret, max_json_bytes)
     try:
-        structure = json.loads(store.read_text("structure.json"))
-        declared = structure.get("tensor_bytes")
-        limit = max_bytes if max_bytes is not None else (
-            2 * declared + (1 << 20) if isinstance(declared, int) else None)
-        raw = store.tensors(max_bytes=limit, use_mmap=mmap, legacy=legacy_weights)
-        tensors = _materialise(structure, raw, device, store.root)
-        variants = []
-        for entry in structure["variants"]:
-            root, slots = build_tree(entry["modules"], store, tensors, entry["training"])
-            runner = None
-            if entry.get("pipeline"):
-                runner, stage_slots = _pipeline(
-                    entry["pipeline"], store, tensors, entry["training"]
-                )
-                slots += stage_slots
-            variants.append(
-                Variant(entry, root, slots, view_from_json(store.read_text(entry["view"])), runner)
-            )
+        with extended(allowed):
+            loaded = _rebuild(store, device, max_bytes, mmap, legacy_weights)
+        for i, variant in enumerate(loaded.variants):
+            variant.limit = max_activation_bytes
+            check_saved(variant.root, stated=variant.stated_peak, limit=max_activation_bytes,
+                        where=f"export {store.root}: the graph of programs/v{i}/root.json "
+                              f"({variant.describe()})")
     except ImportError as e:
         raise ExportError(
             f"loading export {store.root} needs {e.name or 'a package'} ({e}); install it"
@@ -173,9 +182,47 @@ def load(path: PathLike, *, map_location: Optional[Union[str, torch.device]] = N
             f"export {store.root}: structure.json is not a valid structure ({type(e).__name__}: "
             f"{str(e)[:200]})"
         ) from e
-    return LoadedModule(
-        structure["state"], tensors, variants, store.manifest, structure["training"]
-    )
+    return loaded
+
+
+def _allowed(allow: Iterable[str]) -> frozenset[str]:
+    if isinstance(allow, str) or not all(isinstance(a, str) for a in allow):
+        raise ConfigError(f"allow must be a list of names such as "
+                          f"'torch.ops.aten.fft_rfft.default' (got {allow!r:.80})")
+    return frozenset(allow)
+
+
+def _rebuild(store: Any, device: Optional[torch.device], max_bytes: Optional[int], mmap: bool,
+             legacy_weights: bool) -> LoadedModule:
+    """The module tree of every variant, on the verified files."""
+    from fxckpt.export.rebuild import build_tree
+    from fxckpt.export.views import view_from_json
+
+    structure = json.loads(store.read_text("structure.json"))
+    declared = structure.get("tensor_bytes")
+    limit = max_bytes if max_bytes is not None else (
+        2 * declared + (1 << 20) if isinstance(declared, int) else None)
+    raw = store.tensors(max_bytes=limit, use_mmap=mmap, legacy=legacy_weights)
+    tensors = _materialise(structure, raw, device, store.root)
+    variants = []
+    for entry in structure["variants"]:
+        root, slots = build_tree(entry["modules"], store, tensors, entry["training"])
+        if not isinstance(root, torch.fx.GraphModule):
+            raise ExportError(f"export {store.root}: a variant's root module is not a graph")
+        runner = None
+        if entry.get("pipeline"):
+            runner, stage_slots = _pipeline(entry["pipeline"], store, tensors, entry["training"])
+            slots += stage_slots
+        variants.append(
+            Variant(entry, root, slots, view_from_json(store.read_text(entry["view"])), runner)
+        )
+    added = structure.get("training_kwargs", {})
+    if not (isinstance(added, dict) and all(isinstance(k, str) and isinstance(v, bool)
+                                            for k, v in added.items())):
+        raise ExportError(f"export {store.root}: structure.json's training_kwargs must map "
+                          f"names to true or false (got {str(added)[:80]})")
+    return LoadedModule(structure["state"], tensors, variants, store.manifest,
+                        structure["training"], added)
 
 
 def _pipeline(

@@ -43,8 +43,8 @@ _KINDS = {
 class Variant:
     """One saved graph: the mode and signature it serves, how to call it, and its plan."""
 
-    def __init__(self, entry: dict[str, Any], root: torch.nn.Module, slots: list[Slot], view: Any,
-                 pipeline: Optional[torch.nn.Module] = None) -> None:
+    def __init__(self, entry: dict[str, Any], root: torch.fx.GraphModule, slots: list[Slot],
+                 view: Any, pipeline: Optional[torch.nn.Module] = None) -> None:
         self.key: str = entry["key"]
         self.loose_key: str = entry["loose_key"]
         self.training: bool = entry["training"]
@@ -56,9 +56,39 @@ class Variant:
         self.slots = slots
         self.view = view
         self.signature = None if entry["parameters"] is None else _signature(entry["parameters"])
+        self.limit: Optional[int] = None
+        """``fxckpt.load(max_activation_bytes=)``: the bound of :mod:`fxckpt.export.bound`."""
+        self.checked = {self.key}
+        """Call keys whose step was measured on fake tensors (the saved one at load)."""
+
+    @property
+    def stated_peak(self) -> Optional[int]:
+        """The peak activation memory the export's plan states for this graph."""
+        return self.plan.peak_bytes or self.plan.eager_peak_bytes
 
     def describe(self) -> str:
         return f"{'train' if self.training else 'eval'} {self.plan.signature}"
+
+    def check(self, args: tuple, kwargs: dict) -> None:
+        """The first call of new input shapes: its step measured on fake tensors first
+        (:mod:`fxckpt.export.bound`). Pipelined graphs are measured at load only."""
+        key = repr(signature_key(self.training, args, kwargs))
+        if key in self.checked or self.pipeline is not None:
+            return
+        import torch.utils._pytree as pytree
+
+        from fxckpt.export.bound import check_step, input_bytes, saved_examples
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+
+        def run(values: tuple) -> Any:
+            a, k = pytree.tree_unflatten(list(values), spec)
+            return self(a, k)
+
+        growth = input_bytes(leaves) / max(1, input_bytes(saved_examples(self.root)))
+        check_step(self.root, run, tuple(leaves), stated=self.stated_peak, growth=growth,
+                   limit=self.limit, where=f"a call of {_describe(args, kwargs)}")
+        self.checked.add(key)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.signature is None:
@@ -124,8 +154,10 @@ class LoadedModule(torch.nn.Module):
         variants: list[Variant],
         manifest: dict[str, Any],
         training: bool,
+        training_kwargs: Optional[dict[str, bool]] = None,
     ) -> None:
         super().__init__()
+        self.__dict__["_training_kwargs"] = dict(training_kwargs or {})
         self.__dict__["_variants"] = variants
         self.__dict__["_manifest"] = manifest
         self.__dict__["_last"] = variants[0]
@@ -160,8 +192,12 @@ class LoadedModule(torch.nn.Module):
         )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.training:  # what the transformed module adds to a training call (use_cache), last
+            added = self.__dict__["_training_kwargs"]
+            kwargs = {**kwargs, **{k: v for k, v in added.items() if k not in kwargs}}
         variant = self._variant_for(args, kwargs)
         self.__dict__["_last"] = variant
+        variant.check(args, kwargs)
         return variant(args, kwargs)
 
     def _variant_for(self, args: tuple, kwargs: dict) -> Variant:
