@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import types
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -30,167 +29,49 @@ import pytest
 import torch
 
 import fxckpt
+from crafting import (EVIL, OPEN, ROOT, SEGMENT, STRUCTURE, Change, X, call, leaf, pytree_args,
+                      set_node, spec_of)
 from fxckpt.export import ExportError, LoadedModule
 from models import MLP
 
-# Crafted exports: whoever can write the files can recompute every hash, so loading must refuse
-# anything that is not data it understands, before running or importing anything.
-
-EVIL_SOURCE = """
-import pathlib
-pathlib.Path({marker!r}).write_text("imported")
-
-
-def run(*args, **kwargs):
-    pathlib.Path({marker!r}).write_text("called")
-
-
-class Evil:
-    def __init__(self, *args, **kwargs):
-        run()
-"""
-EVIL = f"fxckpt_evil_{os.getpid()}"
-"""A module the crafted exports name; importing or calling it writes the marker file."""
-
-
-@pytest.fixture(scope="module")
-def saved_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "m"
-    tm = fxckpt.transform(MLP(depth=2), every=1, example_inputs=(torch.randn(4, 32),))
-    fxckpt.save(tm, path)
-    return path
-
-
-@pytest.fixture
-def forge(saved_mlp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A fresh copy of an export, an importable module that writes a marker file when imported
-    or called, and ``edit(rel, change)``: change a file and recompute the manifest's hashes."""
-    from fxckpt.export.files import content_hash, sha256_bytes
-
-    root = tmp_path / "m"
-    shutil.copytree(saved_mlp, root)
-    marker = tmp_path / "pwned"
-    (tmp_path / f"{EVIL}.py").write_text(EVIL_SOURCE.format(marker=str(marker)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def put(rel: str, data: bytes, replaces: str = "") -> None:
-        """Write ``rel`` (instead of ``replaces``) and list it in the manifest with its hash."""
-        root = ns.root  # a test may point the helpers at a copy
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        manifest = json.loads((root / "manifest.json").read_text())
-        if replaces:
-            del manifest["files"][replaces]
-            (root / replaces).unlink()
-        manifest["files"][rel] = sha256_bytes(data)
-        manifest["content_hash"] = content_hash(manifest["files"])
-        (root / "manifest.json").write_text(json.dumps(manifest))
-
-    def edit(rel: str, change: Callable[[Any], Any]) -> None:
-        path = ns.root / rel
-        data = json.loads(path.read_text()) if path.exists() else None
-        result = change(data)
-        put(rel, (result if isinstance(result, str) else json.dumps(data)).encode())
-
-    def edit_bytes(rel: str, change: Callable[[bytes], bytes]) -> None:
-        put(rel, change((ns.root / rel).read_bytes()))
-
-    ns = types.SimpleNamespace(root=root, marker=marker, edit=edit, edit_bytes=edit_bytes,
-                               put=put)
-    yield ns
-    assert not marker.exists(), "the crafted export ran code"
-    assert EVIL not in sys.modules, "the crafted export imported a module"
-
-
-ROOT, SEGMENT, STRUCTURE = "programs/v0/root.json", "programs/v0/segment_0.json", "structure.json"
-Change = Callable[[Any, str], None]
-"""Edits a decoded JSON file in place; the second argument is the marker file's path."""
-
-
-def _call(target: str, *args: Any) -> Change:
-    """The first call_function node now calls ``target`` (``MARKER`` in args: the marker path)."""
-    def change(program: dict, marker: str) -> None:
-        node = _first(program, "call_function")
-        node["target"], node["kwargs"] = target, {}
-        node["args"] = [marker if a == "MARKER" else a for a in args]
-    return change
-
-
-def _node(kind: str, **fields: Any) -> Change:
-    """Set ``fields`` of the first ``kind`` node (``MARKER`` inside a string: the marker path)."""
-    def change(program: dict, marker: str) -> None:
-        _first(program, kind).update(json.loads(json.dumps(fields).replace("MARKER", marker)))
-    return change
-
-
-def _first(program: dict, op: str) -> dict:
-    return next(n for n in program["nodes"] if n["op"] == op)
-
-
-def _leaf(**fields: Any) -> Change:
-    def change(structure: dict, marker: str) -> None:
-        modules = structure["variants"][0]["modules"]
-        next(e for e in modules if e.get("kind") == "leaf").update(fields)
-    return change
-
-
-def _spec(node_type: str, context: Any) -> Change:
-    schema = {"type": node_type, "context": json.dumps(context), "children_spec": []}
-    spec = json.dumps([1, schema])
-
-    def change(structure: dict, marker: str) -> None:
-        structure["variants"][0]["modules"][0]["specs"] = {"_spec_0": spec}
-    return change
-
-
-def _pytree(*orig_args: str) -> Change:
-    def change(program: dict, marker: str) -> None:
-        args = [a.replace("MARKER", marker) for a in orig_args]
-        program["pytree"] = {"orig_args": args, "in_spec": None, "out_spec": None}
-    return change
-
-
-X = {"__node__": "x"}
-OPEN = "open('MARKER', 'w')"
+NOT_LISTED = "not on fxckpt's allowlist of what a loaded export may call"
 CRAFTED: dict[str, tuple[str, Change, str]] = {
     # call targets: dotted names, builtins, the attacker's module, ATen ops that touch files
-    "dotted_name": (ROOT, _call("torch.serialization.os.system", "touch MARKER"),
-                    "not in the table"),
-    "os_system": (ROOT, _call("os.system", "touch MARKER"), "not in the table"),
-    "builtins_exec": (ROOT, _call("builtins.exec", OPEN), "not in the table"),
-    "builtins_open": (ROOT, _call("builtins.open", "MARKER", "w"), "not in the table"),
-    "own_module": (ROOT, _call(f"{EVIL}.run"), "not in the table"),
-    "aten_save": (SEGMENT, _call("torch.ops.aten.save.default", X, "MARKER"),
-                  "aten::save, which this torch does not have"),
-    "aten_from_file": (SEGMENT, _call("torch.ops.aten.from_file.default", "MARKER"),
-                       "reads or writes files"),
-    "getattr_dunder": (SEGMENT, _call("builtins.getattr", X, "__class__"),
+    "dotted_name": (ROOT, call("torch.serialization.os.system", "touch MARKER"),
+                    NOT_LISTED),
+    "os_system": (ROOT, call("os.system", "touch MARKER"), NOT_LISTED),
+    "builtins_exec": (ROOT, call("builtins.exec", OPEN), NOT_LISTED),
+    "builtins_open": (ROOT, call("builtins.open", "MARKER", "w"), NOT_LISTED),
+    "own_module": (ROOT, call(f"{EVIL}.run"), NOT_LISTED),
+    "aten_save": (SEGMENT, call("torch.ops.aten.save.default", X, "MARKER"), NOT_LISTED),
+    "aten_from_file": (SEGMENT, call("torch.ops.aten.from_file.default", "MARKER"),
+                       "may never call"),
+    "getattr_dunder": (SEGMENT, call("builtins.getattr", X, "__class__"),
                        "reads the attribute '__class__'"),
-    "method_hook": (SEGMENT, _node("call_module", op="call_method", target="register_hook"),
+    "method_hook": (SEGMENT, set_node("call_module", op="call_method", target="register_hook"),
                     "method 'register_hook'"),
     # strings that torch.fx prints into the code it generates
-    "node_name": (ROOT, _node("placeholder", name=f"x = {OPEN}#"), "node name must be"),
-    "placeholder": (ROOT, _node("placeholder", target=f"x={OPEN}"), "must be an argument name"),
-    "module_path": (ROOT, _node("get_attr", target=f'a")or {OPEN} or("'),
+    "node_name": (ROOT, set_node("placeholder", name=f"x = {OPEN}#"), "node name must be"),
+    "placeholder": (ROOT, set_node("placeholder", target=f"x={OPEN}"), "must be an argument name"),
+    "module_path": (ROOT, set_node("get_attr", target=f'a")or {OPEN} or("'),
                     "not a path of the module's own attributes"),
-    "attribute_walk": (ROOT, _node("get_attr", target="training"),
+    "attribute_walk": (ROOT, set_node("get_attr", target="training"),
                        "not a module, parameter, buffer or tensor the export holds"),
-    "class_walk": (ROOT, _node("get_attr", target="__class__.__init__.__globals__"),
+    "class_walk": (ROOT, set_node("get_attr", target="__class__.__init__.__globals__"),
                    "not a path of the module's own attributes"),
-    "kwarg_name": (ROOT, _node("call_function", kwargs={f"x={OPEN},y": 1}), "keyword argument"),
-    "pytree_args": (ROOT, _pytree(f"x={OPEN}"), "argument names must be identifiers"),
+    "kwarg_name": (ROOT, set_node("call_function", kwargs={f"x={OPEN},y": 1}), "keyword argument"),
+    "pytree_args": (ROOT, pytree_args(f"x={OPEN}"), "argument names must be identifiers"),
     # structure.json: classes, attribute values and pytree types
-    "leaf_class": (STRUCTURE, _leaf(cls=f"{EVIL}:Evil"), "not one of the torch.nn module"),
-    "function_attr": (STRUCTURE, _leaf(attrs={"in_features": {"__function__": "os.system"}}),
+    "leaf_class": (STRUCTURE, leaf(cls=f"{EVIL}:Evil"), "not one of the torch.nn module"),
+    "function_attr": (STRUCTURE, leaf(attrs={"in_features": {"__function__": "os.system"}}),
                       "may hold a torch tensor function only"),
-    "dtype_attr": (STRUCTURE, _leaf(attrs={"in_features": {"__dtype__": "load"}}),
+    "dtype_attr": (STRUCTURE, leaf(attrs={"in_features": {"__dtype__": "load"}}),
                    "unknown dtype"),
-    "spec_type": (STRUCTURE, _spec(f"{EVIL}.Evil", None), "pytree node type"),
-    "spec_defaultdict": (STRUCTURE, _spec("collections.defaultdict", {
+    "spec_type": (STRUCTURE, spec_of(f"{EVIL}.Evil", None), "pytree node type"),
+    "spec_defaultdict": (STRUCTURE, spec_of("collections.defaultdict", {
         "default_factory_module": EVIL, "default_factory_name": "run", "dict_context": []}),
         "pytree node type 'collections.defaultdict'"),
-    "spec_enum": (STRUCTURE, _spec("builtins.dict", [{"__enum__": True, "fqn": f"{EVIL}:Evil",
+    "spec_enum": (STRUCTURE, spec_of("builtins.dict", [{"__enum__": True, "fqn": f"{EVIL}:Evil",
                                                       "name": "x"}]), "holds a JSON object"),
 }
 
@@ -217,6 +98,15 @@ def test_an_export_with_generated_code_is_refused(forge: Any) -> None:
         fxckpt.load(forge.root)
 
 
+def test_an_export_of_format_2_is_refused_with_how_to_save_it_again(forge: Any) -> None:
+    """Format 2 was loaded against a denylist; its graphs may call what the allowlist holds not."""
+    manifest = json.loads((forge.root / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    (forge.root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match=r"format version 2, whose loader checked .* Re-save "
+                       r"it: transform the model with this fxckpt and call fxckpt.save"):
+        fxckpt.load(forge.root)
+
 
 # -- module attributes nn.Module.__call__ or forward read from the instance --------------------
 
@@ -226,7 +116,7 @@ UNCHECKED = "builds tensors from data without checking it, or points a tensor at
 
 
 def _attr(name: str, value: Any) -> Change:
-    return _leaf(attrs={name: value})
+    return leaf(attrs={name: value})
 
 
 GETATTR = {"__function__": "builtins.getattr"}
@@ -244,29 +134,29 @@ CRAFTED.update({
     "attr_checkpoint": (STRUCTURE, _attr("in_features", {"__function__": "fxckpt.checkpoint"}),
                         FUNCTION_ONLY),
     # ATen operators, functions and methods that skip validation or point at other memory
-    "aten_sparse_unchecked": (SEGMENT, _call(
+    "aten_sparse_unchecked": (SEGMENT, call(
         "torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default", 1, 1, [4], X, X),
         UNCHECKED),
-    "aten_sparse_coo": (SEGMENT, _call("torch.ops.aten.sparse_coo_tensor.indices", X, X),
+    "aten_sparse_coo": (SEGMENT, call("torch.ops.aten.sparse_coo_tensor.indices", X, X),
                         UNCHECKED),
-    "aten_sparse_csr": (SEGMENT, _call("torch.ops.aten._sparse_csr_tensor_unsafe.default", X, X,
+    "aten_sparse_csr": (SEGMENT, call("torch.ops.aten._sparse_csr_tensor_unsafe.default", X, X,
                                        X, [2, 2]), UNCHECKED),
-    "aten_set_": (SEGMENT, _call("torch.ops.aten.set_.source_Tensor", X, X), UNCHECKED),
-    "aten_as_strided": (SEGMENT, _call("torch.ops.aten.as_strided.default", X, [9999], [1], 9999),
+    "aten_set_": (SEGMENT, call("torch.ops.aten.set_.source_Tensor", X, X), UNCHECKED),
+    "aten_as_strided": (SEGMENT, call("torch.ops.aten.as_strided.default", X, [9999], [1], 9999),
                         UNCHECKED),
-    "aten_unsafe_index": (SEGMENT, _call("torch.ops.aten._unsafe_index.Tensor", X, [X]),
+    "aten_unsafe_index": (SEGMENT, call("torch.ops.aten._unsafe_index.Tensor", X, [X]),
                           UNCHECKED),
-    "aten_index_put_unsafe": (SEGMENT, _call("torch.ops.aten._index_put_impl_.default", X, [X], X,
+    "aten_index_put_unsafe": (SEGMENT, call("torch.ops.aten._index_put_impl_.default", X, [X], X,
                                              False, True), UNCHECKED),
-    "aten_nested": (SEGMENT, _call("torch.ops.aten._nested_view_from_buffer.default", X, X, X, X),
+    "aten_nested": (SEGMENT, call("torch.ops.aten._nested_view_from_buffer.default", X, X, X, X),
                     UNCHECKED),
-    "function_sparse": (SEGMENT, _call("torch.sparse_coo_tensor", X, X), "not in the table"),
-    "function_set_": (SEGMENT, _call("torch.Tensor.set_", X, X), "not in the table"),
-    "method_set_": (SEGMENT, _node("call_module", op="call_method", target="set_"),
+    "function_sparse": (SEGMENT, call("torch.sparse_coo_tensor", X, X), UNCHECKED),
+    "function_set_": (SEGMENT, call("torch.Tensor.set_", X, X), "may never call"),
+    "method_set_": (SEGMENT, set_node("call_module", op="call_method", target="set_"),
                     "method 'set_'"),
-    "method_to_sparse": (SEGMENT, _node("call_module", op="call_method", target="to_sparse"),
+    "method_to_sparse": (SEGMENT, set_node("call_module", op="call_method", target="to_sparse"),
                          "method 'to_sparse'"),
-    "method_as_strided": (SEGMENT, _node("call_module", op="call_method", target="as_strided"),
+    "method_as_strided": (SEGMENT, set_node("call_module", op="call_method", target="as_strided"),
                           "method 'as_strided'"),
 })
 
@@ -282,8 +172,8 @@ def _set_into_module(target: str) -> Change:
 
 
 CRAFTED.update({
-    "setitem_module": (ROOT, _set_into_module("operator.setitem"), "writes into the module"),
-    "delitem_module": (ROOT, _set_into_module("operator.delitem"), "writes into the module"),
+    "setitem_module": (ROOT, _set_into_module("operator.setitem"), "passes the module"),
+    "delitem_module": (ROOT, _set_into_module("operator.delitem"), "passes the module"),
 })
 
 
@@ -504,8 +394,8 @@ def test_a_keyed_load_is_refused_or_unaffected_while_the_file_is_swapped(tmp_pat
 
     def swap() -> None:
         while not stop.is_set():
-            for data in (evil, good):
-                tmp = weights.with_suffix(".swap")
+            for data in (evil, good):  # staged beside the export: it holds only listed files
+                tmp = tmp_path / "weights.swap"
                 tmp.write_bytes(data)
                 os.replace(tmp, weights)
 

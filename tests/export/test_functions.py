@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 import json
 import re
 from pathlib import Path
@@ -58,10 +59,11 @@ class Gated(nn.Module):
         return x
 
 
-def _round_trip(model: nn.Module, x: torch.Tensor, path: Path, **options: Any) -> LoadedModule:
+def _round_trip(model: nn.Module, x: torch.Tensor, path: Path, allow: tuple[str, ...] = (),
+                **options: Any) -> LoadedModule:
     tm = fxckpt.transform(model, **options, example_inputs=(x,))
     fxckpt.save(tm, path)
-    loaded = fxckpt.load(path)
+    loaded = fxckpt.load(path, allow=allow)
     assert_steps_equal(run_step(model, (x,), {}), run_step(loaded, (x,), {}))
     return loaded
 
@@ -85,7 +87,12 @@ def test_a_transformer_encoder_layer_round_trips_with_exact_grads(tmp_path: Path
 )
 def test_activations_are_saved_by_name_and_resolved_on_load(
         tmp_path: Path, activation: Any, name: str) -> None:
-    loaded = _round_trip(Stack(activation), torch.randn(3, 5, 16), tmp_path / "e", depth=2)
+    """relu and gelu are on the allowlist; torch.tanh is a torch tensor function it does not
+    hold, which a load admits when asked to."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.tanh: not on the list, said at save
+        loaded = _round_trip(Stack(activation), torch.randn(3, 5, 16), tmp_path / "e",
+                             allow=(name,), depth=2)
     assert _activations(tmp_path / "e") == [{"__function__": name}] * 2
     layers = [m for m in loaded.graph_module.modules()
               if isinstance(m, nn.TransformerEncoderLayer)]
