@@ -106,8 +106,11 @@ def test_show_uses_graphviz_dot_when_installed(
 
 
 def test_plot_memory_predicts_and_measures(plain) -> None:
+    from fxckpt.runtime.state import alone
+
     grads_before = [p.grad for p in plain.parameters()]
     rng = torch.get_rng_state()
+    was_alone = alone()  # with another thread alive the measured step's draws are left as drawn
     fig = fxckpt.plot_memory(plain, inputs=(X,))
     ax = fig.axes[0]
     labels = [line.get_label() for line in ax.get_lines()]
@@ -122,9 +125,8 @@ def test_plot_memory_predicts_and_measures(plain) -> None:
     assert len(spans) == len(
         fxckpt.inspect(plain).plan.segments
     )  # each segment is recomputed once, in its own span
-    assert [p.grad for p in plain.parameters()] == grads_before and torch.equal(
-        torch.get_rng_state(), rng
-    )
+    assert [p.grad for p in plain.parameters()] == grads_before
+    assert torch.equal(torch.get_rng_state(), rng) or not was_alone
 
 
 def test_plot_memory_of_a_staged_plan_is_per_micro_batch(staged) -> None:

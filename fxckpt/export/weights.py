@@ -109,20 +109,39 @@ def read_weights(path: Path, rel: str, expected_sha256: str, *, max_bytes: Optio
         with open(path, "rb") as f:
             buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else bytearray()
     else:
-        buffer = bytearray(size)
-        with open(path, "rb") as f:
-            if f.readinto(buffer) != size:
-                raise ExportError(f"{where} changed size while it was read")
+        buffer = _aligned_read(path, size, where)
     if sha256_bytes(buffer) != expected_sha256:
         raise ExportError(f"export {path.parent} is corrupted or was modified: {rel} does not "
                           "match the sha256 in its manifest (hash mismatch); save the module "
                           "again")
     if rel == LEGACY:
         return _legacy(bytes(buffer), where, max_bytes)
-    return _safetensors(buffer, where)
+    return _safetensors(buffer, where, align=1 if use_mmap else ALIGN)
 
 
-def _safetensors(buffer: Any, where: str) -> dict[str, torch.Tensor]:
+ALIGN = 64
+"""Bytes every loaded tensor's data is aligned to: CPU kernels (oneDNN convolutions on one
+thread) take other code paths, and round differently, for data that is not; a loaded module
+must compute the bits the model did."""
+
+
+def _aligned_read(path: Path, size: int, where: str) -> memoryview:
+    """The file read once into memory whose tensor data starts on an :data:`ALIGN` boundary
+    (torch's CPU allocator aligns to 64; the data follows an 8-byte length and the header)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        start = 8 + min(n, size)
+        store = (ctypes.c_char * (size + ALIGN))()  # kept alive by the view below
+        pad = (-(ctypes.addressof(store) + start)) % ALIGN
+        view = memoryview(store).cast("B")[pad:pad + size]
+        view[:len(head)] = head
+        if f.readinto(view[len(head):]) != size - len(head):
+            raise ExportError(f"{where} changed size while it was read")
+    return view
+
+
+def _safetensors(buffer: Any, where: str, align: int = ALIGN) -> dict[str, torch.Tensor]:
     if len(buffer) < 8:
         raise ExportError(f"{where} is not a safetensors file: it is {len(buffer)} bytes long")
     n = int.from_bytes(buffer[:8], "little")
@@ -150,7 +169,8 @@ def _safetensors(buffer: Any, where: str) -> dict[str, torch.Tensor]:
             raise ExportError(f"{where}: the tensors {first!r} and {second!r} overlap")
     out = {}
     for key, (dtype, shape, begin, end) in layout.items():
-        out[key] = _tensor(buffer, base + begin, end - begin, dtype, shape, f"{where}: {key!r}")
+        out[key] = _tensor(buffer, base + begin, end - begin, dtype, shape, f"{where}: {key!r}",
+                           align)
     return out
 
 
@@ -182,14 +202,15 @@ def _count(value: Any) -> bool:
 
 
 def _tensor(buffer: Any, offset: int, nbytes: int, dtype: torch.dtype, shape: list[int],
-            where: str) -> torch.Tensor:
+            where: str, align: int = ALIGN) -> torch.Tensor:
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset)
     if dtype == torch.bool and bool((raw > 1).any()):
         raise ExportError(f"{where} holds booleans other than 0 and 1")
-    if offset % raw.new_empty((), dtype=dtype).element_size():
-        raw = raw.clone()  # not aligned for its dtype: a copy of its own
+    size = raw.new_empty((), dtype=dtype).element_size()
+    if raw.data_ptr() % max(align, size):  # mapped files: aligned for the dtype only
+        raw = raw.clone()  # a copy of its own, aligned as the model's tensors were (ALIGN)
     return raw.view(dtype).reshape(shape)
 
 
