@@ -30,7 +30,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.runtime.assign import assign
 
-__all__ = ["on_meta", "meta_twin"]
+__all__ = ["on_meta", "meta_twin", "fake_twin"]
 
 _MOVES = ("cpu", "cuda", "numpy", "tolist", "item")
 """Tensor methods that leave meta (or read values) in a symbolically traced graph."""
@@ -85,3 +85,16 @@ def meta_twin(t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, torch.nn.Parameter):
         return torch.nn.Parameter(twin, t.requires_grad)
     return twin.requires_grad_(t.requires_grad)
+
+
+def fake_twin(mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """``mode.from_tensor(t)``; a one-element CPU tensor keeps its value for ``.item()``, as a
+    Dynamo graph reads an unspecialised float input (a schedule's value) from one."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    fake = mode.from_tensor(t)
+    if t.numel() == 1 and t.device.type == "cpu" and not t.requires_grad \
+            and type(t) is torch.Tensor:
+        with unset_fake_temporarily():  # the real value, read outside any fake mode
+            fake.item_memo = t.item()
+    return fake

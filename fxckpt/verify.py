@@ -30,7 +30,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import FxckptError, VerifyError
 from fxckpt.measure import LiveTensorTracker
-from fxckpt.meta_run import meta_twin, on_meta
+from fxckpt.meta_run import fake_twin, meta_twin, on_meta
 from fxckpt.runtime.offload import offload_suspended
 from fxckpt.scratch import call_scratch
 
@@ -70,7 +70,7 @@ def fake_step_peak(
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in memo:
-            memo[id(t)] = meta_twin(t) if meta else mode.from_tensor(t)
+            memo[id(t)] = meta_twin(t) if meta else fake_twin(mode, t)
         return memo[id(t)]
 
     try:

@@ -10,6 +10,7 @@ The strategies and the memory simulator read only this record.
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import logging
 from typing import Any, Iterator, Optional
@@ -24,7 +25,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import PlanError
-from fxckpt.meta_run import on_meta
+from fxckpt.meta_run import fake_twin, on_meta
 from fxckpt.cost.flops import counter as flop_counter
 from fxckpt.cost.prices import call_price, traffic
 from fxckpt.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
@@ -131,23 +132,25 @@ def _normalise_path(path: str) -> str:
     return path.replace("[", ".").replace("]", "").replace("'", "").strip(".")
 
 
-def annotate(gm: torch.fx.GraphModule, placeholder_values: list) -> torch.fx.GraphModule:
+def annotate(gm: torch.fx.GraphModule, placeholder_values: list,
+             state: frozenset[str] = frozenset()) -> torch.fx.GraphModule:
     """Run ``gm`` on fake copies of ``placeholder_values`` and annotate every node in place.
+    ``state``: placeholders that are parameters or buffers (a Dynamo graph's), not inputs.
 
     A graph whose tensors are all on ``meta`` already runs on them as they are, which fake
     tensors would only wrap (:mod:`fxckpt.meta_run`); on fake tensors if that fails."""
     if on_meta(gm, tuple(placeholder_values), {}):
         try:
             with _kept_state(gm):
-                _Annotator(gm, None).run(*placeholder_values)
+                _Annotator(gm, None, state).run(*placeholder_values)
             log.debug("annotated %d nodes on meta tensors", len(gm.graph.nodes))
             return gm
         except PlanError as e:
             log.debug("fxckpt: annotate on meta tensors failed (%s); faking them", e)
     with faking(gm) as fake_mode:
-        fake = fake_mode.from_tensor
+        fake = functools.partial(fake_twin, fake_mode)
         fake_args = [pytree.tree_map_only(torch.Tensor, fake, v) for v in placeholder_values]
-        _Annotator(gm, fake_mode).run(*fake_args)
+        _Annotator(gm, fake_mode, state).run(*fake_args)
     log.debug("annotated %d nodes", len(gm.graph.nodes))
     return gm
 
@@ -238,9 +241,11 @@ class _OpRecorder(TorchDispatchMode):
 class _Annotator(torch.fx.Interpreter):
     """``fake_mode=None``: the values are meta tensors, run as they are (:func:`annotate`)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, fake_mode: Optional[FakeTensorMode]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, fake_mode: Optional[FakeTensorMode],
+                 state_inputs: frozenset[str] = frozenset()) -> None:
         super().__init__(gm, garbage_collect_values=False)
         self.fake_mode = fake_mode
+        self.state_inputs = state_inputs
         fake = fake_mode.from_tensor if fake_mode is not None else _same
         self.owner: dict[StorageWeakRef, torch.fx.Node] = {}
         # One fake per parameter and buffer, kept alive here: the converter memoises a fake only
@@ -367,7 +372,8 @@ class _Annotator(torch.fx.Interpreter):
         writes_buffers = sorted(
             {self.buffer_names[id(t)] for t in rec.written if id(t) in self.buffer_names}
         )
-        is_state = n.op == "get_attr" and isinstance(out, torch.Tensor)
+        is_state = (n.op == "get_attr" or n.name in self.state_inputs) and isinstance(
+            out, torch.Tensor)
         return NodeInfo(
             module_path=module_path_of(n),
             shapes=tuple(tuple(self._int(s) for s in t.shape) for t in tensors),

@@ -79,7 +79,7 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
         return segment(*inputs)
     if torch.compiler.is_dynamo_compiling():  # not under non-strict export: that runs this code
         return _traced_checkpoint(segment, inputs)
-    call = _SegmentCall(segment)
+    call = _SegmentCall(segment, inputs)
     with torch_checkpoint.set_checkpoint_early_stop(getattr(segment, "early_stop", True)):
         return torch_checkpoint.checkpoint(
             segment,
@@ -158,10 +158,11 @@ class _SegmentCall:
     such as ``native_batch_norm`` update running statistics without bumping them.
     """
 
-    def __init__(self, segment: torch.nn.Module) -> None:
+    def __init__(self, segment: torch.nn.Module, inputs: tuple = ()) -> None:
         self.segment = segment
         self.name = segment.name if isinstance(segment, Recomputable) else type(segment).__name__
-        self.buffers = _restored(segment)
+        self.buffers = _restored(segment) + [
+            inputs[i] for i in getattr(segment, "restored_inputs", ())]
         self.before: list[torch.Tensor] = []
         self.after: list[torch.Tensor] = []
         self.generators: tuple[torch.Generator, ...] = getattr(segment, "generators", ())

@@ -51,7 +51,7 @@ hands backward an unwritten tensor, and the gradient comes out NaN or inf
 (pytorch/pytorch#193671). A segment running one recomputes to its end."""
 
 SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept", "generators",
-                  "early_stop", "draws")
+                  "early_stop", "draws", "restored_inputs")
 """Attribute names a :class:`SegmentModule` owns (a model's attribute of that name is renamed)."""
 
 
@@ -90,6 +90,10 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
     """Whether the recompute may stop once it has what backward needs (torch's early stop); off
     for segments running ops that early stop gets wrong (see :data:`NO_EARLY_STOP`)."""
 
+    restored_inputs: tuple[int, ...] = ()
+    """Positions of inputs that are state written in place (a Dynamo graph's buffers arrive as
+    inputs): set back, around the recompute, to what the first run read, like ``restores``."""
+
     draws: bool = True
     """Whether the segment draws from torch's global generators (dropout, ``rand*``): only then
     are their states saved in forward and set again for the recompute. A segment that draws
@@ -123,6 +127,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         assert isinstance(res, SegmentModule)  # GraphModule.__deepcopy__ makes one of our class
         res.name, res.restores, res.kept = self.name, self.restores, self.kept
         res.generators, res.early_stop, res.draws = self.generators, self.early_stop, self.draws
+        res.restored_inputs = self.restored_inputs
         res.offloader = self.offloader
         return res
 
