@@ -86,7 +86,10 @@ def transform(
         capture: how the model becomes a graph: ``"auto"`` (default) tries
             ``torch.fx.symbolic_trace`` and falls back to ``torch.export`` (which needs the call's
             inputs: it runs at the first training call, or with ``example_inputs``);
-            ``"symbolic_trace"`` or ``"export"`` use that method only.
+            ``"symbolic_trace"`` or ``"export"`` use that method only. ``"dynamo"``: every
+            training call goes through TorchDynamo, which guards the Python the forward reads
+            and breaks it into graphs where needed; each graph is planned (:mod:`fxckpt.dynamo`;
+            no ``save``, stages or planning before the first call).
         device_profile: the device plans are priced for: ``"h100"``, ``"h200"``, ``"a100"`` or
             ``"cpu"``, when planning on one device for another (the CPU or ``meta`` for a
             GPU); ``None`` (default): the model's own device, measured on a GPU.

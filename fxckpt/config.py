@@ -21,8 +21,9 @@ from fxckpt.strategy import Budgeted, Depth, Every, Strategy, strategy_from
 __all__ = ["TransformConfig", "FORCE_MODES", "CAPTURES"]
 
 FORCE_MODES = ("recompute", "save")
-CAPTURES = ("auto", "symbolic_trace", "export")
-"""How :func:`fxckpt.transform` may capture the model (``auto``: symbolic_trace, else export)."""
+CAPTURES = ("auto", "symbolic_trace", "export", "dynamo")
+"""How :func:`fxckpt.transform` may capture the model (``auto``: symbolic_trace, else export;
+``dynamo``: every training call through TorchDynamo, :mod:`fxckpt.dynamo`)."""
 ForceMode = Literal["recompute", "save"]
 
 
@@ -77,7 +78,8 @@ class TransformConfig:
 
     capture: str = "auto"
     """How the model is captured: ``auto`` (``torch.fx.symbolic_trace``, else ``torch.export``),
-    or only ``symbolic_trace`` or only ``export`` (see :data:`CAPTURES`)."""
+    or only ``symbolic_trace`` or only ``export``; ``dynamo``: every training call through
+    TorchDynamo, each of its graphs planned (see :data:`CAPTURES`, :mod:`fxckpt.dynamo`)."""
 
     device_profile: Optional[str] = None
     """The device plans are priced for (``h100``, ``h200``, ``a100``, ``cpu``:
@@ -186,7 +188,23 @@ class TransformConfig:
         if self.pipelined:
             _check_pipeline(self)
         _check_offload(self)
+        if self.capture == "dynamo":
+            _check_dynamo(self)
         return self
+
+
+def _check_dynamo(config: TransformConfig) -> None:
+    """What needs one whole graph of the model is not on the Dynamo path (yet)."""
+    whole = [what for what, asked in (("pipeline stages (chunks=, devices=)", config.pipelined),
+                                      ("a replayed plan (plan=)",
+                                       type(config.strategy).__name__ == "Replay"),
+                                      ("offload='auto'", config.offload == "auto"))
+             if asked]
+    if whole:
+        raise ConfigError(
+            f"capture='dynamo' plans each graph Dynamo breaks the forward into, and {whole[0]} "
+            "needs one whole graph of the model: use capture='auto' (symbolic_trace, else "
+            "torch.export) for it")
 
 
 def _depth(path: str) -> int:

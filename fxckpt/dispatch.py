@@ -18,8 +18,10 @@ shapes (reuse of a larger one, power-of-two buckets for growing sizes, at most
 and, under a budget, a few plans.
 
 Captures do not depend on fxckpt's options, so transforms of the same model (comparing
-strategies in a notebook, say) share them, as long as the model still holds the same modules,
-parameters and buffers; at most :data:`MAX_CAPTURES` per model are kept for sharing.
+strategies in a notebook, say) share them (:mod:`fxckpt.capture.sharing`), as long as the model
+still holds the same modules, parameters and buffers; at most :data:`MAX_CAPTURES` per model
+are kept for sharing. With ``capture="dynamo"`` a training call is Dynamo's instead
+(:mod:`fxckpt.dynamo`).
 
 A training call to a Hugging Face model runs without a key/value cache (``use_cache=False``,
 unless the caller passed it: :func:`fxckpt.integrations.hf.without_cache`).
@@ -35,23 +37,24 @@ import contextlib
 import dataclasses
 import logging
 import time
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
 from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
-from fxckpt.errors import CaptureError, PlanError
+from fxckpt.errors import CaptureError, NotPlannedError, PlanError
 from fxckpt.integrations import hf
 from fxckpt.capture.guards import Failure
 from fxckpt.capture.isolation import CAPTURE_LOCK
+from fxckpt.capture.sharing import fingerprint, offer, shared_capture
 from fxckpt.planning.plan_cache import PlanCache
 from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
     from fxckpt.capture.captured import Captured
+    from fxckpt.dynamo import DynamoDriver
     from fxckpt.plan import Plan
     from fxckpt.planner import Compiled
     from fxckpt.planning.unmodified import Unmodified
@@ -67,11 +70,6 @@ MAX_CAPTURES = 16
 RECAPTURE_WARNING = 3
 """Captures made again for one changed fact before the module warns that this is slow."""
 
-Fingerprint = tuple[int, ...]
-_SHARED: (
-    "weakref.WeakKeyDictionary[torch.nn.Module, dict[CallKey, list[tuple[Fingerprint, Captured]]]]"
-) = weakref.WeakKeyDictionary()
-"""Captures per model object, shared by every transform of it (see the module docstring)."""
 
 
 @dataclasses.dataclass
@@ -115,6 +113,8 @@ class Dispatcher:
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
         self.unmodified: dict[CallKey, Unmodified] = {}
         """Per call structure, the sizes whose unmodified step fits a budget in bytes."""
+        self.dynamo: Optional[DynamoDriver] = None
+        """The Dynamo-compiled training forward (``capture="dynamo"``), made at the first call."""
         self.unmodified_plan: Optional[Plan] = None
         """What the latest call that ran the model unmodified is described by (``None`` when the
         latest call ran a plan)."""
@@ -177,6 +177,8 @@ class Dispatcher:
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         kwargs = self.step_kwargs(tm, kwargs)
+        if self.config.capture == "dynamo":
+            return self._through_dynamo(tm, args, kwargs)
         compiled = self.serve(tm, args, kwargs)
         if compiled is None:  # the unmodified step fits the budget: the model's own forward
             return type(self.model).forward(tm, *args, **kwargs)
@@ -205,8 +207,24 @@ class Dispatcher:
             self.offloader.stats = type(self.offloader.stats)()
         return compiled
 
+    def _through_dynamo(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """A training call compiled by Dynamo, each of its graphs planned (:mod:`fxckpt.dynamo`).
+        """
+        if self.dynamo is None:
+            from fxckpt.dynamo import DynamoDriver
+
+            self.dynamo = DynamoDriver(self.model, self.config, self.offloader, self.counts)
+        out = self.dynamo(tm, args, kwargs)
+        self.last, self.unmodified_plan = self.dynamo.last, None  # type: ignore[assignment]
+        return out
+
     def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
         """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
+        if self.config.capture == "dynamo":
+            raise NotPlannedError(
+                "capture='dynamo' plans each graph when Dynamo compiles it, at the first training "
+                "call, and cannot plan without running one: call the module in training (or "
+                "plan with capture='auto')")
         compiled = self.compiled_for(tm, args, self.step_kwargs(tm, kwargs))
         self.last, self.unmodified_plan = compiled, None
         return compiled
@@ -219,6 +237,8 @@ class Dispatcher:
 
     def compiled(self) -> list[Compiled]:
         """Every plan made so far, oldest first."""
+        if self.dynamo is not None:
+            return list(self.dynamo.records)  # type: ignore[arg-type]
         every = [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
         return list({id(c): c for c in every}.values())  # one plan may serve several sizes
 
@@ -263,34 +283,21 @@ class Dispatcher:
             )
             self.entries[oldest].pop(0)
         start = time.perf_counter()
-        fingerprint = _fingerprint(tm)
-        captured = self._shared(key, shapes, fingerprint)
+        seen = fingerprint(tm)
+        captured = shared_capture(self.model, key, shapes, seen, self.config.capture)
         if captured is None:
             hf.release_own_checkpointing(self.model)  # switched on behind fxckpt's back
             with _planning():
                 captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
             self.counts.capture_seconds += time.perf_counter() - start
-            _share(self.model, key, fingerprint, captured)
+            offer(self.model, key, seen, captured, MAX_CAPTURES)
         entry = Entry(captured)
         before = self.unmodified.get(key)
         if before is not None:  # the unmodified step ran these calls until now
             entry.plans.start_from(before.held, before.measured)
         entries.append(entry)
         return entry
-
-    def _shared(self, key: CallKey, shapes: Shapes,
-                fingerprint: Fingerprint) -> Optional[Captured]:
-        """A capture another transform of this model made for such calls, if still valid."""
-        for seen, captured in _SHARED.get(self.model, {}).get(key, []):
-            if (seen == fingerprint and captured.accepts(shapes)
-                    and self.config.capture in ("auto", captured.method)
-                    and captured.guards.failure() is None):
-                log.debug(
-                    "reusing a capture made by another transform of %s", type(self.model).__name__
-                )
-                return captured
-        return None
 
     def _stale(self, entries: list[Entry], entry: Entry, failure: Failure) -> None:
         """A capture whose guard failed: dropped if it can never serve again, and said."""
@@ -361,28 +368,6 @@ def _planning() -> Iterator[None]:
     """
     with CAPTURE_LOCK, torch.compiler.set_stance("force_eager"):
         yield
-
-
-def _share(model: torch.nn.Module, key: CallKey, fingerprint: Fingerprint,
-           captured: Captured) -> None:
-    """Offer a capture to other transforms of ``model``; the oldest beyond
-    :data:`MAX_CAPTURES` (over all call keys) is no longer offered."""
-    shared = _SHARED.setdefault(model, {})
-    shared.setdefault(key, []).append((fingerprint, captured))
-    while sum(len(v) for v in shared.values()) > MAX_CAPTURES:
-        oldest = next(k for k, v in shared.items() if v)
-        shared[oldest].pop(0)
-        if not shared[oldest]:
-            del shared[oldest]
-
-
-def _fingerprint(tm: torch.nn.Module) -> Fingerprint:
-    """Identities of every submodule, parameter and buffer: a capture holds references to them."""
-    return (
-        tuple(id(m) for name, m in tm.named_modules() if name)
-        + tuple(id(p) for p in tm.parameters())
-        + tuple(id(b) for b in tm.buffers())
-    )
 
 
 def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:

@@ -71,6 +71,14 @@ class Inspection:
         return [c.plan for c in self._dispatcher.compiled()]
 
     @property
+    def graphs(self) -> list[Any]:
+        """With ``capture="dynamo"``: the graphs the latest training call ran, in order, each a
+        :class:`~fxckpt.dynamo.GraphRecord` (its plan, what it holds for backward, and why
+        Dynamo ended it); empty otherwise."""
+        driver = self._dispatcher.dynamo
+        return [] if driver is None else list(driver.step or driver.records)
+
+    @property
     def graph_module(self) -> torch.fx.GraphModule:
         """The rewritten GraphModule of the latest plan."""
         return self._current().gm

@@ -68,6 +68,11 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
             f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})"
         )
     dispatcher = dispatcher_of(tm)
+    if dispatcher.config.capture == "dynamo":
+        raise ExportError(
+            "capture='dynamo' plans each graph Dynamo breaks the forward into, and an export "
+            "holds one whole graph per call: transform with capture='auto' (symbolic_trace, else "
+            "torch.export) to save the model")
     if dispatcher.config.offload:
         raise ExportError(
             "offload= moves saved tensors with hooks around the whole step, which an export does "

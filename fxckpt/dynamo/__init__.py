@@ -1,0 +1,24 @@
+"""Training calls through TorchDynamo: the model's Python runs as Python, its tensors as graphs.
+
+``fxckpt.transform(model, capture="dynamo", ...)`` hands each training call to
+``torch.compile(model's forward, backend=fxckpt)``. Dynamo owns what a frozen graph cannot know
+(guards on every Python value the forward reads, side effects on Python objects replayed after
+the graph, graph breaks where Python cannot be captured, recompiles with limits); fxckpt owns
+what it is for: each Dynamo graph is annotated, planned (every, depth, force, budget, selective)
+and lowered by the same passes as a captured graph, and run by the same runtime, eagerly: the
+same kernels in the same order as the model, so the same bits.
+
+    call --Dynamo: guards, Python between graphs--> graph 0 --> graph 1 --> ...
+                                                      | plan_graph: annotate, select, fit, lower
+                                                      v
+                                                    GraphRunner (runtime: checkpoint, keep)
+
+:mod:`fxckpt.dynamo.backend` plans one graph; :mod:`fxckpt.dynamo.driver` compiles the forward,
+turns on the guards Dynamo leaves off by default, and keeps the graphs a step runs (in order,
+with the break before each) so that a budget holds across graph breaks.
+"""
+
+from fxckpt.dynamo.backend import GraphRecord, GraphRunner, plan_graph
+from fxckpt.dynamo.driver import DynamoDriver
+
+__all__ = ["DynamoDriver", "GraphRecord", "GraphRunner", "plan_graph"]

@@ -1,0 +1,186 @@
+"""One Dynamo graph planned by fxckpt's passes and run by its runtime.
+
+Dynamo hands a backend each graph it captured with the real tensors of the call that made it:
+the inputs, and (modules inlined) every parameter and buffer the graph reads, as placeholders
+named after their source (``L['self']._modules['fc']._parameters['weight']``). :func:`plan_graph`
+annotates the graph on fake copies of them, selects and fits a plan as for a captured graph, and
+lowers it; the result runs eagerly. Two things differ from a captured graph, both about state
+the graph receives as inputs instead of attributes:
+
+* parameters and buffers are placeholders: annotate counts them as state, not activations;
+* a buffer written in place (BatchNorm's running statistics, a counter) is an input of the
+  segments that read it, and a recompute must read what the first run read: each segment
+  restores such inputs around its recompute (``SegmentModule.restored_inputs``), as it
+  restores the buffers it owns in a captured graph.
+
+Plans are verified by running the *graph* on fake tensors, never the user's forward: no user
+Python meets a fake tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.config import TransformConfig
+from fxckpt.cost.annotate import annotate, has_info, info
+from fxckpt.plan import Plan
+from fxckpt.runtime.checkpoint import checkpoint
+from fxckpt.runtime.segment import Offloading, SegmentModule
+from fxckpt.strategy import Budgeted
+
+__all__ = ["GraphRecord", "GraphRunner", "plan_graph", "state_name"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class GraphRecord:
+    """One graph of the forward as Dynamo broke it, with fxckpt's plan for it."""
+
+    index: int
+    """Its place among the graphs the driver planned, in the order Dynamo compiled them."""
+    gm: torch.fx.GraphModule
+    """The lowered graph (segments called through ``fxckpt_checkpoint``)."""
+    plan: Plan
+    held_bytes: int
+    """What the graph keeps alive for backward at its end (its saved tensors and outputs):
+    memory later graphs of the step run beside, counted against their budget."""
+    held_before: int = 0
+    """What earlier graphs of the step held when this one was planned."""
+    ended_by: tuple[str, ...] = ()
+    """Why Dynamo ended this graph (its own words, first lines); empty for a forward's last."""
+    pipeline: None = None  # what inspection reads of a plan's runner: graphs have no stages
+
+
+class GraphRunner:
+    """What Dynamo calls for a graph: notes it ran in this step, then runs the lowered graph."""
+
+    def __init__(self, record: GraphRecord, ran: Callable[[GraphRecord], None]) -> None:
+        self.record = record
+        self.ran = ran
+
+    def __call__(self, *args: Any) -> Any:
+        self.ran(self.record)
+        return self.record.gm(*args)
+
+
+def state_name(node: torch.fx.Node) -> Optional[str]:
+    """The qualified name of the parameter or buffer a Dynamo placeholder stands for
+    (``fc.weight``), from its source; ``None`` for an input of the call."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = source.name if source is not None and hasattr(source, "name") else None
+    if not isinstance(name, str) or not ("._parameters[" in name or "._buffers[" in name):
+        return None
+    parts = [p.split("'")[1] for p in name.split("[") if p.count("'") >= 2]
+    return ".".join(parts[1:])  # the first is the compiled frame's local: the module itself
+
+
+def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformConfig, *,
+               device: str, held_before: int = 0,
+               offloader: Optional[Offloading] = None) -> tuple[Plan, torch.fx.GraphModule]:
+    """Plan and lower one Dynamo graph for a training step (``held_before``: bytes earlier
+    graphs of the step keep alive, taken off a budget in bytes)."""
+    from fxckpt.planning.fit import Target, fit
+    from fxckpt.planning.select import select
+    from fxckpt.verify import fake_step_peak
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state = {n.name: name for n in placeholders if (name := state_name(n)) is not None}
+    # an earlier graph's output arrives with its autograd history: here, a leaf like it
+    inputs = [t.detach().requires_grad_(t.requires_grad)
+              if isinstance(t, torch.Tensor) and not t.is_leaf else t for t in inputs]
+    annotate(gm, list(inputs), state=frozenset(state))
+    config = _budget_left(config, held_before)
+
+    def choose(target: Target) -> Plan:
+        return select(gm, config, capture="dynamo", training=True, signature=_signature(inputs),
+                      target=target)
+
+    def verify(lowered: torch.fx.GraphModule) -> int:
+        def run(a: tuple, k: dict) -> Any:
+            return lowered(*a)
+        return fake_step_peak(lowered, run, tuple(inputs), {}, device=device)
+
+    checked = verify if config.verifies else None
+    try:
+        plan, lowered = fit(gm, choose, checked, solved=config.budget is not None,
+                            offloader=offloader)
+    except BudgetInfeasibleError as e:
+        if config.budget is None or config.budget.fraction is None:
+            if not held_before:
+                raise  # bytes are for the whole step: it cannot fit
+            step = held_before + e.min_budget
+            raise BudgetInfeasibleError(e.budget + held_before, step, (
+                f"budget {e.budget + held_before} bytes cannot be met: this graph runs after a "
+                f"graph break, beside the {held_before} bytes earlier graphs of the step keep for "
+                f"backward (each planned as the budget allowed when it ran), and its smallest "
+                f"peak is {e.min_budget} bytes. Give budget >= {step}, or remove the break "
+                "(inspect(tm).graphs says why Dynamo broke the forward)")) from None
+        # a fraction is of each graph's own step: a small graph (a loss after a break) that
+        # cannot reach it runs its smallest plan, and says so
+        smallest = dataclasses.replace(config, strategy=Budgeted(Budget(bytes=e.min_budget)))
+        plan, lowered = fit(gm, lambda t: select(gm, smallest, capture="dynamo",
+                                                 training=True, signature=_signature(inputs),
+                                                 target=t),
+                            checked, solved=True, offloader=offloader)
+        plan = dataclasses.replace(plan, notes=plan.notes + (
+            f"this graph's smallest peak is {e.min_budget} bytes, over {config.budget} of its "
+            "own unmodified step: planned at its smallest",))
+    _restore_written_state(lowered, state)
+    return plan, lowered
+
+
+def _budget_left(config: TransformConfig, held: int) -> TransformConfig:
+    """A budget in bytes is for the whole step: this graph gets what earlier ones leave."""
+    budget = config.budget
+    if budget is None or budget.bytes is None or not held:
+        return config
+    left = max(1, budget.bytes - held)
+    return dataclasses.replace(config, strategy=Budgeted(Budget(bytes=left)))
+
+
+def _restore_written_state(gm: torch.fx.GraphModule, state: dict[str, str]) -> None:
+    """Each segment restores, around its recompute, the state inputs some node writes in place
+    (see the module docstring)."""
+    written = {m for n in gm.graph.nodes if has_info(n) for m in info(n).mutates} & set(state)
+    if not written:
+        return
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not checkpoint:
+            continue
+        segment = getattr(gm, str(n.args[0].target))
+        if isinstance(segment, SegmentModule):
+            segment.restored_inputs = tuple(
+                i for i, a in enumerate(n.args[1:])
+                if isinstance(a, torch.fx.Node) and a.name in written)
+
+
+def _signature(inputs: list[Any]) -> str:
+    from fxckpt.signature import describe_signature
+
+    return describe_signature(tuple(i for i in inputs if not isinstance(i, torch.nn.Parameter)),
+                              {})
+
+
+def held_at_end(gm: torch.fx.GraphModule, inputs: list[Any]) -> int:
+    """Bytes a forward of the lowered ``gm`` leaves alive for backward, on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxckpt.meta_run import fake_twin
+    from fxckpt.tracker import LiveTensorTracker
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fake = [fake_twin(mode, i) if isinstance(i, torch.Tensor) else i for i in inputs]
+        with LiveTensorTracker(fake=True) as tracker:
+            out = gm(*fake)
+            held = tracker.current_bytes
+        del out
+    return held
+

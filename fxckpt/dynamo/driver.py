@@ -1,0 +1,185 @@
+"""The training forward of one transformed module, compiled by Dynamo with fxckpt as backend.
+
+The model's own ``forward`` is compiled (``torch.compile(type(model).forward,
+backend=...)``), and a training call runs it with the transformed module as ``self``. Around
+each call the driver turns on the Dynamo guard that is off by default and that training needs:
+hooks added or removed after the first call (``skip_nnmodule_hook_guards``). Everything else a
+step depends on is Dynamo's to guard: attribute values however deep, globals, closures, class
+attributes, training flags, ``requires_grad``.
+
+The driver keeps every graph it planned (:class:`~fxckpt.dynamo.backend.GraphRecord`) and the
+graphs the current call ran, in order: a graph planned during a call is given the budget the
+earlier graphs of the step leave (their saved tensors stay alive until backward), so a budget in
+bytes holds for the whole step across graph breaks. A fraction is of each graph's own step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+import types
+from typing import Any, Callable, Optional
+
+import torch
+
+from fxckpt.config import TransformConfig
+from fxckpt.capture import generators
+from fxckpt.errors import CaptureError, FxckptError
+from fxckpt.dynamo.backend import GraphRecord, GraphRunner, held_at_end, plan_graph
+
+__all__ = ["DynamoDriver"]
+
+log = logging.getLogger(__name__)
+
+
+class DynamoDriver:
+    """Compiles the model's forward once, and plans each graph Dynamo captures of it."""
+
+    def __init__(self, model: torch.nn.Module, config: TransformConfig,
+                 offloader: Optional[Any] = None, counts: Optional[Any] = None) -> None:
+        self.config = config
+        self.offloader = offloader
+        self.counts = counts
+        """The transformed module's counts (``inspect(tm).captures``, ``plans_made``): one
+        capture and one plan per graph Dynamo hands over."""
+        self.records: list[GraphRecord] = []
+        """Every graph planned so far, in the order Dynamo compiled them."""
+        self.step: list[GraphRecord] = []
+        """The graphs the current (or latest) call ran, in order."""
+        self.device = _device_of(model)
+        self.unplanned = False
+        """Whether a call ran without any graph (said once)."""
+        self.compiling_calls = 0
+        """Calls in a row that compiled a graph (a fact the forward reads changes each call)."""
+        self.warned = False
+        self.compiled = torch.compile(_own_copy(type(model).forward), backend=self._backend,
+                                      dynamic=None)
+        self._breaks = _breaks()
+
+    def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        from torch._dynamo.utils import guard_failures
+
+        self.step = []
+        compiled_before = len(self.records)
+        failures = {code: len(seen) for code, seen in guard_failures.items()}
+        held = [(path, g, generators.state_of(g)) for path, g in generators.held_generators(tm)
+                if isinstance(g, random.Random)]
+        try:
+            with torch._dynamo.config.patch(**GUARDS):
+                out = self.compiled(tm, *args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            inner = getattr(e, "inner_exception", None)
+            if isinstance(inner, FxckptError):  # fxckpt's own refusal, as it raised it
+                raise inner.with_traceback(None) from None
+            raise
+        _refuse_python_draws(held)
+        self._storms(compiled_before, failures)
+        if not self.step and not self.unplanned:
+            self.unplanned = True
+            log.warning(
+                "fxckpt: Dynamo ran this training call of %s without a graph (it skipped the "
+                "forward's frame, or its recompile limit was reached): nothing was planned, and "
+                "the step saves no memory. TORCH_LOGS=recompiles,graph_breaks says why",
+                type(tm).__name__)
+        return out
+
+    def _storms(self, before: int, failures: dict[Any, int]) -> None:
+        """Say once, naming Dynamo's reason, when every call compiles again."""
+        self.compiling_calls = self.compiling_calls + 1 if len(self.records) > before else 0
+        if self.compiling_calls < RECOMPILE_WARNING or self.warned or len(self.records) < 2:
+            return
+        from torch._dynamo.utils import guard_failures
+
+        reasons = [
+            r for code, seen in guard_failures.items() for r in seen[failures.get(code, 0):]
+        ]
+        reasons = reasons or ["a guard failed"]
+        limit = torch._dynamo.config.recompile_limit
+        log.warning(
+            "fxckpt: Dynamo compiled the forward again at each of the last %d calls (its reason: "
+            "%s): a Python value the forward reads changes every call (a list it appends to, an "
+            "attribute it sets). Each compile plans again, and after %d "
+            "(torch._dynamo.config.recompile_limit) Dynamo runs the forward unplanned, exact but "
+            "without saving memory. Keep such a value out of the forward, or in a buffer",
+            self.compiling_calls, str(reasons[-1]).strip().splitlines()[0], limit)
+        self.warned = True
+
+    def _backend(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        start = time.perf_counter()
+        held = sum(r.held_bytes for r in self.step)
+        plan, lowered = plan_graph(gm, list(inputs), self.config, device=self.device,
+                                   held_before=held, offloader=self.offloader)
+        now = _breaks()  # counted before Dynamo compiles the graph a break ends
+        reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > self._breaks.get(r, 0))
+        self._breaks = now
+        record = GraphRecord(len(self.records), lowered, plan, held_at_end(lowered, inputs),
+                             held_before=held, ended_by=reasons)
+        self.records.append(record)
+        if self.counts is not None:
+            self.counts.captures += 1
+            self.counts.plans += 1
+            self.counts.plan_seconds += time.perf_counter() - start
+        log.info("planned Dynamo graph %d: %s%s", record.index, plan.summary(),
+                 f" (Dynamo ended it: {'; '.join(reasons)})" if reasons else "")
+        return GraphRunner(record, self.step.append)
+
+    @property
+    def last(self) -> Optional[GraphRecord]:
+        """The largest graph the latest call ran (what ``fxckpt.inspect(tm).plan`` shows)."""
+        ran = self.step or self.records
+        return max(ran, key=lambda r: r.plan.node_count, default=None)
+
+
+def _refuse_python_draws(held: list[tuple[str, random.Random, Any]]) -> None:
+    """A ``random.Random`` the model holds and draws from is replayed wrongly by Dynamo after
+    the first call (torch 2.13: ``torch.compile(backend="eager")`` alone diverges at the second
+    call): refused at the first call that draws, the generator put back."""
+    for path, generator, state in held:
+        if not generators.same_state(generators.state_of(generator), state):
+            for _, g, s in held:
+                generators.set_state(g, s)
+            raise CaptureError(
+                f"{generators.describe(path, generator)}, and draws from it: Dynamo replays a "
+                "random.Random's draws wrongly after the first call. Draw with torch "
+                "(torch.rand, or a torch.Generator the model owns) or numpy, or transform with "
+                "capture='auto', which refuses it too")
+
+
+GUARDS: dict[str, Any] = {
+    "skip_nnmodule_hook_guards": False,  # a hook added or removed after the first call
+    "allow_unspec_int_on_nn_module": True,  # a counter on the module: an input, not a recompile
+}
+"""Dynamo settings a training call runs under (its defaults favour inference). Floats stay
+unspecialised, as torch.compile's default has them: a schedule's value is an input, not a
+recompile per value. torch 2.13's Dynamo then formats such a float wrongly in an f-string after
+a graph break (``f"{x.item():.5f}"`` appends the float itself from the second call on): a known
+divergence of Python-side state, documented in the guide."""
+
+RECOMPILE_WARNING = 3
+"""Calls in a row that compile a graph again before the driver warns (once)."""
+
+
+def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a code object of its own: Dynamo keeps compiled graphs (and counts recompiles)
+    per code object, so each transformed module gets its own cache instead of sharing the model
+    class's with every other instance and every ``torch.compile`` of it."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__dict__.update(fn.__dict__)
+    copy.__qualname__ = fn.__qualname__
+    return functools.update_wrapper(copy, fn)
+
+
+def _breaks() -> dict[str, int]:
+    """Dynamo's count of graph breaks, by reason (its own words)."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def _device_of(model: torch.nn.Module) -> str:
+    first = next(iter(model.parameters()), None)
+    return "cpu" if first is None else str(first.device)
