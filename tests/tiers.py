@@ -12,6 +12,8 @@ The two large case lists keep a representative slice in the fast tier, chosen he
   captures (a guarded attribute, random draws, a no_grad region).
 - Conformance zoo (``tests/test_conformance.py``): the cases of ``ZOO_FAST``, one per model family
   and one documented refusal.
+- Through Dynamo (``tests/dynamo/test_dynamo_facts.py``): every pattern of
+  ``tests/dynamo_patterns.py`` with ``every=1``; the Python-fact harness through Dynamo is slow.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ ZOO_FAST = frozenset({
 """Conformance cases in the fast tier: one per model family and a refusal."""
 
 _FACTS = "tests/test_python_facts.py::test_same_bits_or_a_named_refusal"
+_DYNAMO = ("tests/dynamo/test_dynamo_facts.py::"
+           "test_python_around_the_tensors_trains_to_the_same_bits")
+_DYNAMO_HARNESS = "tests/dynamo/test_dynamo_facts.py::test_the_python_fact_harness_through_dynamo"
 _ZOO = "tests/test_conformance.py::test_same_bits_with_every_strategy_or_the_documented_refusal"
 
 
@@ -63,4 +68,8 @@ def is_slow(nodeid: str) -> bool:
         return not (everywhere or (strategy == "every1" and capture == "symbolic_trace"))
     if function == _ZOO:  # [case]
         return params.rstrip("]") not in ZOO_FAST
+    if function == _DYNAMO:  # [case-strategy]: every1 in the fast tier
+        return not params.rstrip("]").endswith("-every1")
+    if function == _DYNAMO_HARNESS:  # the Python-fact harness through Dynamo: slow
+        return True
     return function in SLOW

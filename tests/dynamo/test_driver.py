@@ -1,0 +1,154 @@
+"""The Dynamo path's driver (fxckpt/dynamo): graphs, breaks, budgets across them, refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxckpt
+from fxckpt.errors import ConfigError, ExportError, NotPlannedError
+from python_patterns import Body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Broken(nn.Module):
+    """Two halves with a graph break between them (what a print or a value read does)."""
+
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        self.a, self.b = Body(depth=depth), Body(depth=depth)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h)
+
+
+def test_inspect_lists_each_graph_with_its_plan_and_why_dynamo_ended_it() -> None:
+    torch.manual_seed(0)
+    tm = fxckpt.transform(Broken(), capture="dynamo", every=1)
+    tm(torch.randn(16, 32)).sum().backward()
+    graphs = fxckpt.inspect(tm).graphs
+    assert [g.index for g in graphs] == [0, 1]
+    assert "graph_break" in graphs[0].ended_by[0] and graphs[1].ended_by == ()
+    assert all(g.plan.capture == "dynamo" and len(g.plan.segments) >= 3 for g in graphs)
+    assert graphs[1].held_before == graphs[0].held_bytes > 0  # what graph 0 keeps for backward
+    assert fxckpt.inspect(tm).plan in [g.plan for g in graphs]
+    assert fxckpt.inspect(tm).captures == fxckpt.inspect(tm).plans_made == 2
+    assert "fxckpt_checkpoint(" in fxckpt.inspect(tm).code
+
+
+def test_a_list_the_forward_appends_to_compiles_every_call_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from dynamo_patterns import MemoryBank
+
+    tm = fxckpt.transform(MemoryBank(), capture="dynamo", every=1)
+    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+        for _ in range(5):
+            tm(torch.randn(4, 32)).sum().backward()
+    said = [r.getMessage() for r in caplog.records if "compiled the forward again" in r.message]
+    assert len(said) == 1 and "not self.bank" in said[0] and "recompile_limit" in said[0]
+
+
+def test_a_counter_and_a_float_the_loop_sets_do_not_compile_again_every_step() -> None:
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.calls, self.temperature = Body(), 0, 1.0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return self.body(x) * (1 + self.calls % 3) / self.temperature
+
+    tm = fxckpt.transform(Counted(), capture="dynamo", every=1)
+    for step in range(6):
+        tm.temperature = 1.0 + 0.1 * step  # a schedule: an input, not a compile per value
+        tm(torch.randn(4, 32)).sum().backward()
+    assert tm.calls == 6
+    assert len(fxckpt.inspect(tm)._dispatcher.dynamo.records) <= 2  # once static, once dynamic
+
+
+@pytest.mark.parametrize("options, what", [
+    ({"every": 1, "chunks": 2, "devices": ["cpu", "cpu"]}, "pipeline stages"),
+    ({"budget": 0.5, "offload": "auto", "offload_device": "cpu"}, "offload='auto'"),
+])
+def test_what_needs_one_whole_graph_is_refused_with_what_works(options: dict, what: str) -> None:
+    with pytest.raises(ConfigError, match=rf"capture='dynamo' .*{what}.* use capture='auto'"):
+        fxckpt.transform(Broken(), capture="dynamo", **options)
+
+
+def test_a_replayed_plan_save_and_plan_for_say_they_need_one_whole_graph(tmp_path: Path) -> None:
+    x = torch.randn(4, 32)
+    plan = fxckpt.inspect(fxckpt.transform(Body(), every=1, example_inputs=(x,))).plan
+    with pytest.raises(ConfigError, match=r"a replayed plan \(plan=\)"):
+        fxckpt.transform(Body(), capture="dynamo", plan=plan)
+    tm = fxckpt.transform(Body(), capture="dynamo", every=1)
+    with pytest.raises(NotPlannedError, match="at the first training call"):
+        fxckpt.inspect(tm).plan_for(x)
+    tm(x).sum().backward()
+    with pytest.raises(ExportError, match="an export holds one whole graph per call"):
+        fxckpt.save(tm, tmp_path / "e")
+
+
+BUDGET_STEP = """
+import json, sys, torch
+sys.path[:0] = {paths!r}
+import fxckpt
+from fxckpt.measure import read_status
+from test_driver import Broken
+torch.manual_seed(0)
+x = torch.randn(2048, 32)
+model = Broken(depth=6)
+options = json.loads(sys.argv[1])
+tm = fxckpt.transform(model, capture="dynamo", **options) if options else model
+for _ in range(2):
+    tm(x).square().mean().backward()
+    model.zero_grad(set_to_none=False)
+held = read_status()["VmRSS"]
+open("/proc/self/clear_refs", "w").write("5")
+tm(x).square().mean().backward()
+print(json.dumps(read_status()["VmHWM"] - held))
+"""
+
+
+def _step_peak(options: dict) -> int:
+    import os
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    script = BUDGET_STEP.format(paths=[str(ROOT), str(ROOT / "tests"), str(Path(__file__).parent)])
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(options)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_budget_in_bytes_holds_for_the_whole_step_across_a_graph_break() -> None:
+    """Measured as the design notes say (RSS in a fresh process, mmap threshold set): the
+    graph after the break is given what the one before it leaves."""
+    unmodified = _step_peak({})
+    budget = int(0.85 * unmodified)
+    planned = _step_peak({"budget": budget})
+    assert planned <= 1.05 * budget, (planned, budget, unmodified)
+
+
+def test_a_graph_after_a_break_that_cannot_fit_what_is_left_says_what_would() -> None:
+    """Graphs are planned as Dynamo compiles them, each with what earlier ones leave (greedy):
+    a later graph that cannot fit names the held bytes and the budget that would fit."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 32)
+    probe = fxckpt.transform(Broken(depth=4), capture="dynamo", every=1)
+    probe(x).sum().backward()
+    first, second = fxckpt.inspect(probe).graphs
+    tight = first.held_bytes + second.plan.eager_peak // 3
+    tm = fxckpt.transform(Broken(depth=4), capture="dynamo", budget=tight)
+    with pytest.raises(fxckpt.BudgetInfeasibleError, match=r"runs after a graph break, beside "
+                       r"the \d+ bytes earlier graphs of the step keep .* Give budget >= \d+"):
+        tm(x).sum().backward()
