@@ -19,9 +19,10 @@ Python meets a fake tensor.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 import torch.fx
@@ -29,12 +30,13 @@ import torch.fx
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.config import TransformConfig
 from fxckpt.cost.annotate import annotate, has_info, info
+from fxckpt.errors import PlanError
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.segment import Offloading, SegmentModule
 from fxckpt.strategy import Budgeted
 
-__all__ = ["GraphRecord", "GraphRunner", "plan_graph", "state_name"]
+__all__ = ["GraphRecord", "GraphRunner", "concrete", "plan_graph", "state_name"]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +61,19 @@ class GraphRecord:
 
 
 class GraphRunner:
-    """What Dynamo calls for a graph: notes it ran in this step, then runs the lowered graph."""
+    """What Dynamo calls for a graph: notes it ran in this step, then runs the lowered graph
+    (inside ``around()``: the driver's measure of what runs unplanned)."""
 
-    def __init__(self, record: GraphRecord, ran: Callable[[GraphRecord], None]) -> None:
+    def __init__(self, record: GraphRecord, ran: Callable[[GraphRecord], None],
+                 around: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
         self.record = record
         self.ran = ran
+        self.around = around
 
     def __call__(self, *args: Any) -> Any:
         self.ran(self.record)
-        return self.record.gm(*args)
+        with self.around():
+            return self.record.gm(*args)
 
 
 def state_name(node: torch.fx.Node) -> Optional[str]:
@@ -92,9 +98,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state = {n.name: name for n in placeholders if (name := state_name(n)) is not None}
-    # an earlier graph's output arrives with its autograd history: here, a leaf like it
-    inputs = [t.detach().requires_grad_(t.requires_grad)
-              if isinstance(t, torch.Tensor) and not t.is_leaf else t for t in inputs]
+    inputs = concrete(inputs)
     annotate(gm, list(inputs), state=frozenset(state))
     config = _budget_left(config, held_before)
 
@@ -134,6 +138,24 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
             "own unmodified step: planned at its smallest",))
     _restore_written_state(lowered, state)
     return plan, lowered
+
+
+def concrete(inputs: list[Any]) -> list[Any]:
+    """A graph's example inputs as its passes run them: an earlier graph's output (which
+    arrives with its autograd history) as a leaf like it, and a symbolic int (a Python int
+    Dynamo made an input, such as a queue pointer on the module) as the value this call has."""
+    def one(i: Any) -> Any:
+        if isinstance(i, torch.Tensor) and not i.is_leaf:
+            return i.detach().requires_grad_(i.requires_grad)
+        if isinstance(i, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            hint = i.node.hint
+            if hint is None:
+                raise PlanError(
+                    f"Dynamo handed fxckpt a graph input {i} with no value (a size known only at "
+                    "run time): it cannot be planned")
+            return hint
+        return i
+    return [one(i) for i in inputs]
 
 
 def _budget_left(config: TransformConfig, held: int) -> TransformConfig:
