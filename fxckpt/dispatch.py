@@ -209,11 +209,18 @@ class Dispatcher:
 
     def _through_dynamo(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         """A training call compiled by Dynamo, each of its graphs planned (:mod:`fxckpt.dynamo`).
-        """
+        An outer ``torch.compile(tm)`` breaks its graph here: the driver runs uncompiled by it,
+        and says so once."""
+        return self._driven(tm, args, kwargs, torch.compiler.is_compiling())
+
+    @torch._dynamo.disable
+    def _driven(self, tm: torch.nn.Module, args: tuple, kwargs: dict, outer: bool) -> Any:
         if self.dynamo is None:
             from fxckpt.dynamo import DynamoDriver
 
             self.dynamo = DynamoDriver(self.model, self.config, self.offloader, self.counts)
+        if outer:
+            self.dynamo.inside_outer_compile(tm)
         out = self.dynamo(tm, args, kwargs)
         self.last, self.unmodified_plan = self.dynamo.last, None  # type: ignore[assignment]
         return out

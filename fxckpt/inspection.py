@@ -79,6 +79,14 @@ class Inspection:
         return [] if driver is None else list(driver.step or driver.records)
 
     @property
+    def unplanned_share(self) -> Optional[float]:
+        """With ``capture="dynamo"``: the share of the training forward's FLOPs that ran outside
+        the graphs fxckpt planned (Python between graph breaks, frames Dynamo skips), measured
+        at the first call and at the call after each compile; ``None`` before (or otherwise)."""
+        driver = self._dispatcher.dynamo
+        return None if driver is None else driver.unplanned_share
+
+    @property
     def graph_module(self) -> torch.fx.GraphModule:
         """The rewritten GraphModule of the latest plan."""
         return self._current().gm

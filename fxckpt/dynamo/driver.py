@@ -15,6 +15,7 @@ bytes holds for the whole step across graph breaks. A fraction is of each graph'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import random
@@ -27,7 +28,8 @@ import torch
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
 from fxckpt.errors import CaptureError, FxckptError
-from fxckpt.dynamo.backend import GraphRecord, GraphRunner, held_at_end, plan_graph
+from fxckpt.dynamo.backend import GraphRecord, GraphRunner, concrete, held_at_end, plan_graph
+from fxckpt.dynamo.share import Outside, graph_runs
 
 __all__ = ["DynamoDriver"]
 
@@ -49,11 +51,25 @@ class DynamoDriver:
         self.step: list[GraphRecord] = []
         """The graphs the current (or latest) call ran, in order."""
         self.device = _device_of(model)
-        self.unplanned = False
-        """Whether a call ran without any graph (said once)."""
+        self.said: set[str] = set()
+        """Why calls ran without any graph, each said once ("" for Dynamo's own reasons)."""
         self.compiling_calls = 0
         """Calls in a row that compiled a graph (a fact the forward reads changes each call)."""
         self.warned = False
+        self.guards: dict[str, Any] = dict(GUARDS)
+        """The Dynamo settings this module's calls compile under (the bench times defaults)."""
+        self._patch: Optional[tuple[dict[str, Any], Any]] = None  # guards, their config patch
+        self._python_generators: list[tuple[str, random.Random]] = []
+        self._scanned = -1
+        """How many graphs there were when the module was last searched for generators."""
+        self.meter: Optional[Outside] = None
+        """The measure of what runs unplanned, while a call is measured."""
+        self.measure_next = True
+        """Whether the next call is measured (the first, and the one after a compile)."""
+        self.unplanned_share: Optional[float] = None
+        """The share of the forward's FLOPs that ran outside planned graphs at the latest
+        measured call (``inspect(tm).unplanned_share``)."""
+        self.share_warned = False
         self.compiled = torch.compile(_own_copy(type(model).forward), backend=self._backend,
                                       dynamic=None)
         self._breaks = _breaks()
@@ -64,26 +80,79 @@ class DynamoDriver:
         self.step = []
         compiled_before = len(self.records)
         failures = {code: len(seen) for code, seen in guard_failures.items()}
-        held = [(path, g, generators.state_of(g)) for path, g in generators.held_generators(tm)
-                if isinstance(g, random.Random)]
+        if self._scanned != len(self.records):  # a compile may have met a new generator
+            self._python_generators = [(path, g) for path, g in generators.held_generators(tm)
+                                       if isinstance(g, random.Random)]
+            self._scanned = len(self.records)
+        held = [(path, g, generators.state_of(g)) for path, g in self._python_generators]
+        if self._patch is None or self._patch[0] is not self.guards:
+            self._patch = (self.guards, torch._dynamo.config.patch(**self.guards))
+        uncompiled = _uncompiled_here()
+        self.meter = Outside() if self.measure_next and not uncompiled else None
         try:
-            with torch._dynamo.config.patch(**GUARDS):
+            with self._patch[1], self.meter or contextlib.nullcontext():
                 out = self.compiled(tm, *args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None)
             if isinstance(inner, FxckptError):  # fxckpt's own refusal, as it raised it
                 raise inner.with_traceback(None) from None
             raise
+        finally:
+            meter, self.meter = self.meter, None
         _refuse_python_draws(held)
         self._storms(compiled_before, failures)
-        if not self.step and not self.unplanned:
-            self.unplanned = True
+        self.measure_next = len(self.records) > compiled_before
+        if meter is not None and self.step:
+            self._unplanned(tm, meter)
+        if not self.step:
+            self._no_graph(tm, uncompiled)
+        return out
+
+    def inside_outer_compile(self, tm: torch.nn.Module) -> None:
+        """Say once that a ``torch.compile(tm)`` around this module compiles nothing more."""
+        if "outer" in self.said:
+            return
+        self.said.add("outer")
+        log.warning(
+            "fxckpt: torch.compile around %s, transformed with capture='dynamo', compiles "
+            "nothing more: fxckpt already compiles its training forward with Dynamo (each graph "
+            "planned and run eagerly), so the outer compile breaks its graph at the call and "
+            "the step runs as planned, exact, without inductor. For the plan inside an inductor "
+            "graph, transform with capture='auto' and compile that (docs/compile.md)",
+            type(tm).__name__)
+
+    def _no_graph(self, tm: torch.nn.Module, uncompiled: str) -> None:
+        """Say once per reason that a call ran no graph: nothing planned, nothing saved."""
+        if uncompiled in self.said:
+            return
+        self.said.add(uncompiled)
+        if uncompiled:
+            log.warning(
+                "fxckpt: a training call of %s ran under %s: Dynamo does not compile there, so "
+                "the model's own forward ran, unplanned, saving no memory (exact all the "
+                "same). Count FLOPs around backward only, measure memory without a dispatch "
+                "mode (fxckpt.measure, torch.cuda.max_memory_allocated)", type(tm).__name__,
+                uncompiled)
+        else:
             log.warning(
                 "fxckpt: Dynamo ran this training call of %s without a graph (it skipped the "
                 "forward's frame, or its recompile limit was reached): nothing was planned, and "
                 "the step saves no memory. TORCH_LOGS=recompiles,graph_breaks says why",
                 type(tm).__name__)
-        return out
+
+    def _unplanned(self, tm: torch.nn.Module, meter: Outside) -> None:
+        """Keep the measured share, and say once when much of the forward runs unplanned."""
+        self.unplanned_share = meter.share
+        if self.share_warned or meter.share is None or meter.share < UNPLANNED_WARNING:
+            return
+        self.share_warned = True
+        reasons = sorted({r for record in self.step for r in record.ended_by})
+        log.warning(
+            "fxckpt: %.0f%% of the training forward of %s (by FLOPs) ran outside the graphs "
+            "Dynamo captured, unplanned: its activations are kept whatever the plan. Dynamo's "
+            "reasons: %s. inspect(tm).graphs lists the graphs; TORCH_LOGS=graph_breaks shows "
+            "each break", 100 * meter.share, type(tm).__name__,
+            "; ".join(reasons) or "a frame or function it does not compile")
 
     def _storms(self, before: int, failures: dict[Any, int]) -> None:
         """Say once, naming Dynamo's reason, when every call compiles again."""
@@ -114,7 +183,8 @@ class DynamoDriver:
         now = _breaks()  # counted before Dynamo compiles the graph a break ends
         reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > self._breaks.get(r, 0))
         self._breaks = now
-        record = GraphRecord(len(self.records), lowered, plan, held_at_end(lowered, inputs),
+        held_end = held_at_end(lowered, concrete(list(inputs)))
+        record = GraphRecord(len(self.records), lowered, plan, held_end,
                              held_before=held, ended_by=reasons)
         self.records.append(record)
         if self.counts is not None:
@@ -123,7 +193,10 @@ class DynamoDriver:
             self.counts.plan_seconds += time.perf_counter() - start
         log.info("planned Dynamo graph %d: %s%s", record.index, plan.summary(),
                  f" (Dynamo ended it: {'; '.join(reasons)})" if reasons else "")
-        return GraphRunner(record, self.step.append)
+        return GraphRunner(record, self._ran, lambda: graph_runs(self.meter))
+
+    def _ran(self, record: GraphRecord) -> None:
+        self.step.append(record)  # the current call's list (a new one each call)
 
     @property
     def last(self) -> Optional[GraphRecord]:
@@ -157,8 +230,24 @@ recompile per value. torch 2.13's Dynamo then formats such a float wrongly in an
 a graph break (``f"{x.item():.5f}"`` appends the float itself from the second call on): a known
 divergence of Python-side state, documented in the guide."""
 
+UNPLANNED_WARNING = 0.25
+"""The share of a forward's FLOPs outside planned graphs above which the driver warns (once)."""
+
 RECOMPILE_WARNING = 3
 """Calls in a row that compile a graph again before the driver warns (once)."""
+
+
+def _uncompiled_here() -> str:
+    """What makes Dynamo run a frame uncompiled here, in words, or ``""``: a user's dispatch
+    mode (Dynamo's own test), or torch.func transforms."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in _get_current_dispatch_mode_stack():
+        if not mode.is_infra_mode() and not mode.ignore_compile_internals():
+            return f"a TorchDispatchMode ({type(mode).__name__})"
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return "torch.func transforms (vmap, grad, jacrev)"
+    return ""
 
 
 def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
