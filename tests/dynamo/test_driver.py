@@ -152,3 +152,68 @@ def test_a_graph_after_a_break_that_cannot_fit_what_is_left_says_what_would() ->
     with pytest.raises(fxckpt.BudgetInfeasibleError, match=r"runs after a graph break, beside "
                        r"the \d+ bytes earlier graphs of the step keep .* Give budget >= \d+"):
         tm(x).sum().backward()
+
+
+class AfterBreak(nn.Module):
+    """A fact read only after the break: changing it recompiles the second graph alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = Body(), Body()
+        self.gate = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        h = self.b(h)
+        return h.tanh() if self.gate else h
+
+
+def test_every_call_lists_the_graphs_it_ran_and_a_recompiled_graph_counts_those_before(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The graphs of the current call are the ones it ran, whether compiled now or cached: a
+    graph compiled at a later call (a fact after the break changed) is planned beside what the
+    cached graph before it keeps."""
+    torch.manual_seed(0)
+    tm = fxckpt.transform(AfterBreak(), capture="dynamo", every=1)
+    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+        for step in range(4):
+            if step == 2:
+                tm.gate = True
+            tm(torch.randn(16, 32)).sum().backward()
+            graphs = fxckpt.inspect(tm).graphs
+            assert [g.index for g in graphs] == ([0, 1] if step < 2 else [0, 2]), step
+    assert graphs[1].held_before == graphs[0].held_bytes > 0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+class Skips(nn.Module):
+    """Half the forward in a function Dynamo does not compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = Body(), Body()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tail(self.a(x))
+
+    @torch._dynamo.disable
+    def tail(self, h: torch.Tensor) -> torch.Tensor:
+        return self.b(h)
+
+
+def test_the_share_of_the_forward_that_runs_unplanned_is_measured_and_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    planned = fxckpt.transform(Broken(), capture="dynamo", every=1)
+    skips = fxckpt.transform(Skips(), capture="dynamo", every=1)
+    assert fxckpt.inspect(skips).unplanned_share is None  # nothing measured yet
+    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+        for _ in range(3):
+            for tm in (planned, skips):
+                tm(torch.randn(16, 32)).sum().backward()
+    assert fxckpt.inspect(planned).unplanned_share == 0.0  # both halves are graphs
+    assert fxckpt.inspect(skips).unplanned_share == 0.5  # two equal bodies, one skipped
+    said = [r.getMessage() for r in caplog.records if "ran outside the graphs" in r.message]
+    assert len(said) == 1 and "50% of the training forward of Skips" in said[0]
+    assert "torch.compiler.disable" in said[0]
