@@ -216,8 +216,9 @@ class Dispatcher:
     @torch._dynamo.disable
     def _driven(self, tm: torch.nn.Module, args: tuple, kwargs: dict, outer: bool) -> Any:
         if self.dynamo is None:
-            from fxckpt.dynamo import DynamoDriver
+            from fxckpt.dynamo import DynamoDriver, refuse_fsdp
 
+            refuse_fsdp(tm)
             self.dynamo = DynamoDriver(self.model, self.config, self.offloader, self.counts)
         if outer:
             self.dynamo.inside_outer_compile(tm)

@@ -131,6 +131,12 @@ def _data_parallel(rank: int, world: int) -> None:
     tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), depth=2))
     _assert_grads(_train(tm, batches, rank, world), ddp, "DDP(tm)", exact=True)
     _assert_grads(ddp, reference, "DDP alone", exact=False)
+    tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), depth=2,
+                                                  capture="dynamo"))
+    _assert_grads(_train(tm, batches, rank, world), ddp, "DDP(tm), dynamo", exact=True)
+    graphs = fxckpt.inspect(tm.module).graphs
+    assert [s.module_paths for g in graphs for s in g.plan.segments if s.module_paths] == [
+        (f"blocks.{i}",) for i in range(4)]
     # a budget in bytes the unmodified step fits: DDP runs the model as it is, measured on fake
     # tensors without touching its reducer; FSDP's shards cannot be measured so it is planned
     tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), budget="1TiB"))

@@ -27,11 +27,11 @@ import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
-from fxckpt.errors import CaptureError, FxckptError
+from fxckpt.errors import CaptureError, ConfigError, FxckptError
 from fxckpt.dynamo.backend import GraphRecord, GraphRunner, concrete, held_at_end, plan_graph
 from fxckpt.dynamo.share import Outside, graph_runs
 
-__all__ = ["DynamoDriver"]
+__all__ = ["DynamoDriver", "refuse_fsdp"]
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,21 @@ class DynamoDriver:
         """The largest graph the latest call ran (what ``fxckpt.inspect(tm).plan`` shows)."""
         ran = self.step or self.records
         return max(ran, key=lambda r: r.plan.node_count, default=None)
+
+
+def refuse_fsdp(tm: torch.nn.Module) -> None:
+    """FSDP2's hooks are skipped by Dynamo (``skip_fsdp_hooks``): every ``fully_shard`` module
+    runs uncompiled, its inner frames as graphs of one layer each, and nothing is saved. Refused
+    by name at the first training call."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [name or "<root>" for name, m in tm.named_modules() if isinstance(m, FSDPModule)]
+    if sharded:
+        raise ConfigError(
+            f"capture='dynamo' cannot plan a model sharded with fully_shard ({sharded[0]} is): "
+            "Dynamo runs each FSDP2 module's call uncompiled, so its graphs hold one layer each "
+            "and checkpointing would save nothing. Use capture='auto' (fxckpt and FSDP2 work "
+            "in both orders: docs/distributed.md)")
 
 
 def _refuse_python_draws(held: list[tuple[str, random.Random, Any]]) -> None:

@@ -179,3 +179,22 @@ def test_fsdp2_with_fxckpt_trains_like_fsdp2_alone(kind: str, order: str) -> Non
     if kind == "hf_llama":
         pytest.importorskip("transformers")
     gloo.run(_case, kind, order)
+
+
+def _dynamo_refused(rank: int, world: int, order: str) -> None:
+    kind = KINDS["sequential_mlp"]
+    options = {"capture": "dynamo", "every": 2}
+    if order == "shard_then_transform":
+        tm = fxckpt.transform(_shard(kind, kind.make()), **options)
+    else:
+        tm = _shard(kind, fxckpt.transform(kind.make(), **options))
+    with pytest.raises(fxckpt.ConfigError, match=r"capture='dynamo' cannot plan a model sharded "
+                       r"with fully_shard \(<root> is\).* Use capture='auto'"):
+        kind.loss(tm, _example(kind, world))
+
+
+@pytest.mark.parametrize("order", ["shard_then_transform", "transform_then_shard"])
+def test_fsdp2_on_the_dynamo_path_is_refused_by_name(order: str) -> None:
+    """Dynamo skips FSDP2's hooks: each sharded block would run uncompiled and nothing would be
+    saved, so the first training call says so and names the path that works."""
+    gloo.run(_dynamo_refused, order)
