@@ -125,8 +125,9 @@ _NO_STACK = "_empty_nn_module_stack"
 
 
 def _normalise_path(path: str) -> str:
-    """``L['self'].layers[0].fc`` or ``layers.0.fc`` -> ``layers.0.fc``."""
-    for prefix in ("L['self'].", "L['self']", "self."):
+    """``L['self'].layers[0].fc`` or ``layers.0.fc`` -> ``layers.0.fc`` (``L['args'][0]``: a
+    Dynamo frame that takes the module positionally, as a compiled ``nn.Sequential.forward``)."""
+    for prefix in ("L['self'].", "L['self']", "L['args'][0].", "L['args'][0]", "self."):
         if path.startswith(prefix):
             path = path[len(prefix):]
     return path.replace("[", ".").replace("]", "").replace("'", "").strip(".")

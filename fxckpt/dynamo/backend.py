@@ -100,6 +100,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
     state = {n.name: name for n in placeholders if (name := state_name(n)) is not None}
     inputs = concrete(inputs)
     annotate(gm, list(inputs), state=frozenset(state))
+    written = {m for n in gm.graph.nodes if has_info(n) for m in info(n).mutates} & set(state)
     config = _budget_left(config, held_before)
 
     def choose(target: Target) -> Plan:
@@ -136,17 +137,18 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
         plan = dataclasses.replace(plan, notes=plan.notes + (
             f"this graph's smallest peak is {e.min_budget} bytes, over {config.budget} of its "
             "own unmodified step: planned at its smallest",))
-    _restore_written_state(lowered, state)
+    _restore_written_state(lowered, written)
     return plan, lowered
 
 
 def concrete(inputs: list[Any]) -> list[Any]:
     """A graph's example inputs as its passes run them: an earlier graph's output (which
-    arrives with its autograd history) as a leaf like it, and a symbolic int (a Python int
+    arrives with its autograd history) as a copy of a new leaf (not a leaf, nor a view of one:
+    a graph may write it in place), and a symbolic int (a Python int
     Dynamo made an input, such as a queue pointer on the module) as the value this call has."""
     def one(i: Any) -> Any:
-        if isinstance(i, torch.Tensor) and not i.is_leaf:
-            return i.detach().requires_grad_(i.requires_grad)
+        if isinstance(i, torch.Tensor) and not i.is_leaf:  # written in place by some graphs
+            return i.detach().requires_grad_().clone()
         if isinstance(i, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             hint = i.node.hint
             if hint is None:
@@ -167,10 +169,9 @@ def _budget_left(config: TransformConfig, held: int) -> TransformConfig:
     return dataclasses.replace(config, strategy=Budgeted(Budget(bytes=left)))
 
 
-def _restore_written_state(gm: torch.fx.GraphModule, state: dict[str, str]) -> None:
-    """Each segment restores, around its recompute, the state inputs some node writes in place
-    (see the module docstring)."""
-    written = {m for n in gm.graph.nodes if has_info(n) for m in info(n).mutates} & set(state)
+def _restore_written_state(gm: torch.fx.GraphModule, written: set[str]) -> None:
+    """Each segment restores, around its recompute, the state inputs (placeholders named in
+    ``written``) some node of the graph writes in place (see the module docstring)."""
     if not written:
         return
     for n in gm.graph.nodes:

@@ -238,6 +238,7 @@ def _refuse_python_draws(held: list[tuple[str, random.Random, Any]]) -> None:
 GUARDS: dict[str, Any] = {
     "skip_nnmodule_hook_guards": False,  # a hook added or removed after the first call
     "allow_unspec_int_on_nn_module": True,  # a counter on the module: an input, not a recompile
+    "use_numpy_random_stream": True,  # np.random draws from numpy, as the model does (a break)
 }
 """Dynamo settings a training call runs under (its defaults favour inference). Floats stay
 unspecialised, as torch.compile's default has them: a schedule's value is an input, not a

@@ -4,7 +4,8 @@
   a pin that cannot apply is explained in the plan's notes, never dropped silently.
 * a segment never writes in place to a tensor it did not create (the first run would change
   what the recompute reads), so it starts after its last such write — repeatedly, since
-  dropping a head can expose another one (:func:`safe`);
+  dropping a head can expose another one (:func:`safe`); parameters and buffers excepted
+  (BatchNorm's statistics): a segment restores those around its recompute;
 * a segment ends before any tensor that a later node writes in place: checkpoint checks the
   version counters of what it keeps and matches the outputs it recomputes (OLMo's
   ``query_states.clamp_()`` after its projection);
@@ -83,7 +84,7 @@ def _safe_suffix(run: Run) -> Run:
         names = {n.name for n in run}
         last = -1
         for i, n in enumerate(run):
-            if any(m not in names and graph_nodes[m].op != "get_attr" for m in info(n).mutates):
+            if any(m not in names and not _is_state(graph_nodes[m]) for m in info(n).mutates):
                 last = i
         if last < 0:
             return run
@@ -91,6 +92,12 @@ def _safe_suffix(run: Run) -> Run:
                   run[0].name, run[last].name)
         run = run[last + 1:]
     return run
+
+
+def _is_state(node: torch.fx.Node) -> bool:
+    """A parameter or buffer (a ``get_attr``, or a Dynamo graph's lifted placeholder): a segment
+    that writes it restores it around its recompute."""
+    return node.op == "get_attr" or (has_info(node) and info(node).is_state)
 
 
 def _unwritten_prefix(run: Run) -> Run:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -80,15 +80,32 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     if torch.compiler.is_dynamo_compiling():  # not under non-strict export: that runs this code
         return _traced_checkpoint(segment, inputs)
     call = _SegmentCall(segment, inputs)
+    run: Callable[..., Any] = segment
+    written = getattr(segment, "restored_inputs", ())
+    if written:  # state it writes goes by closure: torch's checkpoint would save (and version-
+        # check) its inputs, and the write in the first run bumps their version
+        run, inputs = _state_by_closure(segment, inputs, written)
     with torch_checkpoint.set_checkpoint_early_stop(getattr(segment, "early_stop", True)):
         return torch_checkpoint.checkpoint(
-            segment,
+            run,
             *inputs,
             use_reentrant=False,
             preserve_rng_state=getattr(segment, "draws", True),
             context_fn=call.contexts,
             determinism_check=_DETERMINISM,
         )
+
+
+def _state_by_closure(segment: torch.nn.Module, inputs: tuple,
+                      written: tuple[int, ...]) -> tuple[Callable[..., Any], tuple]:
+    """``segment`` as a function of its other inputs, the state inputs it writes (a Dynamo
+    graph's BatchNorm statistics) bound: restored around the recompute, not saved."""
+    state = {i: inputs[i] for i in written}
+
+    def run(*args: Any) -> Any:
+        return segment(*(state.get(i, a) for i, a in enumerate(args)))
+
+    return run, tuple(None if i in state else a for i, a in enumerate(inputs))
 
 
 def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:

@@ -217,3 +217,38 @@ def test_the_share_of_the_forward_that_runs_unplanned_is_measured_and_said_once(
     said = [r.getMessage() for r in caplog.records if "ran outside the graphs" in r.message]
     assert len(said) == 1 and "50% of the training forward of Skips" in said[0]
     assert "torch.compiler.disable" in said[0]
+
+
+class ConvBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.norm(self.conv(x)))
+
+
+def test_batchnorm_inside_segments_of_a_sequential_trains_to_the_same_bits() -> None:
+    """A Dynamo graph gets BatchNorm's statistics as inputs it writes in place: segments hold
+    them (restored around the recompute, bound instead of saved, so the write in the first run
+    trips no version check), and an ``nn.Sequential``'s frame (``L['args'][0]``) still has its
+    module paths."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[ConvBlock() for _ in range(3)])
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, capture="dynamo", depth=1)
+    for step in range(3):
+        x = torch.randn(4, 8, 8, 8)
+        ours, theirs = tm(x), reference(x)
+        ours.square().mean().backward()
+        theirs.square().mean().backward()
+        assert torch.equal(ours, theirs), step
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), (step, name)
+        for (name, b), c in zip(model.named_buffers(), reference.buffers()):
+            assert torch.equal(b, c), (step, name)
+    (graph,) = fxckpt.inspect(tm).graphs
+    assert [s.module_paths[0] for s in graph.plan.segments] == ["0", "1", "2"]
+    assert all(len(getattr(graph.gm, s.name).restored_inputs) == 3 for s in graph.plan.segments)
