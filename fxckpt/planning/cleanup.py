@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Mapping, Optional, Sequence
 
+import torch
 import torch.fx
 
 from fxckpt.cost.annotate import has_info, info
@@ -29,6 +30,7 @@ __all__ = [
     "safe",
     "frees_memory",
     "without_hooked",
+    "without_mode_switches",
     "force_notes",
     "pinned",
 ]
@@ -148,6 +150,31 @@ def without_hooked(order: Sequence[torch.fx.Node], runs: list[Run],
         piece for r in runs for piece in contiguous([n for n in r if n.name not in hooked], order)
     ]
     return [p for p in pieces if p and frees_memory(p)], notes
+
+
+def _mode_switches() -> frozenset[object]:
+    """Functions a Dynamo graph calls to enter or leave a global mode, one node each end."""
+    import torch.amp.autocast_mode as autocast
+    import torch.autograd.grad_mode as grad_mode
+
+    names = ((autocast, "_enter_autocast"), (autocast, "_exit_autocast"),
+             (torch._C, "_set_grad_enabled"), (grad_mode, "_enter_inference_mode"),
+             (grad_mode, "_exit_inference_mode"))
+    return frozenset(getattr(owner, name) for owner, name in names if hasattr(owner, name))
+
+
+def without_mode_switches(order: Sequence[torch.fx.Node], runs: list[Run]) -> list[Run]:
+    """``runs`` split at the nodes that enter or leave autocast or a grad mode (a Dynamo graph's
+    ``_enter_autocast`` ... ``_exit_autocast``). A segment holding one end would switch the mode
+    again in its recompute, unbalanced (autocast's nesting count went below zero, and its cache
+    of cast weights outlived the region); a segment between the ends runs in the mode, which
+    torch's checkpoint restores for the recompute."""
+    switches = _mode_switches()
+    cut = {n for r in runs for n in r if n.op == "call_function" and n.target in switches}
+    if not cut:
+        return runs
+    pieces = [p for r in runs for p in contiguous([n for n in r if n not in cut], order)]
+    return [p for p in pieces if p and frees_memory(p)]
 
 
 def force_notes(

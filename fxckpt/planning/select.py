@@ -20,7 +20,8 @@ import torch.fx
 from fxckpt.config import TransformConfig
 from fxckpt.planning.actions import choose_actions
 from fxckpt.cost.annotate import has_info, info
-from fxckpt.planning.cleanup import force_notes, pinned, without_hooked
+from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
+                                     without_mode_switches)
 from fxckpt.cost.devices import profile_for
 from fxckpt.cost.graph_view import problem_of
 from fxckpt.planning.anchors import anchors_of
@@ -75,6 +76,7 @@ def select(
     keepable = (offered if config.selective else [], forced)
     chosen = choose(config.strategy, order, problem, modules, target, keepable)
     runs, hooked_notes = without_hooked(order, list(chosen.runs), hooked)
+    runs = without_mode_switches(order, runs)
     notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules)]
     again = recomputed(problem, runs)
     kept = _kept(problem, again, chosen.keeps, forced, replay)

@@ -252,3 +252,28 @@ def test_batchnorm_inside_segments_of_a_sequential_trains_to_the_same_bits() -> 
     (graph,) = fxckpt.inspect(tm).graphs
     assert [s.module_paths[0] for s in graph.plan.segments] == ["0", "1", "2"]
     assert all(len(getattr(graph.gm, s.name).restored_inputs) == 3 for s in graph.plan.segments)
+
+
+def _autocast_nesting() -> int:
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return level - 1
+
+
+@pytest.mark.parametrize("options", [{"every": 1}, {"budget": 0.5}])
+def test_no_segment_holds_one_end_of_an_autocast_region(options: dict) -> None:
+    """Dynamo writes ``with torch.autocast(...)`` as an enter node and an exit node: a segment
+    holding only the exit ran it again in its recompute, leaving autocast's nesting at -1 and its
+    cache of cast weights alive for every later autocast region of the process."""
+    from python_patterns import NestedAutocast
+
+    torch.manual_seed(0)
+    tm = fxckpt.transform(NestedAutocast(), capture="dynamo", **options)
+    for _ in range(2):
+        tm(torch.randn(8, 32, requires_grad=True)).sum().backward()
+        assert _autocast_nesting() == 0
+    graph = fxckpt.inspect(tm).graph_module
+    inside = [n.target.__name__ for s in fxckpt.inspect(tm).plan.segments
+              for n in getattr(graph, s.name).graph.nodes if n.op == "call_function"
+              and getattr(n.target, "__name__", "").endswith("_autocast")]
+    assert inside == [] and fxckpt.inspect(tm).plan.segments
