@@ -108,6 +108,8 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
                       target=target)
 
     def verify(lowered: torch.fx.GraphModule) -> int:
+        _restore_written_state(lowered, written)  # as it will run: the state it writes bound
+
         def run(a: tuple, k: dict) -> Any:
             return lowered(*a)
         return fake_step_peak(lowered, run, tuple(inputs), {}, device=device)
