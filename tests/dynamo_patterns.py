@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from python_patterns import W, Body, Case, _x
+from python_patterns import W, Body, Case, Tempered
 
 log = logging.getLogger("fxckpt.tests.dynamo_patterns")
 
@@ -262,18 +262,6 @@ def _closure_model() -> nn.Module:
     return Closed()
 
 
-class FloatSchedule(nn.Module):
-    """A float on the module changed every step (a temperature schedule)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = Body()
-        self.temperature = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.body(x) / self.temperature, -1)
-
-
 # -- modules: called but not registered, pruned, parametrized, hooked -----------------------
 
 class UnregisteredTeacher(nn.Module):
@@ -484,7 +472,7 @@ DYNAMO_CASES = [
     PyCase("class_attribute_changed", ClassAttribute, between=_class_attr),
     PyCase("module_global_changed", GlobalRead, between=_global(0.2)),
     PyCase("closure_changed", _closure_model, between=lambda m: m.factor.__setitem__(0, 5.0)),
-    PyCase("float_schedule_every_step", FloatSchedule, between=_set("temperature", 0.7),
+    PyCase("float_schedule_every_step", Tempered, between=_set("temperature", 0.7),
            steps=4),
     PyCase("teacher_in_a_list_mode_changed", UnregisteredTeacher,
            between=lambda m: m.holder[0].eval()),

@@ -26,17 +26,9 @@ from dynamo_patterns import DYNAMO_CASES, PyCase
 from fxckpt.errors import CaptureError
 from python_patterns import CASES, Case
 from support import assert_steps_equal, run_step
+from test_python_facts import STRATEGIES, _attribute, _same
+from test_python_facts import _options as options_for
 from torch_nn_patterns import NN_CASES
-
-STRATEGIES: dict[str, dict[str, Any]] = {
-    "none": {},
-    "every1": {"every": 1},
-    "every2": {"every": 2},
-    "depth": {"depth": None},
-    "budget": {"budget": None},
-    "budget_whole": {"budget": None, "selective": False},
-    "offload": {"every": 1, "offload": True, "offload_device": "cpu", "offload_threshold": 0},
-}
 
 REFUSED: dict[str, tuple[type, str]] = {
     # Dynamo replays a held random.Random wrongly from the second call (pytorch behaviour)
@@ -70,23 +62,7 @@ PY_CASES = DYNAMO_CASES + HABIT_CASES
 
 
 def _options(case: Case, strategy: str) -> dict[str, Any]:
-    options = dict(STRATEGIES[strategy], capture="dynamo")
-    if "depth" in options:
-        options["depth"] = case.depth
-    if "budget" in options:
-        options["budget"] = case.budget
-    return options
-
-
-def _attribute(model: nn.Module, path: str) -> Any:
-    owner, _, name = path.rpartition(".")
-    return getattr(model.get_submodule(owner) if owner else model, name)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a.detach(), b.detach())
-    return bool(a == b)
+    return options_for(case, strategy, "dynamo")
 
 
 def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Module) -> None:
