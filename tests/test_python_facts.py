@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
@@ -138,15 +138,21 @@ def _runs_as_it_is(case: Case) -> None:
 
 
 def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Module, args: tuple,
-                kwargs: dict) -> None:
+                kwargs: dict, per_step: Optional[Callable[[int], tuple[tuple, dict]]] = None,
+                state: Optional[Callable[[nn.Module], Any]] = None) -> None:
     """``case.steps`` SGD steps of ``tm`` (transformed ``model``) and ``reference``, the case's
     change applied to both between the first and second; every step bit-identical. Python's and
-    numpy's global generators are seeded alike before each (the cases that draw from them)."""
+    numpy's global generators are seeded alike before each (the cases that draw from them).
+    ``per_step``: each step's inputs instead of ``args``/``kwargs``; ``state``: Python state
+    the forward touches, compared after each step."""
     optimizers = [torch.optim.SGD(m.parameters(), lr=1e-4) for m in (tm, reference)]
     for step in range(case.steps):
         if step == 1 and case.between is not None:
             case.between(model)
             case.between(reference)
+        if per_step is not None:
+            torch.manual_seed(100 + step)
+            args, kwargs = per_step(step)
         call_kwargs = dict(kwargs, **(case.call_kwargs[step] if case.call_kwargs else {}))
         steps = []
         for module in (tm, reference):
@@ -156,6 +162,8 @@ def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Modul
         assert_steps_equal(*steps)
         for path in case.attributes:
             assert _same(_attribute(model, path), _attribute(reference, path)), path
+        if state is not None:
+            assert state(model) == state(reference), (step, state(model), state(reference))
         for opt in optimizers:
             opt.step()
             opt.zero_grad()

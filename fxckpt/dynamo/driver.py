@@ -56,9 +56,7 @@ class DynamoDriver:
         self.compiling_calls = 0
         """Calls in a row that compiled a graph (a fact the forward reads changes each call)."""
         self.warned = False
-        self.guards: dict[str, Any] = dict(GUARDS)
-        """The Dynamo settings this module's calls compile under (the bench times defaults)."""
-        self._patch: Optional[tuple[dict[str, Any], Any]] = None  # guards, their config patch
+        self.guards = GUARDS
         self._python_generators: list[tuple[str, random.Random]] = []
         self._scanned = -1
         """How many graphs there were when the module was last searched for generators."""
@@ -85,12 +83,10 @@ class DynamoDriver:
                                        if isinstance(g, random.Random)]
             self._scanned = len(self.records)
         held = [(path, g, generators.state_of(g)) for path, g in self._python_generators]
-        if self._patch is None or self._patch[0] is not self.guards:
-            self._patch = (self.guards, torch._dynamo.config.patch(**self.guards))
         uncompiled = _uncompiled_here()
         self.meter = Outside() if self.measure_next and not uncompiled else None
         try:
-            with self._patch[1], self.meter or contextlib.nullcontext():
+            with self._patch, self.meter or contextlib.nullcontext():
                 out = self.compiled(tm, *args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None)
@@ -139,6 +135,16 @@ class DynamoDriver:
                 "forward's frame, or its recompile limit was reached): nothing was planned, and "
                 "the step saves no memory. TORCH_LOGS=recompiles,graph_breaks says why",
                 type(tm).__name__)
+
+    @property
+    def guards(self) -> dict[str, Any]:
+        """The Dynamo settings this module's calls compile under (the bench times defaults)."""
+        return self._guards
+
+    @guards.setter
+    def guards(self, settings: dict[str, Any]) -> None:
+        self._guards = dict(settings)
+        self._patch = torch._dynamo.config.patch(**self._guards)  # built once, entered per call
 
     def _unplanned(self, tm: torch.nn.Module, meter: Outside) -> None:
         """Keep the measured share, and say once when much of the forward runs unplanned."""

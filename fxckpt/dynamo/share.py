@@ -15,6 +15,7 @@ import contextlib
 from typing import Any, Iterator, Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 __all__ = ["Outside"]
 
@@ -43,8 +44,6 @@ class Outside(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
-        from torch.utils.flop_counter import flop_registry
-
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         rule = flop_registry.get(getattr(func, "_overloadpacket", None))

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Mapping, Optional, Sequence
 
@@ -152,6 +153,7 @@ def without_hooked(order: Sequence[torch.fx.Node], runs: list[Run],
     return [p for p in pieces if p and frees_memory(p)], notes
 
 
+@functools.cache
 def _mode_switches() -> frozenset[object]:
     """Functions a Dynamo graph calls to enter or leave a global mode, one node each end."""
     import torch.amp.autocast_mode as autocast

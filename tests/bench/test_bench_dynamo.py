@@ -25,6 +25,7 @@ def test_quick_run_measures_every_column_and_writes_the_page(tmp_path: Path) -> 
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     first, eager, planning = (float(c.removesuffix(" s")) for c in cells[1:4])
     assert first > 0 and eager > 0 and planning > 0
-    assert float(cells[4]) == pytest.approx(first / (eager + planning), abs=0.01)
+    # the cells are rounded to 0.01 s: on the quick model's sub-second times that moves the ratio
+    assert float(cells[4]) == pytest.approx(first / (eager + planning), rel=0.05)
     assert cells[5] in ("PASS", "FAIL") and cells[8] in ("PASS", "FAIL")
     assert 0.5 < float(cells[7]) < 3 and 0.5 < float(cells[9]) < 3  # paired ratios

@@ -12,10 +12,8 @@ refusal is named (:data:`REFUSED`).
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -25,9 +23,9 @@ from dynamo_habits import HABIT_CASES
 from dynamo_patterns import DYNAMO_CASES, PyCase
 from fxckpt.errors import CaptureError
 from python_patterns import CASES, Case
-from support import assert_steps_equal, run_step
-from test_python_facts import STRATEGIES, _attribute, _same
+from test_python_facts import STRATEGIES
 from test_python_facts import _options as options_for
+from test_python_facts import _train_both as train_both
 from torch_nn_patterns import NN_CASES
 
 REFUSED: dict[str, tuple[type, str]] = {
@@ -66,33 +64,10 @@ def _options(case: Case, strategy: str) -> dict[str, Any]:
 
 
 def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Module) -> None:
-    optimizers = [torch.optim.SGD(m.parameters(), lr=1e-4) for m in (tm, reference)]
     per_step = getattr(case, "per_step", None)
-    state = getattr(case, "state", None)
-    args, kwargs = case.inputs() if per_step is None else (None, None)
-    for step in range(case.steps):
-        if step == 1 and case.between is not None:
-            case.between(model)
-            case.between(reference)
-        if per_step is not None:
-            torch.manual_seed(100 + step)
-            args, kwargs = per_step(step)
-        call_kwargs = dict(kwargs, **(case.call_kwargs[step] if case.call_kwargs else {}))
-        steps = []
-        for module in (tm, reference):
-            random.seed(step)
-            np.random.seed(step)
-            steps.append(run_step(module, args, call_kwargs, seed=step))
-        assert_steps_equal(*steps)
-        for path in case.attributes:
-            assert _same(_attribute(model, path), _attribute(reference, path)), path
-        if state is not None:
-            assert state(model) == state(reference), (step, state(model), state(reference))
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad()
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-            assert torch.equal(p, q), f"parameter {name} after step {step}"
+    args, kwargs = case.inputs() if per_step is None else ((), {})
+    train_both(case, model, tm, reference, args, kwargs, per_step=per_step,
+               state=getattr(case, "state", None))
 
 
 def _run(case: Case, strategy: str) -> None:

@@ -6,12 +6,13 @@ of a valid export and recomputes the manifest's hashes (what a forger can do wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -58,8 +59,18 @@ def forge(saved_mlp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> A
     def edit_bytes(rel: str, change: Callable[[bytes], bytes]) -> None:
         put(rel, change((ns.root / rel).read_bytes()))
 
+    @contextlib.contextmanager
+    def copy(target: Path) -> Iterator[None]:
+        """The export copied to ``target``, the helpers pointed at the copy while inside."""
+        shutil.copytree(ns.root, target)
+        original, ns.root = ns.root, target
+        try:
+            yield
+        finally:
+            ns.root = original
+
     ns = types.SimpleNamespace(root=root, marker=marker, edit=edit, edit_bytes=edit_bytes,
-                               put=put)
+                               put=put, copy=copy)
     yield ns
     assert not marker.exists(), "the crafted export ran code"
     assert EVIL not in sys.modules, "the crafted export imported a module"

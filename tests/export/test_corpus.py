@@ -253,17 +253,13 @@ print(__import__("json").dumps([results, grown]))
 
 def test_graphs_that_would_allocate_gigabytes_are_refused_before_they_do(forge: Any,
                                                                            tmp_path: Path) -> None:
-    import shutil
-
     bombs = _bombs()
     assert len(bombs) >= 5, [n for n, _ in bombs]
     paths = []
     for name, nodes in bombs:
         target = tmp_path / name
-        shutil.copytree(forge.root, target)
-        original, forge.root = forge.root, target
-        forge.edit(SEGMENT, lambda data, n=nodes: _insert(*n)(data, ""))
-        forge.root = original
+        with forge.copy(target):
+            forge.edit(SEGMENT, lambda data, n=nodes: _insert(*n)(data, ""))
         paths.append(str(target))
     tests = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", BOMB_LOADS.format(tests=tests, paths=paths)],

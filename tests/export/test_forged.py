@@ -362,12 +362,10 @@ def test_bombs_are_refused_with_the_resident_memory_of_a_small_export(forge: Any
     paths = []
     for i, shape in enumerate(([1 << 30], [1 << 28, 64], [1 << 40])):
         target = tmp_path / f"bomb{i}"
-        shutil.copytree(forge.root, target)
-        original, forge.root = forge.root, target
         nbytes = 4 * int(torch.tensor(shape).prod())
-        forge.edit_bytes(WEIGHTS, _retensor(
-            lambda e, s=shape, n=nbytes: e.update(shape=s, data_offsets=[0, n])))
-        forge.root = original
+        with forge.copy(target):
+            forge.edit_bytes(WEIGHTS, _retensor(
+                lambda e, s=shape, n=nbytes: e.update(shape=s, data_offsets=[0, n])))
         paths.append(str(target))
     tests = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", BOMBS.format(tests=tests, paths=paths)],
