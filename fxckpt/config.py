@@ -21,9 +21,12 @@ from fxckpt.strategy import Budgeted, Depth, Every, Strategy, strategy_from
 __all__ = ["TransformConfig", "FORCE_MODES", "CAPTURES"]
 
 FORCE_MODES = ("recompute", "save")
-CAPTURES = ("auto", "symbolic_trace", "export", "dynamo")
-"""How :func:`fxckpt.transform` may capture the model (``auto``: symbolic_trace, else export;
-``dynamo``: every training call through TorchDynamo, :mod:`fxckpt.dynamo`)."""
+CAPTURES = ("auto", "dynamo", "graph", "symbolic_trace", "export")
+"""How :func:`fxckpt.transform` may capture the model. ``auto``: training calls through
+TorchDynamo (:mod:`fxckpt.dynamo`), one whole graph where a feature needs one (see
+:attr:`TransformConfig.whole_graph_needed`); ``dynamo``: training calls through Dynamo only;
+``graph``: one whole graph per call structure (``symbolic_trace``, else ``export``), or only
+one of those two methods."""
 ForceMode = Literal["recompute", "save"]
 
 
@@ -77,13 +80,36 @@ class TransformConfig:
     """Budget plans may keep costly outputs inside segments (:mod:`fxckpt.solver.selective`)."""
 
     capture: str = "auto"
-    """How the model is captured: ``auto`` (``torch.fx.symbolic_trace``, else ``torch.export``),
-    or only ``symbolic_trace`` or only ``export``; ``dynamo``: every training call through
-    TorchDynamo, each of its graphs planned (see :data:`CAPTURES`, :mod:`fxckpt.dynamo`)."""
+    """How the model is captured (see :data:`CAPTURES`): ``auto`` trains through TorchDynamo,
+    each of its graphs planned (:mod:`fxckpt.dynamo`), unless a feature needs one whole graph."""
 
     device_profile: Optional[str] = None
     """The device plans are priced for (``h100``, ``h200``, ``a100``, ``cpu``:
     :mod:`fxckpt.cost.devices`); ``None``: the model's own (measured on a GPU)."""
+
+    @property
+    def whole_graph_needed(self) -> str:
+        """The first option asked for that needs one whole graph of the model (pipeline
+        stages, a replayed plan, ``offload="auto"``), in words, or ``""``."""
+        for what, asked in (("pipeline stages (chunks=, devices=)", self.pipelined),
+                            ("a replayed plan (plan=)", type(self.strategy).__name__ == "Replay"),
+                            ("offload='auto'", self.offload == "auto")):
+            if asked:
+                return what
+        return ""
+
+    @property
+    def trains_whole_graph(self) -> str:
+        """Why ``capture="auto"`` trains on one whole graph, in words, or ``""``: an option
+        that needs one (:attr:`whole_graph_needed`), or offload, whose saved-tensor hooks
+        Dynamo does not trace."""
+        return self.whole_graph_needed or ("offload" if self.offload else "")
+
+    @property
+    def graph_method(self) -> str:
+        """How a whole graph is captured: ``symbolic_trace`` or ``export`` when asked for,
+        else ``auto`` (symbolic_trace, else export)."""
+        return self.capture if self.capture in ("symbolic_trace", "export") else "auto"
 
     @property
     def verifies(self) -> bool:
@@ -195,16 +221,12 @@ class TransformConfig:
 
 def _check_dynamo(config: TransformConfig) -> None:
     """What needs one whole graph of the model is not on the Dynamo path (yet)."""
-    whole = [what for what, asked in (("pipeline stages (chunks=, devices=)", config.pipelined),
-                                      ("a replayed plan (plan=)",
-                                       type(config.strategy).__name__ == "Replay"),
-                                      ("offload='auto'", config.offload == "auto"))
-             if asked]
+    whole = config.whole_graph_needed
     if whole:
         raise ConfigError(
-            f"capture='dynamo' plans each graph Dynamo breaks the forward into, and {whole[0]} "
-            "needs one whole graph of the model: use capture='auto' (symbolic_trace, else "
-            "torch.export) for it")
+            f"capture='dynamo' plans each graph Dynamo breaks the forward into, and {whole} "
+            "needs one whole graph of the model: use capture='auto' (which captures one for it) "
+            "or capture='graph'")
 
 
 def _depth(path: str) -> int:

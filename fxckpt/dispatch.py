@@ -177,7 +177,7 @@ class Dispatcher:
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         kwargs = self.step_kwargs(tm, kwargs)
-        if self.config.capture == "dynamo":
+        if self.trains_through_dynamo(tm):
             return self._through_dynamo(tm, args, kwargs)
         compiled = self.serve(tm, args, kwargs)
         if compiled is None:  # the unmodified step fits the budget: the model's own forward
@@ -188,6 +188,21 @@ class Dispatcher:
             return compiled(args, kwargs)
         with offloader.hooks(tm):
             return compiled(args, kwargs)
+
+    def trains_through_dynamo(self, tm: torch.nn.Module) -> bool:
+        """Whether this training call goes through Dynamo: always with ``capture="dynamo"``;
+        with ``auto`` unless an option needs one whole graph (or offload), a whole-graph plan
+        was made
+        before the first training call (``example_inputs=``, ``plan_for``), or the model is
+        sharded with FSDP2 (whose hooks Dynamo skips)."""
+        capture = self.config.capture
+        if capture == "dynamo" or self.dynamo is not None:
+            return True
+        if capture != "auto" or self.config.trains_whole_graph or self.entries:
+            return False
+        from fxckpt.dynamo import sharded
+
+        return not sharded(tm)
 
     @torch.compiler.disable(reason=_SERVE_REASON)
     def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Compiled]:
@@ -247,6 +262,11 @@ class Dispatcher:
         """Every plan made so far, oldest first."""
         if self.dynamo is not None:
             return list(self.dynamo.records)  # type: ignore[arg-type]
+        return self.whole_graphs()
+
+    def whole_graphs(self) -> list[Compiled]:
+        """Every plan made on one whole graph of the model, oldest first (what ``save``
+        writes; a module that trains through Dynamo makes them for ``save`` and ``plan_for``)."""
         every = [c for entries in self.entries.values() for e in entries for c in e.plans.values()]
         return list({id(c): c for c in every}.values())  # one plan may serve several sizes
 
@@ -292,7 +312,7 @@ class Dispatcher:
             self.entries[oldest].pop(0)
         start = time.perf_counter()
         seen = fingerprint(tm)
-        captured = shared_capture(self.model, key, shapes, seen, self.config.capture)
+        captured = shared_capture(self.model, key, shapes, seen, self.config.graph_method)
         if captured is None:
             hf.release_own_checkpointing(self.model)  # switched on behind fxckpt's back
             with _planning():

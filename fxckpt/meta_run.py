@@ -89,9 +89,13 @@ def meta_twin(t: torch.Tensor) -> torch.Tensor:
 
 def fake_twin(mode: Any, t: torch.Tensor) -> torch.Tensor:
     """``mode.from_tensor(t)``; a one-element CPU tensor keeps its value for ``.item()``, as a
-    Dynamo graph reads an unspecialised float input (a schedule's value) from one."""
+    Dynamo graph reads an unspecialised float input (a schedule's value) from one. A tensor with
+    autograd history (an earlier Dynamo graph's output) becomes a clone of a new fake leaf: a
+    fake step's backward stops there, as the graph's does at its inputs."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    if t.requires_grad and not t.is_leaf:  # an earlier graph's output: a step starts here
+        return mode.from_tensor(t.detach()).requires_grad_().clone()
     fake = mode.from_tensor(t)
     if t.numel() == 1 and t.device.type == "cpu" and not t.requires_grad \
             and type(t) is torch.Tensor:

@@ -70,7 +70,7 @@ def capture_for(
     """Capture ``model`` (a view of ``live``) for calls like ``model(*args, **kwargs)`` (one
     micro-batch, for stages)."""
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
-    return capture(model, plan_args, plan_kwargs, method=config.capture, live=live)
+    return capture(model, plan_args, plan_kwargs, method=config.graph_method, live=live)
 
 
 def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, *,

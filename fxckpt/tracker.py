@@ -55,6 +55,13 @@ class LiveTensorTracker(TorchDispatchMode):
         """Bytes of all storages counted since entering, freed or not (work done, not memory held).
         """
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Dynamo compiles under the tracker (it is off while Dynamo traces and fxckpt plans),
+        which then counts what the compiled graphs run: a step through Dynamo is measured as
+        it runs, planned."""
+        return True
+
     @property
     def current_bytes(self) -> int:
         """Bytes of counted storages alive now, over all devices."""

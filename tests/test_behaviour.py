@@ -139,7 +139,7 @@ def test_shares_parameters_buffers_and_state_dict_keys() -> None:
 def test_new_call_structure_replans_and_a_new_shape_does_not(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    tm = fxckpt.transform(KwargsDict(), every=1)
+    tm = fxckpt.transform(KwargsDict(), every=1, capture="graph")
     x = torch.randn(4, 16)
     with caplog.at_level(logging.INFO, logger="fxckpt"):
         tm(x)

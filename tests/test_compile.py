@@ -92,8 +92,8 @@ def transformed_pair(case: Case, strategy: str) -> tuple[torch.nn.Module, torch.
     model = case.make()
     args, kwargs = case.inputs()
     options = STRATEGIES[strategy](case)
-    ref = fxckpt.transform(copy.deepcopy(model), **options, example_inputs=args)
-    tm = fxckpt.transform(copy.deepcopy(model), **options, example_inputs=args)
+    ref = fxckpt.transform(copy.deepcopy(model), **options, example_inputs=args, capture="graph")
+    tm = fxckpt.transform(copy.deepcopy(model), **options, example_inputs=args, capture="graph")
     return ref, tm, args, kwargs
 
 
@@ -152,8 +152,8 @@ def test_fidelity_patterns_stay_bit_exact_under_aot_eager(pattern: Pattern) -> N
     """Custom Functions, hooks, buffer updates, frozen parts, tied weights, exported graphs."""
     ref, model = made_twice(pattern.make)
     args, kwargs = pattern.inputs()
-    ref = fxckpt.transform(ref, depth=pattern.depth)
-    tm = fxckpt.transform(model, depth=pattern.depth)
+    ref = fxckpt.transform(ref, depth=pattern.depth, capture="graph")
+    tm = fxckpt.transform(model, depth=pattern.depth, capture="graph")
     compiled = torch.compile(tm, backend="aot_eager")
     for seed in (0, 1):
         assert_steps_equal(step(ref, args, kwargs, seed), step(compiled, args, kwargs, seed))
@@ -166,7 +166,7 @@ def test_a_buffer_read_after_its_update_recomputes_from_its_old_value() -> None:
     assertion fails, torch is fixed; update docs/compile.md."""
     eager, model = made_twice(DecayNet)
     x = torch.randn(4, 16, requires_grad=True)
-    tm = fxckpt.transform(model, depth=1)
+    tm = fxckpt.transform(model, depth=1, capture="graph")
     assert [s.name for s in fxckpt.inspect(tm).plan_for(x).segments] == ["segment_0", "segment_1"]
     recorder = Recorder("aot_eager")
     compiled = torch.compile(tm, backend=recorder)
@@ -179,7 +179,7 @@ def test_a_buffer_read_after_its_update_recomputes_from_its_old_value() -> None:
 
 
 def test_explain_sees_one_graph_and_no_split() -> None:
-    tm = fxckpt.transform(MLP(depth=6, width=32), every=2)
+    tm = fxckpt.transform(MLP(depth=6, width=32), every=2, capture="graph")
     x = torch.randn(8, 32, requires_grad=True)
     explained = dynamo.explain(tm)(x)
     # The lookup runs before the forward's first op: nothing to split, one graph with 3 segments.
@@ -189,8 +189,8 @@ def test_explain_sees_one_graph_and_no_split() -> None:
 
 def test_new_shapes_modes_and_eval_recompile_only_when_needed() -> None:
     model = MLP(depth=4, width=32)
-    ref = fxckpt.transform(copy.deepcopy(model), every=2)
-    tm = fxckpt.transform(copy.deepcopy(model), every=2)
+    ref = fxckpt.transform(copy.deepcopy(model), every=2, capture="graph")
+    tm = fxckpt.transform(copy.deepcopy(model), every=2, capture="graph")
     recorder = Recorder("aot_eager")
     compiled = torch.compile(tm, backend=recorder)
     x8, x5, x7 = (torch.randn(n, 32, requires_grad=True) for n in (8, 5, 7))
@@ -209,7 +209,7 @@ def test_new_shapes_modes_and_eval_recompile_only_when_needed() -> None:
 
 
 def test_fullgraph_is_refused_with_the_reason() -> None:
-    tm = fxckpt.transform(MLP(depth=2, width=8), every=1)
+    tm = fxckpt.transform(MLP(depth=2, width=8), every=1, capture="graph")
     compiled = torch.compile(tm, backend="eager", fullgraph=True)
     with pytest.raises(Exception, match="fxckpt picks the plan"):
         compiled(torch.randn(2, 8, requires_grad=True))
@@ -217,8 +217,8 @@ def test_fullgraph_is_refused_with_the_reason() -> None:
 
 def test_tm_compile_method() -> None:
     model = MLP(depth=4, width=32)
-    ref = fxckpt.transform(copy.deepcopy(model), depth=2)
-    tm = fxckpt.transform(copy.deepcopy(model), depth=2)
+    ref = fxckpt.transform(copy.deepcopy(model), depth=2, capture="graph")
+    tm = fxckpt.transform(copy.deepcopy(model), depth=2, capture="graph")
     recorder = Recorder("aot_eager")
     tm.compile(backend=recorder)
     x = torch.randn(8, 32, requires_grad=True)
@@ -230,7 +230,7 @@ def test_tm_compile_method() -> None:
 def test_a_compiled_root_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     model = MLP(depth=2, width=8)
     model.compile(backend="eager")
-    tm = fxckpt.transform(model, every=1)
+    tm = fxckpt.transform(model, every=1, capture="graph")
     assert "tm.compile()" in caplog.text
     tm(torch.randn(4, 8))  # the transformed forward runs (the model's compiled call would not)
     assert fxckpt.inspect(tm).captures == 1 and fxckpt.inspect(tm).plan.segments
@@ -242,8 +242,8 @@ def test_offload_is_exact_though_its_hooks_break_the_graph() -> None:
     model = MLP(depth=4, width=32)
     x = torch.randn(8, 32, requires_grad=True)
     options = {"every": 2, "offload": True, "offload_device": "cpu", "offload_threshold": 0}
-    ref = fxckpt.transform(copy.deepcopy(model), **options)
-    tm = fxckpt.transform(copy.deepcopy(model), **options)
+    ref = fxckpt.transform(copy.deepcopy(model), **options, capture="graph")
+    tm = fxckpt.transform(copy.deepcopy(model), **options, capture="graph")
     compiled = torch.compile(tm, backend="aot_eager")
     for seed in (0, 1):
         assert_steps_equal(step(ref, (x,), {}, seed), step(compiled, (x,), {}, seed))
@@ -266,14 +266,14 @@ def test_per_block_compile(order: str, in_place: bool) -> None:
     """Blocks compiled on their own are called as they are: segments checkpoint whole blocks."""
     model = MLP(depth=6, width=32)
     x = torch.randn(8, 32, requires_grad=True)
-    ref = fxckpt.transform(copy.deepcopy(model), depth=2)
+    ref = fxckpt.transform(copy.deepcopy(model), depth=2, capture="graph")
     recorder = Recorder("aot_eager")
     if order == "compile_then_transform":
         compile_blocks(model, recorder, in_place)
-        tm = fxckpt.transform(model, depth=2)
+        tm = fxckpt.transform(model, depth=2, capture="graph")
     else:
         captured_now = {"example_inputs": (x,)} if order == "captured_then_compile" else {}
-        tm = fxckpt.transform(model, depth=2, **captured_now)
+        tm = fxckpt.transform(model, depth=2, **captured_now, capture="graph")
         compile_blocks(tm, recorder, in_place)
     for seed in (0, 1):
         assert_steps_equal(step(ref, (x,), {}, seed), step(tm, (x,), {}, seed))
@@ -301,7 +301,7 @@ def compiled_step_peak(transformed: bool, backend: str, layers: int = 8, width: 
     x = torch.randn(batch, width, requires_grad=True)
     predicted = eager_predicted = None
     if transformed:
-        model = fxckpt.transform(model, every=every, example_inputs=(x,))
+        model = fxckpt.transform(model, every=every, example_inputs=(x,), capture="graph")
         plan = fxckpt.inspect(model).plan
         predicted, eager_predicted = plan.predicted_peak, plan.eager_peak
     compiled = model if backend == "none" else torch.compile(model, backend=backend)

@@ -75,7 +75,7 @@ def test_untraceable_model_without_inputs_names_the_fixes() -> None:
 
 
 def test_untraceable_model_reports_both_capture_failures() -> None:
-    tm = fxckpt.transform(DataDependent(), every=1)
+    tm = fxckpt.transform(DataDependent(), every=1, capture="graph")
     with pytest.raises(fxckpt.CaptureError) as e:
         tm(torch.randn(2, 4))
     text = str(e.value)
@@ -191,7 +191,8 @@ def test_a_call_the_model_refuses_raises_what_the_model_raises(call, capture_wit
     ({"force": []}, r"force must be a dict of module path -> 'recompute' \| 'save' \(got list\)"),
     ({"force": 0}, r"force must be a dict .* \(got int\)"),
     ({"force": set()}, r"force must be a dict .* \(got set\)"),
-    ({"capture": "trace"}, "capture must be one of 'auto', 'symbolic_trace', 'export'"),
+    ({"capture": "trace"},
+     "capture must be one of 'auto', 'dynamo', 'graph', 'symbolic_trace', 'export'"),
 ])
 def test_bad_options_are_config_errors_that_name_the_argument(options: dict,
                                                               message: str) -> None:

@@ -137,6 +137,25 @@ def test_loaded_module_keeps_names_ties_plan_and_trains_like_the_original(tmp_pa
         loaded(torch.randint(0, 64, (3, 12)))  # export graphs are specialised to their shapes
 
 
+def test_a_module_trained_through_dynamo_saves_a_whole_graph_given_inputs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    reference, fresh = copy.deepcopy(model), copy.deepcopy(model)
+    x = torch.randn(4, 32)
+    tm = fxckpt.transform(model, every=2)  # the default: training calls through Dynamo
+    assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))
+    assert fxckpt.inspect(tm).plan.capture == "dynamo"
+    with pytest.raises(ExportError, match="trains through Dynamo .* pass example_inputs= to "
+                                          "fxckpt.save"):
+        fxckpt.save(tm, tmp_path / "m")
+    fxckpt.save(tm, tmp_path / "m", example_inputs=(x,))
+    loaded = fxckpt.load(tmp_path / "m")
+    assert loaded.plan.capture == "symbolic_trace" and loaded.plan.segments
+    assert_steps_equal(run_step(loaded, (x,), {}, seed=1), run_step(fresh, (x,), {}, seed=1))
+    assert_steps_equal(run_step(tm, (x,), {}, seed=2), run_step(reference, (x,), {}, seed=2))
+    assert fxckpt.inspect(tm).plan.capture == "dynamo"  # training stays on Dynamo
+
+
 def test_symbolic_graphs_serve_other_batch_sizes_and_both_modes(tmp_path: Path) -> None:
     model = ResNet()
     x = torch.randn(2, 3, 8, 8)
@@ -290,7 +309,7 @@ def test_a_module_that_only_ran_unmodified_saves_once_given_inputs(tmp_path) -> 
     """Under a budget in bytes its step fits, training calls capture nothing: save says so and
     plans from example_inputs; the loaded module trains like the model."""
     model = MLP()
-    tm = fxckpt.transform(model, budget="1TiB")
+    tm = fxckpt.transform(model, budget="1TiB", capture="graph")
     x = torch.randn(4, 32)
     loss_of(tm(x)).backward()
     assert fxckpt.inspect(tm).captures == 0

@@ -47,7 +47,7 @@ def _state(model: nn.Module) -> tuple:
 )
 def test_same_bits_or_documented_error(pattern: Pattern, strategy: dict) -> None:
     model, reference = _made(pattern), _made(pattern)
-    tm = fxckpt.transform(model, **_strategy(pattern, strategy))
+    tm = fxckpt.transform(model, **_strategy(pattern, strategy), capture="graph")
     args, kwargs = pattern.inputs()
     if pattern.error is not None:
         before = _state(model)
@@ -73,7 +73,7 @@ def test_same_bits_or_documented_error(pattern: Pattern, strategy: dict) -> None
 def test_custom_backward_is_the_one_that_runs() -> None:
     """Autograd of round() is zero; the straight-through estimator passes gradients on."""
     pattern = next(p for p in PATTERNS if p.name == "custom_function_export")
-    tm = fxckpt.transform(_made(pattern), every=1)
+    tm = fxckpt.transform(_made(pattern), every=1, capture="graph")
     loss_of(tm(torch.randn(4, 16))).backward()
     assert tm.inner.blocks[0].fc.weight.grad.abs().sum() > 0
     assert fxckpt.inspect(tm).plan.capture == "export"
@@ -82,17 +82,19 @@ def test_custom_backward_is_the_one_that_runs() -> None:
 def test_forced_leaf_module_becomes_a_segment_and_recomputes() -> None:
     pattern = next(p for p in PATTERNS if p.name == "transformer_encoder_layers")
     x = torch.randn(2, 6, 16)
-    tm = fxckpt.transform(_made(pattern), force={"layers.2": "recompute"}, example_inputs=(x,))
+    tm = fxckpt.transform(_made(pattern), force={"layers.2": "recompute"}, example_inputs=(x,),
+        capture="graph")
     plan = fxckpt.inspect(tm).plan
     assert [s.module_paths for s in plan.segments] == [("layers.2",)]
     assert plan.segments[0].freed_bytes > 0  # what the leaf saves inside for backward
-    depth = fxckpt.transform(_made(pattern), depth=2, example_inputs=(x,))
+    depth = fxckpt.transform(_made(pattern), depth=2, example_inputs=(x,), capture="graph")
     assert len(fxckpt.inspect(depth).plan.segments) == 4
 
 
 def test_a_force_that_cannot_apply_says_why() -> None:
     x = torch.randn(4, 16)
-    tm = fxckpt.transform(Stack(), force={"head": "recompute"}, example_inputs=(x,))
+    tm = fxckpt.transform(Stack(), force={"head": "recompute"}, example_inputs=(x,),
+        capture="graph")
     plan = fxckpt.inspect(tm).plan
     assert not plan.segments
     assert any("force['head'] = 'recompute' has no effect" in n for n in plan.notes)
@@ -100,7 +102,8 @@ def test_a_force_that_cannot_apply_says_why() -> None:
 
 def test_hooked_module_stays_out_of_segments_and_the_plan_says_so() -> None:
     pattern = next(p for p in PATTERNS if p.name == "hooks")
-    tm = fxckpt.transform(_made(pattern), depth=2, example_inputs=(torch.randn(4, 16),))
+    tm = fxckpt.transform(_made(pattern), depth=2, example_inputs=(torch.randn(4, 16),),
+        capture="graph")
     plan = fxckpt.inspect(tm).plan
     assert ("blocks.1",) not in [s.module_paths for s in plan.segments]
     assert any("blocks.1 has hooks" in n for n in plan.notes)
@@ -109,7 +112,8 @@ def test_hooked_module_stays_out_of_segments_and_the_plan_says_so() -> None:
 def test_a_mode_set_by_the_user_survives_planning() -> None:
     pattern = next(p for p in PATTERNS if p.name == "frozen_submodule")
     model = _made(pattern)
-    tm = fxckpt.transform(model, every=1, example_inputs=(torch.randn(2, 3, 8, 8),))
+    tm = fxckpt.transform(model, every=1, example_inputs=(torch.randn(2, 3, 8, 8),),
+        capture="graph")
     tm(torch.randn(2, 3, 8, 8))
     assert not model.stem.training and not model.stem[1].training and model.body.training
 
@@ -117,7 +121,7 @@ def test_a_mode_set_by_the_user_survives_planning() -> None:
 def test_first_call_under_no_grad_does_not_plan_training() -> None:
     model, reference = Stack(), None
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, every=1)
+    tm = fxckpt.transform(model, every=1, capture="graph")
     x = torch.randn(4, 16)
     with torch.no_grad():
         tm(x)
@@ -129,7 +133,7 @@ def test_first_call_under_no_grad_does_not_plan_training() -> None:
 def test_autocast_gets_its_own_graph_and_the_same_bits() -> None:
     model = Stack()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, every=1)
+    tm = fxckpt.transform(model, every=1, capture="graph")
     x = torch.randn(4, 16)
     tm(x)
     for module in (tm, reference):
@@ -156,7 +160,7 @@ class Options:
 
 
 def test_a_mutable_argument_is_refused_by_name() -> None:
-    tm = fxckpt.transform(WithOptions(), every=1)
+    tm = fxckpt.transform(WithOptions(), every=1, capture="graph")
     with pytest.raises(fxckpt.InputError, match=r"keyword argument 'options' is a Options object"):
         tm(torch.randn(4, 16), options=Options())
 
@@ -164,7 +168,7 @@ def test_a_mutable_argument_is_refused_by_name() -> None:
 def test_argument_values_are_keys_so_a_changed_value_is_a_new_graph() -> None:
     model = WithOptions()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, every=1)
+    tm = fxckpt.transform(model, every=1, capture="graph")
     x = torch.randn(4, 16)
     for scale in (2.0, 3.0, 2.0):
         opts = {"scale": scale}
@@ -175,7 +179,7 @@ def test_argument_values_are_keys_so_a_changed_value_is_a_new_graph() -> None:
 def test_global_module_hooks_are_refused() -> None:
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
-        tm = fxckpt.transform(Stack(), every=1)
+        tm = fxckpt.transform(Stack(), every=1, capture="graph")
         with pytest.raises(
             fxckpt.CaptureError, match="global module forward hooks are registered"
         ):
@@ -189,7 +193,7 @@ def test_the_users_saved_tensors_hooks_still_fire_and_compose() -> None:
     bits."""
     model = Stack()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, depth=2)
+    tm = fxckpt.transform(model, depth=2, capture="graph")
     x = torch.randn(4, 16, requires_grad=True)
     packed = {"tm": 0, "ref": 0}
 
@@ -220,7 +224,7 @@ def test_hooks_on_a_hugging_face_block_fire_once_per_forward() -> None:
     reference.transformer.h[1].register_forward_hook(
         lambda m, a, o: calls.__setitem__("ref", calls["ref"] + 1)
     )
-    tm = fxckpt.transform(model, depth=3)
+    tm = fxckpt.transform(model, depth=3, capture="graph")
     ids = torch.randint(0, 64, (2, 12))
     for step in range(2):
         assert_steps_equal(

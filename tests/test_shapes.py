@@ -18,7 +18,7 @@ LENGTHS = (12, 7, 20, 7, 5, 16)
 def test_gpt2_trains_at_every_length_with_one_capture_and_one_plan() -> None:
     model = gpt2(layers=2)
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, depth=3)
+    tm = fxckpt.transform(model, depth=3, capture="graph")
     for step, length in enumerate(LENGTHS):
         ids = torch.randint(0, 64, (2, length))
         assert_steps_equal(
@@ -32,7 +32,7 @@ def test_gpt2_trains_at_every_length_with_one_capture_and_one_plan() -> None:
 def test_a_budget_plans_per_shape_and_reuses_plans_made_for_larger_ones() -> None:
     model = gpt2(layers=2)
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, budget=0.6)
+    tm = fxckpt.transform(model, budget=0.6, capture="graph")
     for step, length in enumerate(LENGTHS):
         ids = torch.randint(0, 64, (2, length))
         assert_steps_equal(
@@ -48,7 +48,7 @@ def test_a_budget_plans_per_shape_and_reuses_plans_made_for_larger_ones() -> Non
 def test_symbolic_graphs_serve_every_batch_size() -> None:
     model = MLP()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, every=2)
+    tm = fxckpt.transform(model, every=2, capture="graph")
     for step, batch in enumerate((8, 3, 17, 1)):
         x = torch.randn(batch, 32)
         assert_steps_equal(
@@ -60,7 +60,7 @@ def test_symbolic_graphs_serve_every_batch_size() -> None:
 def _bytes(model: torch.nn.Module, batch: int, fraction: float) -> int:
     """``fraction`` of the unmodified step's verified peak at ``batch``, in bytes."""
     tm = fxckpt.transform(copy.deepcopy(model), budget=0.99,
-                          example_inputs=(torch.randn(batch, 32),))
+                          example_inputs=(torch.randn(batch, 32),), capture="graph")
     peak = fxckpt.inspect(tm).plan.eager_peak_bytes
     assert peak is not None
     return int(fraction * peak)
@@ -70,7 +70,7 @@ def test_a_growing_batch_is_planned_at_power_of_two_buckets() -> None:
     model = MLP(width=32)
     reference = copy.deepcopy(model)
     budget = _bytes(model, 64, 0.6)
-    tm = fxckpt.transform(model, budget=budget)
+    tm = fxckpt.transform(model, budget=budget, capture="graph")
     for step, batch in enumerate(range(1, 41)):
         x = torch.randn(batch, 32)
         tm.zero_grad()
@@ -110,7 +110,7 @@ def test_buckets_give_way_when_the_loss_fn_holds_the_batch_size() -> None:
     # planned at once (example_inputs): calls of this structure are planned, not run unmodified
     tm = fxckpt.transform(MLP(), budget="1GiB",
                           loss_fn=lambda out, x: (out - targets["y"]).square().mean(),
-                          example_inputs=(torch.randn(4, 32),))
+                          example_inputs=(torch.randn(4, 32),), capture="graph")
     for batch in (4, 6, 7):
         targets["y"] = torch.randn(batch, 4)
         (tm(torch.randn(batch, 32)) - targets["y"]).square().mean().backward()
@@ -130,7 +130,8 @@ def test_while_the_unmodified_step_fits_a_budget_in_bytes_nothing_is_captured(
     reference = copy.deepcopy(model)
     budget = _bytes(model, 64, 0.8)
     tm = fxckpt.transform(model, budget=budget,
-                          loss_fn=lambda out, x: (out - targets["y"]).square().mean())
+                          loss_fn=lambda out, x: (out - targets["y"]).square().mean(),
+                              capture="graph")
     for step, batch in enumerate((4, 6, 7, 3)):
         targets["y"] = torch.randn(batch, 4)
         x = torch.randn(batch, 32)

@@ -180,7 +180,7 @@ def _capture(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dic
         if generators:
             message += (f"\n  - the forward draws from a torch.Generator it owns ("
                         f"{', '.join(generators)}), which torch.export cannot capture; "
-                        "symbolic_trace replays such draws exactly (capture='auto' tries it "
+                        "symbolic_trace replays such draws exactly (capture='graph' tries it "
                         "first)")
         raise CaptureError(message) from e
     _refuse_changes(model, guard.changes + _changed(model, reads))
@@ -328,7 +328,7 @@ def _message(model: torch.nn.Module, failures: list, have_inputs: bool, method: 
         lines.append(f"  - {how} failed with {_first_line(err)}")
     lines.append("How to fix it:")
     if method == SYMBOLIC:
-        lines.append("  - let fxckpt fall back to torch.export: capture='auto' (the default);")
+        lines.append("  - let fxckpt fall back to torch.export: capture='graph';")
     elif not have_inputs:
         lines.append(
             "  - pass example inputs (fxckpt.transform(model, ..., example_inputs=(x,)) or call "

@@ -92,7 +92,7 @@ def export_graph(
             f"{type(model).__name__}.forward changes grad mode inside a torch.autocast block "
             f"({nested.seen[0]}), and torch.export's graph loses such a grad-mode region (a "
             "limitation of torch.export: the block would compute gradients). Capture with "
-            "symbolic_trace (capture='auto' tries it first), or put the no_grad block around "
+            "symbolic_trace (capture='graph' tries it first), or put the no_grad block around "
             "the autocast block instead of inside it"
         )
     callers = function_callers(model, calls, opaque)

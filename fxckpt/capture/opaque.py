@@ -99,7 +99,7 @@ def function_callers(model: torch.nn.Module, calls: list[tuple[type, str]],
             f"use_reentrant=True) (in {', '.join(reentrant)}), which torch.export cannot keep "
             "exact: it would inline the call and lose its backward. fxckpt chooses what to "
             "recompute itself: drop the call, pass use_reentrant=False (which export keeps "
-            "exact), or capture with symbolic_trace (capture='auto' tries it first)"
+            "exact), or capture with symbolic_trace (capture='graph' tries it first)"
         )
     if at_root:
         raise CaptureError(

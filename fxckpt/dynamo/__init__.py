@@ -19,6 +19,6 @@ with the break before each) so that a budget holds across graph breaks.
 """
 
 from fxckpt.dynamo.backend import GraphRecord, GraphRunner, plan_graph
-from fxckpt.dynamo.driver import DynamoDriver, refuse_fsdp
+from fxckpt.dynamo.driver import DynamoDriver, refuse_fsdp, sharded
 
-__all__ = ["DynamoDriver", "GraphRecord", "GraphRunner", "plan_graph", "refuse_fsdp"]
+__all__ = ["DynamoDriver", "GraphRecord", "GraphRunner", "plan_graph", "refuse_fsdp", "sharded"]

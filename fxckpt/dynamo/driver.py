@@ -31,7 +31,7 @@ from fxckpt.errors import CaptureError, ConfigError, FxckptError
 from fxckpt.dynamo.backend import GraphRecord, GraphRunner, concrete, held_at_end, plan_graph
 from fxckpt.dynamo.share import Outside, graph_runs
 
-__all__ = ["DynamoDriver", "refuse_fsdp"]
+__all__ = ["DynamoDriver", "refuse_fsdp", "sharded"]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class DynamoDriver:
             "nothing more: fxckpt already compiles its training forward with Dynamo (each graph "
             "planned and run eagerly), so the outer compile breaks its graph at the call and "
             "the step runs as planned, exact, without inductor. For the plan inside an inductor "
-            "graph, transform with capture='auto' and compile that (docs/compile.md)",
+            "graph, transform with capture='graph' and compile that (docs/compile.md)",
             type(tm).__name__)
 
     def _no_graph(self, tm: torch.nn.Module, uncompiled: str) -> None:
@@ -211,19 +211,26 @@ class DynamoDriver:
         return max(ran, key=lambda r: r.plan.node_count, default=None)
 
 
+def sharded(tm: torch.nn.Module) -> list[str]:
+    """The modules of ``tm`` managed by FSDP2's ``fully_shard`` (``<root>`` for ``tm``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [name or "<root>" for name, m in tm.named_modules() if isinstance(m, FSDPModule)]
+
+
 def refuse_fsdp(tm: torch.nn.Module) -> None:
     """FSDP2's hooks are skipped by Dynamo (``skip_fsdp_hooks``): every ``fully_shard`` module
     runs uncompiled, its inner frames as graphs of one layer each, and nothing is saved. Refused
-    by name at the first training call."""
-    from torch.distributed.fsdp import FSDPModule
-
-    sharded = [name or "<root>" for name, m in tm.named_modules() if isinstance(m, FSDPModule)]
-    if sharded:
+    by name at the first training call with ``capture="dynamo"`` (``auto`` captures one whole
+    graph for such a model)."""
+    managed = sharded(tm)
+    if managed:
         raise ConfigError(
-            f"capture='dynamo' cannot plan a model sharded with fully_shard ({sharded[0]} is): "
+            f"capture='dynamo' cannot plan a model sharded with fully_shard ({managed[0]} is): "
             "Dynamo runs each FSDP2 module's call uncompiled, so its graphs hold one layer each "
-            "and checkpointing would save nothing. Use capture='auto' (fxckpt and FSDP2 work "
-            "in both orders: docs/distributed.md)")
+            "and checkpointing would save nothing. Use capture='auto', which captures one whole "
+            "graph of a sharded model (fxckpt and FSDP2 work in both orders: "
+            "docs/distributed.md)")
 
 
 def _refuse_python_draws(held: list[tuple[str, random.Random, Any]]) -> None:
@@ -238,7 +245,7 @@ def _refuse_python_draws(held: list[tuple[str, random.Random, Any]]) -> None:
                 f"{generators.describe(path, generator)}, and draws from it: Dynamo replays a "
                 "random.Random's draws wrongly after the first call. Draw with torch "
                 "(torch.rand, or a torch.Generator the model owns) or numpy, or transform with "
-                "capture='auto', which refuses it too")
+                "capture='graph', which refuses it too")
 
 
 GUARDS: dict[str, Any] = {

@@ -71,8 +71,8 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     if dispatcher.config.capture == "dynamo":
         raise ExportError(
             "capture='dynamo' plans each graph Dynamo breaks the forward into, and an export "
-            "holds one whole graph per call: transform with capture='auto' (symbolic_trace, else "
-            "torch.export) to save the model")
+            "holds one whole graph per call: transform with capture='auto' (the default: it "
+            "trains through Dynamo and captures a whole graph to save) to save the model")
     if dispatcher.config.offload:
         raise ExportError(
             "offload= moves saved tensors with hooks around the whole step, which an export does "
@@ -86,6 +86,11 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
             "so nothing was captured and there is no graph to save: pass example_inputs= to "
             "fxckpt.save to capture and plan such a call now"
         )
+    if dispatcher.dynamo is not None and not dispatcher.whole_graphs():
+        raise ExportError(
+            "this module trains through Dynamo (capture='auto'), whose graphs are not one whole "
+            "graph of the model: pass example_inputs= to fxckpt.save to capture and plan one to "
+            "save")
     if dispatcher.last is None:
         raise ExportError(
             "this module has not planned yet, so there is no graph to save: call it once, or pass "

@@ -74,10 +74,11 @@ def describe(tm: torch.nn.Module) -> Described:
     from fxckpt.module import dispatcher_of
 
     dispatcher = dispatcher_of(tm)
-    last = dispatcher.last
+    whole = dispatcher.whole_graphs()
+    last = dispatcher.last if dispatcher.last in whole else (whole[-1] if whole else None)
     if last is None:
         raise ExportError("this module has not planned yet, so there is no graph to save")
-    items = sorted(((c.key, c) for c in dispatcher.compiled()), key=lambda kv: kv[1] is not last)
+    items = sorted(((c.key, c) for c in whole), key=lambda kv: kv[1] is not last)
     tensors = _Tensors()
     state = _state(tm, tensors)
     texts: dict[str, str] = {}

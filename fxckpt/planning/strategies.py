@@ -183,6 +183,9 @@ def budgeted(
     if target.minimum:
         least = tuple(blocks) if target.per_block else min_peak_plan(problem, blocks)[0]
         return to_runs(problem, least, order), limit, (), ()
+    if target.eager_bytes is not None and target.eager_bytes <= limit:  # the first candidate
+        return [], limit, (), (f"the unmodified step (verified {format_bytes(eager)}) fits the "
+                               "budget: nothing is recomputed",)
     aim = target.aim(limit, simulated)
     if aim <= 0:
         raise _infeasible(budget, limit, min_peak_plan(problem, blocks)[1] + aside, eager)

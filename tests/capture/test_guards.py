@@ -89,7 +89,7 @@ def test_a_changed_fact_captures_again_and_an_unchanged_one_reuses(
         caplog: pytest.LogCaptureFixture) -> None:
     model = Tempered()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, every=1)
+    tm = fxckpt.transform(model, every=1, capture="graph")
     x = torch.randn(4, 16)
     caplog.set_level(logging.INFO, logger="fxckpt.dispatch")
     for temperature, captures in [(1.0, 1), (1.0, 1), (2.0, 2), (1.0, 2)]:
@@ -102,7 +102,7 @@ def test_a_changed_fact_captures_again_and_an_unchanged_one_reuses(
 
 def test_a_fact_changing_every_step_warns_once_with_the_fix(
         caplog: pytest.LogCaptureFixture) -> None:
-    tm = fxckpt.transform(Tempered(), every=1)
+    tm = fxckpt.transform(Tempered(), every=1, capture="graph")
     x = torch.randn(4, 16)
     for step in range(RECAPTURE_WARNING + 3):
         tm.temperature = 1.0 + step
@@ -115,7 +115,7 @@ def test_a_fact_changing_every_step_warns_once_with_the_fix(
 
 def test_a_replaced_child_drops_the_capture_that_called_the_old_one() -> None:
     model = Tempered()
-    tm = fxckpt.transform(model, every=1)
+    tm = fxckpt.transform(model, every=1, capture="graph")
     x = torch.randn(4, 16)
     tm(x)
     old = model.body
@@ -152,7 +152,7 @@ def test_an_export_leaves_the_models_own_dicts_and_lists_in_place() -> None:
     model's own objects back, so identity guards hold and nothing is captured again."""
     net = nn.Sequential(_Configured())
     opts, names = net[0].opts, net[0].names
-    tm = fxckpt.transform(net, every=1)
+    tm = fxckpt.transform(net, every=1, capture="graph")
     for _ in range(3):
         tm(torch.randn(4, 8)).sum().backward()
     assert net[0].opts is opts and net[0].names is names

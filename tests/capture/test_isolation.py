@@ -226,5 +226,5 @@ def test_a_refused_capture_changes_no_process_state() -> None:
 
     before = _process_state()
     with pytest.raises(fxckpt.CaptureError, match="leaves them so when it returns"):
-        fxckpt.transform(LeavesGradOff(), every=1)(torch.randn(2, 4))
+        fxckpt.transform(LeavesGradOff(), every=1, capture="graph")(torch.randn(2, 4))
     assert _process_state() == before

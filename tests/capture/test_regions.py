@@ -62,7 +62,7 @@ def test_each_region_becomes_one_wrapper_node_and_computes_the_same() -> None:
 def test_regions_are_exact_through_transform(strategy: dict) -> None:
     model = Islands()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, **strategy)
+    tm = fxckpt.transform(model, **strategy, capture="graph")
     x = torch.randn(4, 8, requires_grad=True)
     for step in range(2):
         assert_steps_equal(run_step(tm, (x,), {}, seed=step),
@@ -129,6 +129,6 @@ class LayerDrop(nn.Module):
 
 
 def test_a_random_python_decision_is_refused_not_baked_in() -> None:
-    tm = fxckpt.transform(LayerDrop(), every=1)
+    tm = fxckpt.transform(LayerDrop(), every=1, capture="graph")
     with pytest.raises(CaptureError, match="could not capture LayerDrop"):
         tm(torch.randn(4, 8))

@@ -105,3 +105,28 @@ def test_python_around_the_tensors_trains_to_the_same_bits(case: PyCase, strateg
 @pytest.mark.parametrize("case", CASES + NN_CASES, ids=[c.name for c in CASES + NN_CASES])
 def test_the_python_fact_harness_through_dynamo(case: Case, strategy: str) -> None:
     _run(case, strategy)
+
+
+@pytest.mark.parametrize("case", CASES + NN_CASES, ids=[c.name for c in CASES + NN_CASES])
+def test_a_budget_each_graph_fits_recomputes_nothing(case: Case) -> None:
+    """The default path (no ``capture=``) under a budget every graph's unmodified step fits:
+    each graph is planned with no segment, after its peak is verified on fake tensors (never the
+    user's forward), and trains to the same bits."""
+    torch.set_grad_enabled(True)
+    torch.manual_seed(0)
+    model = case.make()
+    torch.manual_seed(0)
+    reference = case.make()
+    tm = fxckpt.transform(model, budget="1TiB")
+    refused = REFUSED.get(case.name)
+    if refused is not None:
+        with pytest.raises(refused[0], match=refused[1]):
+            _train_both(case, model, tm, reference)
+        torch.set_grad_enabled(True)
+        return
+    _train_both(case, model, tm, reference)
+    for graph in fxckpt.inspect(tm).graphs:
+        assert graph.plan.capture == "dynamo" and not graph.plan.segments, graph.plan.summary()
+        assert graph.plan.verified_peak is not None and any(
+            "fits the budget: nothing is recomputed" in note for note in graph.plan.notes), (
+            graph.plan.notes)

@@ -77,7 +77,7 @@ def test_a_plain_module_is_checkpointed_under_its_class_name_restoring_nothing()
 
 
 def test_transform_lowers_each_planned_segment_as_a_segment() -> None:
-    tm = fxckpt.transform(ConvBN(), every=2)
+    tm = fxckpt.transform(ConvBN(), every=2, capture="graph")
     tm(torch.randn(2, 3, 5, 5))
     info = fxckpt.inspect(tm)
     for planned in info.plan.segments:
@@ -117,7 +117,7 @@ class FieldNames(nn.Module):
 def test_a_model_with_segment_field_names_keeps_them_and_trains_bit_exact() -> None:
     model = FieldNames()
     reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, every=2)
+    tm = fxckpt.transform(model, every=2, capture="graph")
     assert tm.name is model.name and list(tm.state_dict()) == list(model.state_dict())
     x = torch.randn(4, 8)
     for step in range(2):

@@ -58,7 +58,7 @@ def test_a_drawing_thread_never_sees_a_value_twice(option: str) -> None:
     with _Drawer() as drawer:
         for _ in range(3):  # no manual_seed here: that would rewind the thread itself
             model = _mlp()
-            tm = fxckpt.transform(model, **OPTIONS[option])
+            tm = fxckpt.transform(model, **OPTIONS[option], capture="graph")
             for _ in range(2):  # the first step plans; the second runs the plan
                 tm(x).sum().backward()
     assert len(drawer.draws) > 1000  # the thread really drew throughout
