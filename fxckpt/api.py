@@ -83,13 +83,14 @@ def transform(
         selective: with ``budget``, let the solver keep some outputs inside segments (matmuls,
             attention: costly to run again per byte) instead of recomputing every op of a
             segment (docs/budget.md, "Selective recompute"). ``False``: whole segments.
-        capture: how the model becomes a graph: ``"auto"`` (default) tries
-            ``torch.fx.symbolic_trace`` and falls back to ``torch.export`` (which needs the call's
-            inputs: it runs at the first training call, or with ``example_inputs``);
-            ``"symbolic_trace"`` or ``"export"`` use that method only. ``"dynamo"``: every
-            training call goes through TorchDynamo, which guards the Python the forward reads
-            and breaks it into graphs where needed; each graph is planned (:mod:`fxckpt.dynamo`;
-            no ``save``, stages or planning before the first call).
+        capture: how training calls become graphs: ``"auto"`` (default) runs each training
+            call through TorchDynamo, which guards the Python the forward reads and breaks it
+            into graphs where needed, and plans each graph (:mod:`fxckpt.dynamo`); where an
+            option needs one whole graph of the model (stages, ``offload=``, ``plan=``,
+            ``example_inputs=``, a model sharded with ``fully_shard``) it captures one with
+            ``torch.fx.symbolic_trace``, falling back to ``torch.export``. ``"dynamo"``: Dynamo
+            only (whole-graph options refused); ``"graph"``: one whole graph always;
+            ``"symbolic_trace"`` or ``"export"``: one whole graph by that method only.
         device_profile: the device plans are priced for: ``"h100"``, ``"h200"``, ``"a100"`` or
             ``"cpu"``, when planning on one device for another (the CPU or ``meta`` for a
             GPU); ``None`` (default): the model's own device, measured on a GPU.

@@ -126,11 +126,14 @@ _NO_STACK = "_empty_nn_module_stack"
 
 def _normalise_path(path: str) -> str:
     """``L['self'].layers[0].fc`` or ``layers.0.fc`` -> ``layers.0.fc`` (``L['args'][0]``: a
-    Dynamo frame that takes the module positionally, as a compiled ``nn.Sequential.forward``)."""
+    Dynamo frame that takes the module positionally, as a compiled ``nn.Sequential.forward``;
+    ``__dict__['_modules']['model']``: a child Dynamo reached through ``__getattr__``, as PEFT's
+    wrappers reach their base model)."""
     for prefix in ("L['self'].", "L['self']", "L['args'][0].", "L['args'][0]", "self."):
         if path.startswith(prefix):
             path = path[len(prefix):]
-    return path.replace("[", ".").replace("]", "").replace("'", "").strip(".")
+    parts = path.replace("[", ".").replace("]", "").replace("'", "").strip(".").split(".")
+    return ".".join(p for p in parts if p not in ("__dict__", "_modules"))
 
 
 def annotate(gm: torch.fx.GraphModule, placeholder_values: list,

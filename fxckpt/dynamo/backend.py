@@ -36,7 +36,8 @@ from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.segment import Offloading, SegmentModule
 from fxckpt.strategy import Budgeted
 
-__all__ = ["GraphRecord", "GraphRunner", "concrete", "plan_graph", "state_name"]
+__all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "concrete", "plan_graph",
+           "state_name"]
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,21 @@ def state_name(node: torch.fx.Node) -> Optional[str]:
     return ".".join(parts[1:])  # the first is the compiled frame's local: the module itself
 
 
+class AfterBreakInfeasible(BudgetInfeasibleError):
+    """A graph after a break cannot fit beside what earlier graphs of the step keep.
+    ``graph_peak``: its own smallest step peak, which the earlier graphs may leave room for."""
+
+    def __init__(self, budget: int, min_budget: int, message: str, graph_peak: int) -> None:
+        super().__init__(budget, min_budget, message)
+        self.graph_peak = graph_peak
+
+
 def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformConfig, *,
-               device: str, held_before: int = 0,
+               device: str, held_before: int = 0, reserve: int = 0,
                offloader: Optional[Offloading] = None) -> tuple[Plan, torch.fx.GraphModule]:
     """Plan and lower one Dynamo graph for a training step (``held_before``: bytes earlier
-    graphs of the step keep alive, taken off a budget in bytes)."""
+    graphs of the step keep alive, taken off a budget in bytes; ``reserve``: bytes kept for
+    later graphs of the step, taken off as well)."""
     from fxckpt.planning.fit import Target, fit
     from fxckpt.planning.select import select
     from fxckpt.verify import fake_step_peak
@@ -101,7 +112,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
     inputs = concrete(inputs)
     annotate(gm, list(inputs), state=frozenset(state))
     written = {m for n in gm.graph.nodes if has_info(n) for m in info(n).mutates} & set(state)
-    config = _budget_left(config, held_before)
+    config = _budget_left(config, held_before + reserve)
 
     def choose(target: Target) -> Plan:
         return select(gm, config, capture="dynamo", training=True, signature=_signature(inputs),
@@ -121,14 +132,23 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
     except BudgetInfeasibleError as e:
         if config.budget is None or config.budget.fraction is None:
             if not held_before:
-                raise  # bytes are for the whole step: it cannot fit
+                if not reserve:
+                    raise  # bytes are for the whole step: it cannot fit
+                step = e.min_budget + reserve
+                raise BudgetInfeasibleError(e.budget + reserve, step, (
+                    f"budget {e.budget + reserve} bytes cannot be met: this graph's smallest "
+                    f"peak is {e.min_budget} bytes and the graphs after its graph break need "
+                    f"{reserve} bytes beside what it keeps for backward. Give budget >= {step}, "
+                    "or remove the break (inspect(tm).graphs says why Dynamo broke the "
+                    "forward)")) from None
             step = held_before + e.min_budget
-            raise BudgetInfeasibleError(e.budget + held_before, step, (
+            raise AfterBreakInfeasible(e.budget + held_before, step, (
                 f"budget {e.budget + held_before} bytes cannot be met: this graph runs after a "
                 f"graph break, beside the {held_before} bytes earlier graphs of the step keep for "
                 f"backward (each planned as the budget allowed when it ran), and its smallest "
                 f"peak is {e.min_budget} bytes. Give budget >= {step}, or remove the break "
-                "(inspect(tm).graphs says why Dynamo broke the forward)")) from None
+                "(inspect(tm).graphs says why Dynamo broke the forward)"),
+                graph_peak=e.min_budget) from None
         # a fraction is of each graph's own step: a small graph (a loss after a break) that
         # cannot reach it runs its smallest plan, and says so
         smallest = dataclasses.replace(config, strategy=Budgeted(Budget(bytes=e.min_budget)))

@@ -16,6 +16,7 @@ bytes holds for the whole step across graph breaks. A fraction is of each graph'
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import random
@@ -28,7 +29,12 @@ import torch
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
 from fxckpt.errors import CaptureError, ConfigError, FxckptError
-from fxckpt.dynamo.backend import GraphRecord, GraphRunner, concrete, held_at_end, plan_graph
+from fxckpt.budget import Budget
+from fxckpt.dynamo.backend import (
+    AfterBreakInfeasible, GraphRecord, GraphRunner, concrete, held_at_end, plan_graph,
+)
+from fxckpt.plan import Plan
+from fxckpt.strategy import Budgeted
 from fxckpt.dynamo.share import Outside, graph_runs
 
 __all__ = ["DynamoDriver", "refuse_fsdp", "sharded"]
@@ -68,7 +74,14 @@ class DynamoDriver:
         """The share of the forward's FLOPs that ran outside planned graphs at the latest
         measured call (``inspect(tm).unplanned_share``)."""
         self.share_warned = False
-        self.compiled = torch.compile(_own_copy(type(model).forward), backend=self._backend,
+        self.reserves: dict[int, int] = {}
+        """Bytes the graph at each position of the step keeps free for the graphs after it
+        (their smallest peaks, learnt when one could not fit: :meth:`_at_smallest`)."""
+        self.smallest: dict[int, int] = {}
+        self.replan_due = False
+        self.replans = 0
+        self.model_forward = type(model).forward
+        self.compiled = torch.compile(_own_copy(self.model_forward), backend=self._backend,
                                       dynamic=None)
         self._breaks = _breaks()
 
@@ -96,6 +109,8 @@ class DynamoDriver:
         finally:
             meter, self.meter = self.meter, None
         _refuse_python_draws(held)
+        if self.replan_due:
+            self._replan()
         self._storms(compiled_before, failures)
         self.measure_next = len(self.records) > compiled_before
         if meter is not None and self.step:
@@ -184,8 +199,15 @@ class DynamoDriver:
     def _backend(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
         held = sum(r.held_bytes for r in self.step)
-        plan, lowered = plan_graph(gm, list(inputs), self.config, device=self.device,
-                                   held_before=held, offloader=self.offloader)
+        position = len(self.step)
+        try:
+            plan, lowered = plan_graph(gm, list(inputs), self.config, device=self.device,
+                                       held_before=held, offloader=self.offloader,
+                                       reserve=self.reserves.get(position, 0))
+        except AfterBreakInfeasible as e:
+            if self.replans >= MAX_REPLANS:
+                raise
+            plan, lowered = self._at_smallest(gm, inputs, position, e)
         now = _breaks()  # counted before Dynamo compiles the graph a break ends
         reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > self._breaks.get(r, 0))
         self._breaks = now
@@ -200,6 +222,34 @@ class DynamoDriver:
         log.info("planned Dynamo graph %d: %s%s", record.index, plan.summary(),
                  f" (Dynamo ended it: {'; '.join(reasons)})" if reasons else "")
         return GraphRunner(record, self._ran, lambda: graph_runs(self.meter))
+
+    def _at_smallest(self, gm: torch.fx.GraphModule, inputs: list[Any], position: int,
+                     e: AfterBreakInfeasible) -> tuple[Plan, torch.fx.GraphModule]:
+        """A graph after a break that cannot fit beside what the earlier graphs keep: planned at
+        its smallest peak for this call, and the step's graphs planned again at the next call
+        with that peak kept for it (:meth:`_replan`)."""
+        self.smallest[position] = max(self.smallest.get(position, 0), e.graph_peak)
+        self.replan_due = True
+        config = dataclasses.replace(self.config,
+                                     strategy=Budgeted(Budget(bytes=e.graph_peak)))
+        plan, lowered = plan_graph(gm, list(inputs), config, device=self.device,
+                                   offloader=self.offloader)
+        note = (f"over the budget at this call: the earlier graphs of the step keep "
+                f"{e.min_budget - e.graph_peak} bytes and this graph's smallest peak is "
+                f"{e.graph_peak}; the next call plans the earlier graphs again with "
+                f"{e.graph_peak} bytes kept for it")
+        log.warning("fxckpt: Dynamo graph %d of the step is %s", position, note)
+        return dataclasses.replace(plan, notes=plan.notes + (note,)), lowered
+
+    def _replan(self) -> None:
+        """Compile the forward afresh, each graph of the step keeping room for the smallest
+        peaks of the graphs after it (its budget is what earlier graphs leave, less that)."""
+        self.replan_due = False
+        self.replans += 1
+        self.reserves = {i: max(peak for j, peak in self.smallest.items() if j > i)
+                         for i in range(max(self.smallest))}
+        self.compiled = torch.compile(_own_copy(self.model_forward), backend=self._backend,
+                                      dynamic=None)
 
     def _ran(self, record: GraphRecord) -> None:
         self.step.append(record)  # the current call's list (a new one each call)
@@ -261,6 +311,10 @@ divergence of Python-side state, documented in the guide."""
 
 UNPLANNED_WARNING = 0.25
 """The share of a forward's FLOPs outside planned graphs above which the driver warns (once)."""
+
+MAX_REPLANS = 2
+"""Times the step's graphs are planned again to keep room for a later graph, before a graph
+that still cannot fit is refused."""
 
 RECOMPILE_WARNING = 3
 """Calls in a row that compile a graph again before the driver warns (once)."""

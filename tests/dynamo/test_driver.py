@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch.nn as nn
 
 import fxckpt
 from fxckpt.errors import ConfigError, ExportError, NotPlannedError
+from fxckpt.tracker import LiveTensorTracker
 from python_patterns import Body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,19 +141,56 @@ def test_a_budget_in_bytes_holds_for_the_whole_step_across_a_graph_break() -> No
     assert planned <= 1.05 * budget, (planned, budget, unmodified)
 
 
-def test_a_graph_after_a_break_that_cannot_fit_what_is_left_says_what_would() -> None:
-    """Graphs are planned as Dynamo compiles them, each with what earlier ones leave (greedy):
-    a later graph that cannot fit names the held bytes and the budget that would fit."""
+def _tracked(module: nn.Module, x: torch.Tensor) -> int:
+    with LiveTensorTracker() as tracker:
+        module(x).square().mean().backward()
+    return tracker.peak_bytes
+
+
+@pytest.mark.parametrize("share", [0.5, 0.6, 0.7, 0.85])
+def test_earlier_graphs_keep_room_for_a_later_one_and_the_step_holds_the_budget(
+        share: float, caplog: pytest.LogCaptureFixture) -> None:
+    """Graphs are planned as Dynamo compiles them. When a graph after a break cannot fit beside
+    what the earlier ones keep, it runs at its smallest peak for that call (said once), and the
+    next call plans the earlier graphs again with that peak kept free: from then on the step's
+    peak (tracked under Dynamo, as it runs) holds the budget, and the gradients are the
+    model's."""
     torch.manual_seed(0)
     x = torch.randn(512, 32)
-    probe = fxckpt.transform(Broken(depth=4), capture="dynamo", every=1)
-    probe(x).sum().backward()
-    first, second = fxckpt.inspect(probe).graphs
-    tight = first.held_bytes + second.plan.eager_peak // 3
-    tm = fxckpt.transform(Broken(depth=4), capture="dynamo", budget=tight)
-    with pytest.raises(fxckpt.BudgetInfeasibleError, match=r"runs after a graph break, beside "
-                       r"the \d+ bytes earlier graphs of the step keep .* Give budget >= \d+"):
+    model = Broken(depth=6)
+    reference = copy.deepcopy(model)
+    eager = _tracked(copy.deepcopy(model), x)
+    budget = int(share * eager)
+    tm = fxckpt.transform(model, budget=budget)
+    with caplog.at_level("WARNING", logger="fxckpt"):
+        tm(x).square().mean().backward()
+    replanned = [r.getMessage() for r in caplog.records if "next call plans" in r.getMessage()]
+    assert len(replanned) == (1 if share <= 0.6 else 0), replanned
+    model.zero_grad(), reference.zero_grad()
+    peak = _tracked(tm, x)
+    assert peak <= 1.05 * budget, (peak, budget, eager)
+    assert len(fxckpt.inspect(tm).graphs) == 2
+    _tracked(reference, x)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_a_step_whose_graphs_cannot_share_the_budget_says_what_would_fit() -> None:
+    """A budget each graph fits alone but not beside the room kept for the other: the first call
+    runs the later graph at its smallest peak, and the next refuses by name, with the budget
+    that would fit."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 32)
+    with pytest.raises(fxckpt.BudgetInfeasibleError) as alone:
+        fxckpt.transform(Broken(depth=4), budget="1KiB")(x)
+    smallest = alone.value.min_budget  # the first graph's smallest peak; the second's is alike
+    tm = fxckpt.transform(Broken(depth=4), budget=int(1.5 * smallest))
+    tm(x).sum().backward()
+    with pytest.raises(fxckpt.BudgetInfeasibleError, match=r"the graphs after its graph break "
+                       r"need \d+ bytes beside what it keeps for backward\. Give budget >= "
+                       r"\d+") as refused:
         tm(x).sum().backward()
+    assert refused.value.min_budget >= 2 * smallest
 
 
 class AfterBreak(nn.Module):
