@@ -42,7 +42,7 @@ __all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "concrete", "pl
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class GraphRecord:
     """One graph of the forward as Dynamo broke it, with fxckpt's plan for it."""
 
@@ -59,6 +59,13 @@ class GraphRecord:
     ended_by: tuple[str, ...] = ()
     """Why Dynamo ended this graph (its own words, first lines); empty for a forward's last."""
     pipeline: None = None  # what inspection reads of a plan's runner: graphs have no stages
+
+    def __repr__(self) -> str:
+        from fxckpt.plan import format_bytes
+
+        ended = f", ended by: {'; '.join(self.ended_by)}" if self.ended_by else ""
+        return (f"<Dynamo graph {self.index}: {self.plan.summary()}; keeps "
+                f"{format_bytes(self.held_bytes)} for backward{ended}>")
 
 
 class GraphRunner:

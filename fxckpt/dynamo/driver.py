@@ -36,6 +36,8 @@ from fxckpt.dynamo.backend import (
 from fxckpt.plan import Plan
 from fxckpt.strategy import Budgeted
 from fxckpt.dynamo.share import Outside, graph_runs
+from fxckpt.dynamo.sizes import SizedRunner, is_dynamic, sizes_of
+from fxckpt.graphs import copy_graph_module
 
 __all__ = ["DynamoDriver", "refuse_fsdp", "sharded"]
 
@@ -57,6 +59,8 @@ class DynamoDriver:
         self.step: list[GraphRecord] = []
         """The graphs the current (or latest) call ran, in order."""
         self.device = _device_of(model)
+        self.compiles = 0
+        """Graphs Dynamo compiled (a graph planned again for larger sizes is not one)."""
         self.said: set[str] = set()
         """Why calls ran without any graph, each said once ("" for Dynamo's own reasons)."""
         self.compiling_calls = 0
@@ -89,12 +93,12 @@ class DynamoDriver:
         from torch._dynamo.utils import guard_failures
 
         self.step = []
-        compiled_before = len(self.records)
+        compiled_before = self.compiles
         failures = {code: len(seen) for code, seen in guard_failures.items()}
-        if self._scanned != len(self.records):  # a compile may have met a new generator
+        if self._scanned != self.compiles:  # a compile may have met a new generator
             self._python_generators = [(path, g) for path, g in generators.held_generators(tm)
                                        if isinstance(g, random.Random)]
-            self._scanned = len(self.records)
+            self._scanned = self.compiles
         held = [(path, g, generators.state_of(g)) for path, g in self._python_generators]
         uncompiled = _uncompiled_here()
         self.meter = Outside() if self.measure_next and not uncompiled else None
@@ -112,7 +116,7 @@ class DynamoDriver:
         if self.replan_due:
             self._replan()
         self._storms(compiled_before, failures)
-        self.measure_next = len(self.records) > compiled_before
+        self.measure_next = self.compiles > compiled_before
         if meter is not None and self.step:
             self._unplanned(tm, meter)
         if not self.step:
@@ -177,8 +181,8 @@ class DynamoDriver:
 
     def _storms(self, before: int, failures: dict[Any, int]) -> None:
         """Say once, naming Dynamo's reason, when every call compiles again."""
-        self.compiling_calls = self.compiling_calls + 1 if len(self.records) > before else 0
-        if self.compiling_calls < RECOMPILE_WARNING or self.warned or len(self.records) < 2:
+        self.compiling_calls = self.compiling_calls + 1 if self.compiles > before else 0
+        if self.compiling_calls < RECOMPILE_WARNING or self.warned or self.compiles < 2:
             return
         from torch._dynamo.utils import guard_failures
 
@@ -197,6 +201,18 @@ class DynamoDriver:
         self.warned = True
 
     def _backend(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        self.compiles += 1
+        around = lambda: graph_runs(self.meter)  # noqa: E731
+        if self.config.budget is None or not is_dynamic(inputs):
+            return GraphRunner(self._plan(gm, inputs), self._ran, around)
+        base = copy_graph_module(gm)  # planned again, as captured, for larger sizes
+        first = self._plan(gm, inputs)
+        return SizedRunner(first, sizes_of(tuple(concrete(list(inputs)))),
+                           lambda args: self._plan(copy_graph_module(base), args),
+                           self._ran, around)
+
+    def _plan(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> GraphRecord:
+        """Plan one graph for the call running now (after the graphs of ``self.step``)."""
         start = time.perf_counter()
         held = sum(r.held_bytes for r in self.step)
         position = len(self.step)
@@ -221,7 +237,7 @@ class DynamoDriver:
             self.counts.plan_seconds += time.perf_counter() - start
         log.info("planned Dynamo graph %d: %s%s", record.index, plan.summary(),
                  f" (Dynamo ended it: {'; '.join(reasons)})" if reasons else "")
-        return GraphRunner(record, self._ran, lambda: graph_runs(self.meter))
+        return record
 
     def _at_smallest(self, gm: torch.fx.GraphModule, inputs: list[Any], position: int,
                      e: AfterBreakInfeasible) -> tuple[Plan, torch.fx.GraphModule]:
