@@ -90,10 +90,13 @@ class TransformConfig:
     @property
     def whole_graph_needed(self) -> str:
         """The first option asked for that needs one whole graph of the model (pipeline
-        stages, a replayed plan, ``offload="auto"``), in words, or ``""``."""
+        stages, a replayed plan, ``offload="auto"``, ``loss_fn=``: Dynamo's graphs end where
+        it breaks the forward, not at the model's output), in words, or ``""``."""
         for what, asked in (("pipeline stages (chunks=, devices=)", self.pipelined),
                             ("a replayed plan (plan=)", type(self.strategy).__name__ == "Replay"),
-                            ("offload='auto'", self.offload == "auto")):
+                            ("offload='auto'", self.offload == "auto"),
+                            ("loss_fn= (the loss a plan is verified with, applied to the "
+                             "model's output)", self.loss_fn is not None)):
             if asked:
                 return what
         return ""

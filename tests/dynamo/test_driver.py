@@ -80,10 +80,36 @@ def test_a_counter_and_a_float_the_loop_sets_do_not_compile_again_every_step() -
 @pytest.mark.parametrize("options, what", [
     ({"every": 1, "chunks": 2, "devices": ["cpu", "cpu"]}, "pipeline stages"),
     ({"budget": 0.5, "offload": "auto", "offload_device": "cpu"}, "offload='auto'"),
+    ({"budget": 0.5, "loss_fn": lambda out, x: out.square().mean()}, "loss_fn="),
 ])
 def test_what_needs_one_whole_graph_is_refused_with_what_works(options: dict, what: str) -> None:
     with pytest.raises(ConfigError, match=rf"capture='dynamo' .*{what}.* use capture='auto'"):
         fxckpt.transform(Broken(), capture="dynamo", **options)
+
+
+@pytest.mark.parametrize("options", [
+    {"every": 1, "chunks": 2, "devices": ["cpu", "cpu"]},
+    {"budget": 0.8, "offload": "auto", "offload_device": "cpu"},
+    {"every": 1, "offload": True, "offload_device": "cpu", "offload_threshold": 0},
+    {"budget": 0.9, "loss_fn": lambda out, x: out.square().mean()},
+    {"every": 1, "example_inputs": (torch.randn(64, 32),)},
+    {"every": 1, "capture": "graph"},
+], ids=["stages", "offload_auto", "offload", "loss_fn", "example_inputs", "graph"])
+def test_the_default_takes_one_whole_graph_where_an_option_needs_one(options: dict) -> None:
+    """``capture="auto"`` trains through Dynamo unless an option needs one whole graph: then it
+    captures one (symbolic_trace here), and trains to the model's bits on it."""
+    torch.manual_seed(0)
+    model = Body(depth=3)
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, **options)
+    x = torch.randn(64, 32)
+    tm(x).square().mean().backward()
+    reference(x).square().mean().backward()
+    assert fxckpt.inspect(tm).plan.capture == "symbolic_trace"
+    assert fxckpt.inspect(tm).graphs == []
+    same = torch.allclose if "chunks" in options else torch.equal  # micro-batches sum grads
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert same(p.grad, q.grad)
 
 
 def test_a_replayed_plan_save_and_plan_for_say_they_need_one_whole_graph(tmp_path: Path) -> None:
