@@ -26,7 +26,7 @@ Sizes = tuple[tuple[int, ...], ...]
 
 
 def is_dynamic(inputs: list[Any]) -> bool:
-    """Whether Dynamo handed over a graph with symbolic sizes (they arrive as ``SymInt`` inputs)."""
+    """Whether Dynamo handed over a graph with symbolic sizes (they arrive as SymInt inputs)."""
     return any(isinstance(i, torch.SymInt) for i in inputs)
 
 
