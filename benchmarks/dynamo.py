@@ -8,7 +8,7 @@ same run:
 * **First call.** A fresh model's first training step (forward and backward) with
   ``capture="dynamo"`` and ``budget=0.5``: Dynamo's tracing plus fxckpt's planning of each graph
   plus the step. Its baseline is the sum of ``torch.compile(model, backend="eager")``'s first
-  step and the capture and planning time of ``capture="auto"`` at the same budget
+  step and the capture and planning time of ``capture="graph"`` at the same budget
   (``inspect(tm).planning_seconds``). Dynamo's caches are reset before each; medians over
   ``--repeats``. Target (issue 43): at most 1.5x the baseline.
 * **A plan of 0 segments** (``transform(model, capture="dynamo")``, no strategy) against the
@@ -63,7 +63,7 @@ def _first_calls(make: Callable[[], tuple[Any, tuple, Any]], repeats: int,
         samples["dynamo"].append(seconds)
         seconds, _ = _first_step(make, lambda m: torch.compile(m, backend="eager"))
         samples["compile_eager"].append(seconds)
-        _, tm = _first_step(make, lambda m: fxckpt.transform(m, capture="auto", budget=budget))
+        _, tm = _first_step(make, lambda m: fxckpt.transform(m, capture="graph", budget=budget))
         samples["planning"].append(fxckpt.inspect(tm).planning_seconds)
     return {k: statistics.median(v) for k, v in samples.items()}
 
@@ -140,7 +140,7 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
         f"`budget={result['budget']}` (Dynamo's tracing, fxckpt's planning of each graph, the "
         "step). "
         "*Baseline*: `torch.compile(model, backend=\"eager\")`'s first step plus the capture and "
-        "planning seconds of `capture=\"auto\"` at the same budget. Medians of "
+        "planning seconds of `capture=\"graph\"` at the same budget. Medians of "
         f"{result['repeats']} runs, Dynamo reset before each. Target (issue 43): first call "
         f"<= {FIRST_CALL_TARGET}x the baseline.",
         "",

@@ -47,7 +47,7 @@ def measure(quick: bool = False, repeats: int = 15) -> dict[str, Any]:
         for _ in range(2):
             torch.manual_seed(0)
             model, args, loss = spec.build(sizes)
-            tm = fxckpt.transform(model, **options, example_inputs=args)
+            tm = fxckpt.transform(model, **options, example_inputs=args, capture="graph")
             built.append((tm, args, loss))
         guarded, unguarded = built
         captured = _captured(guarded[0])

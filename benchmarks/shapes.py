@@ -51,15 +51,15 @@ def measure(
     rng.shuffle(schedule)
     # warm-up, untimed: the first capture in a process also pays lazy imports and torch.export's
     # one-time set-up, which neither "one plan" nor the loop should be charged with
-    fxckpt.inspect(fxckpt.transform(_model(layers), depth=layers)).plan_for(
+    fxckpt.inspect(fxckpt.transform(_model(layers), depth=layers, capture="graph")).plan_for(
         torch.randint(0, 512, (batch, pool[0])))
     rows = []
     for name, options in STRATEGIES.items():
-        one = fxckpt.transform(_model(layers), **options)
+        one = fxckpt.transform(_model(layers), **options, capture="graph")
         ids = torch.randint(0, 512, (batch, statistics.median_low(pool)))
         fxckpt.inspect(one).plan_for(ids)
         one_plan = fxckpt.inspect(one).planning_seconds
-        tm = fxckpt.transform(_model(layers), **options)
+        tm = fxckpt.transform(_model(layers), **options, capture="graph")
         step_times = []
         for length in schedule:
             ids = torch.randint(0, 512, (batch, length))
@@ -86,13 +86,14 @@ def growing(steps: int = 120, layers: int = 4, seq: int = 64,
     import fxckpt
 
     largest = torch.randint(0, 512, (steps, seq))
-    probe = fxckpt.transform(_model(layers), budget=0.99, example_inputs=(largest,))
+    probe = fxckpt.transform(_model(layers), budget=0.99, example_inputs=(largest,),
+        capture="graph")
     eager = fxckpt.inspect(probe).plan.eager_peak_bytes
     assert eager is not None
     budget = int(fraction * eager)
     del probe  # its captures and plans are the measurement's, not the loop's
     gc.collect()
-    tm = fxckpt.transform(_model(layers), budget=budget)
+    tm = fxckpt.transform(_model(layers), budget=budget, capture="graph")
     start = time.perf_counter()
     for batch in range(1, steps + 1):
         ids = torch.randint(0, 512, (batch, seq))

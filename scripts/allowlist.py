@@ -168,7 +168,7 @@ def _save_all(found: dict[str, dict[str, str]], only: set[str],
             if "depth" in options:
                 options["depth"] = depth
             try:
-                tm = fxckpt.transform(make(), **options)
+                tm = fxckpt.transform(make(), **options, capture="graph")
                 with tempfile.TemporaryDirectory() as tmp:
                     try:  # a graph for train() and one for eval()
                         fxckpt.save(tm, Path(tmp) / "e", example_inputs=args,
@@ -207,7 +207,7 @@ def _kept_nodes(found: dict[str, dict[str, str]]) -> None:
     pins = {"op:aten.addmm": "save", "op:aten.mm": "save"}
     for make, x in ((lambda: MLP(depth=3), torch.randn(8, 32)),
                     (lambda: gpt2(), torch.randint(0, 64, (2, 12)))):
-        tm = fxckpt.transform(make(), every=1, force=pins, example_inputs=(x,))
+        tm = fxckpt.transform(make(), every=1, force=pins, example_inputs=(x,), capture="graph")
         with tempfile.TemporaryDirectory() as tmp:
             fxckpt.save(tm, Path(tmp) / "e")
             _collect(found, Path(tmp) / "e", "hand:kept_nodes")
@@ -222,7 +222,7 @@ def _swapped_modules(found: dict[str, dict[str, str]]) -> None:
 
     model = ExportOnly(MLP(depth=2), width=32)
     hook = model.inner.layers[0].fc.register_forward_hook(lambda m, i, o: None)
-    tm = fxckpt.transform(model, every=1, example_inputs=(torch.randn(4, 32),))
+    tm = fxckpt.transform(model, every=1, example_inputs=(torch.randn(4, 32),), capture="graph")
     hook.remove()
     with tempfile.TemporaryDirectory() as tmp:
         fxckpt.save(tm, Path(tmp) / "e")
