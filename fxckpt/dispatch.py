@@ -55,9 +55,7 @@ from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
     from fxckpt.capture.captured import Captured
     from fxckpt.dynamo import DynamoDriver
-    from fxckpt.plan import Plan
     from fxckpt.planner import Compiled
-    from fxckpt.planning.unmodified import Unmodified
     from fxckpt.runtime.offload import Offloader
 
 __all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
@@ -111,53 +109,11 @@ class Dispatcher:
         """
         self.compiled_call: Optional[Callable[..., Any]] = None
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
-        self.unmodified: dict[CallKey, Unmodified] = {}
-        """Per call structure, the sizes whose unmodified step fits a budget in bytes."""
+        self.switches: Optional[list[torch.nn.Module]] = None
+        """The modules with a gradient-checkpointing flag of their own, looked at before each
+        call through Dynamo (:func:`fxckpt.integrations.hf.checkpointing_switches`)."""
         self.dynamo: Optional[DynamoDriver] = None
         """The Dynamo-compiled training forward (``capture="dynamo"``), made at the first call."""
-        self.unmodified_plan: Optional[Plan] = None
-        """What the latest call that ran the model unmodified is described by (``None`` when the
-        latest call ran a plan)."""
-
-    def _runs_unmodified(self, tm: torch.nn.Module, keyed: tuple[CallKey, Shapes], args: tuple,
-                         kwargs: dict) -> bool:
-        """Whether this training call runs the model's own forward: under a budget in bytes,
-        while no call of its structure has been captured, its unmodified step verified within
-        the budget (:mod:`fxckpt.planning.unmodified`). Not with ``force=`` pins (they ask for
-        segments), offload or pipeline stages, nor when verification is off."""
-        config = self.config
-        budget = config.budget
-        if (budget is None or budget.bytes is None or not config.verifies or config.offload
-                or config.force):
-            return False
-        key, shapes = keyed
-        state = self.unmodified.get(key)
-        if self.entries.get(key) or (state is not None and state.closed):
-            return False
-        from fxckpt.planner import unmodified_peak, unmodified_plan
-        from fxckpt.planning.unmodified import Unmodified
-
-        if state is None:
-            state = self.unmodified[key] = Unmodified(budget.bytes)
-        view = _view(tm, self.model)
-        first = not state.held
-        start = time.perf_counter()
-        with _planning():
-            runs = state.runs(shapes, args, kwargs,
-                              lambda a, k: unmodified_peak(view, config, a, k),
-                              lambda a, k: self._keyed(tm, a, k)[1])
-        self.counts.plan_seconds += time.perf_counter() - start
-        if runs:
-            assert state.peak is not None
-            self.unmodified_plan = unmodified_plan(config, args, kwargs, state.peak)
-            if first:
-                log.info("%s: the unmodified step holds %d bytes, within the budget: running the "
-                         "model as it is until a call would not fit", type(self.model).__name__,
-                         state.peak)
-        elif state.held:  # closed now, once
-            log.info("%s: the unmodified step would not fit the budget at %s: capturing and "
-                     "planning", type(self.model).__name__, shapes)
-        return runs
 
     def runs_model_itself(self, training: bool) -> bool:
         """True when a call runs the model's own forward (eval / no_grad, no pipeline stages)."""
@@ -180,8 +136,6 @@ class Dispatcher:
         if self.trains_through_dynamo(tm):
             return self._through_dynamo(tm, args, kwargs)
         compiled = self.serve(tm, args, kwargs)
-        if compiled is None:  # the unmodified step fits the budget: the model's own forward
-            return type(self.model).forward(tm, *args, **kwargs)
         offloader = self.offloader
         training = tm.training and torch.is_grad_enabled()
         if offloader is None or self.config.offload == "auto" or not training:
@@ -205,19 +159,16 @@ class Dispatcher:
         return not sharded(tm)
 
     @torch.compiler.disable(reason=_SERVE_REASON)
-    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Compiled]:
-        """The plan that runs this call (captured and planned now if needed), or ``None`` when
-        the model runs unmodified (its step fits a budget in bytes: :meth:`_runs_unmodified`).
+    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+        """The plan that runs this call on one whole graph (captured and planned now if needed;
+        under a budget its unmodified step verified on the graph fits, it has no segment).
 
         ``torch.compile`` does not trace this lookup (one graph break, before any segment): it
         runs Python over dicts and may capture or plan, and its result, a different object for
         each mode, autocast state and call structure, is what the compiled graph is guarded on.
         """
-        keyed = self._keyed(tm, args, kwargs)  # once per call: the modules' states are walked
-        if self._runs_unmodified(tm, keyed, args, kwargs):
-            return None
-        compiled = self.compiled_for(tm, args, kwargs, keyed)
-        self.last, self.unmodified_plan = compiled, None
+        compiled = self.compiled_for(tm, args, kwargs)
+        self.last = compiled
         if self.offloader is not None and tm.training and torch.is_grad_enabled():
             self.offloader.stats = type(self.offloader.stats)()
         return compiled
@@ -230,6 +181,10 @@ class Dispatcher:
 
     @torch._dynamo.disable
     def _driven(self, tm: torch.nn.Module, args: tuple, kwargs: dict, outer: bool) -> Any:
+        if self.switches is None:
+            self.switches = hf.checkpointing_switches(self.model)
+        if hf.own_checkpointing_on(self.switches):  # switched on behind fxckpt's back
+            hf.release_own_checkpointing(self.model)
         if self.dynamo is None:
             from fxckpt.dynamo import DynamoDriver, refuse_fsdp
 
@@ -238,7 +193,7 @@ class Dispatcher:
         if outer:
             self.dynamo.inside_outer_compile(tm)
         out = self.dynamo(tm, args, kwargs)
-        self.last, self.unmodified_plan = self.dynamo.last, None  # type: ignore[assignment]
+        self.last = self.dynamo.last  # type: ignore[assignment]
         return out
 
     def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
@@ -249,14 +204,13 @@ class Dispatcher:
                 "call, and cannot plan without running one: call the module in training (or "
                 "plan with capture='auto')")
         compiled = self.compiled_for(tm, args, self.step_kwargs(tm, kwargs))
-        self.last, self.unmodified_plan = compiled, None
+        self.last = compiled
         return compiled
 
     def forget(self) -> None:
         """Drop every capture and plan (after ``.to()`` / ``.half()`` replaced the tensors)."""
         self.entries.clear()
-        self.unmodified.clear()
-        self.last, self.unmodified_plan = None, None
+        self.last = None
 
     def compiled(self) -> list[Compiled]:
         """Every plan made so far, oldest first."""
@@ -321,9 +275,6 @@ class Dispatcher:
             self.counts.capture_seconds += time.perf_counter() - start
             offer(self.model, key, seen, captured, MAX_CAPTURES)
         entry = Entry(captured)
-        before = self.unmodified.get(key)
-        if before is not None:  # the unmodified step ran these calls until now
-            entry.plans.start_from(before.held, before.measured)
         entries.append(entry)
         return entry
 

@@ -77,6 +77,17 @@ def checkpointing_layers(model: torch.nn.Module) -> list[str]:
     ]
 
 
+def checkpointing_switches(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` with a ``gradient_checkpointing`` flag of their own (the
+    layers a library's switch turns on): what :func:`own_checkpointing_on` looks at."""
+    return [m for m in model.modules() if "gradient_checkpointing" in m.__dict__]
+
+
+def own_checkpointing_on(switches: list[torch.nn.Module]) -> bool:
+    """Whether any of ``switches`` has its own gradient checkpointing on (a few dict reads)."""
+    return any(m.__dict__.get("gradient_checkpointing") is True for m in switches)
+
+
 def release_own_checkpointing(model: torch.nn.Module) -> list[str]:
     """Turn the model's own gradient checkpointing off, with a warning; the layers it was on for.
     """
