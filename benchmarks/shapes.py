@@ -152,15 +152,14 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
             f"The same GPT-2 ({g['layers']} layers) trains {g['steps']} steps at sequence length "
             f"{g['seq']}, the batch growing by one each step from 1 to {g['steps']}, under a "
             f"budget of {g['budget'] / 2 ** 20:.1f} MiB (half the unmodified step's verified peak "
-            "at the largest batch). While the unmodified step fits the budget, calls run the "
-            "model as it is, with no capture and no plan: that step is measured on fake tensors "
-            "at the first call, then as far ahead as the peaks seen say it holds, then at "
-            "power-of-two sizes. The first call it would not fit at is captured (once: the "
-            "batch is no longer 1, which export would specialise) and planned at its grown "
-            "dimensions rounded up to the next power of two, against the unmodified peak "
-            "measured there; a larger call is served by the latest plan where it verifies under "
-            "the budget, else planned at the next bucket. Planning counts the capture, the "
-            "plans and every measurement.",
+            "at the largest batch), on one whole graph (`capture=\"graph\"`). The first call is "
+            "captured and planned: its plan has no segment (the unmodified step, verified on the "
+            "captured graph, fits the budget). As the batch grows the latest plan is checked at "
+            "power-of-two sizes, as far ahead as the peaks seen say it holds; the first size it "
+            "would not fit at is planned at its grown dimensions rounded up to the next power of "
+            "two, and a larger call is served by the latest plan where it verifies under the "
+            "budget, else planned at the next bucket. Planning counts the captures, the plans "
+            "and every check.",
             "",
             "| captures | plans | planning | loop | planning share | target |",
             "|---|---|---|---|---|---|",

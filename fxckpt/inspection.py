@@ -60,10 +60,8 @@ class Inspection:
     @property
     def plan(self) -> Plan:
         """The plan used by the latest training call (or made by ``plan_for`` /
-        ``example_inputs``). When that call ran the model unmodified (its step fits a budget in
-        bytes), a plan without segments that says so and gives the verified peak."""
-        unmodified = self._dispatcher.unmodified_plan
-        return unmodified if unmodified is not None else self._current().plan
+        ``example_inputs``); through Dynamo, the largest graph's."""
+        return self._current().plan
 
     @property
     def plans(self) -> list[Plan]:
@@ -139,11 +137,6 @@ class Inspection:
 
     def _current(self) -> Any:
         compiled = self._dispatcher.last
-        if self._dispatcher.unmodified_plan is not None:
-            raise NotPlannedError(
-                "the latest training call ran the model unmodified: its step fits the budget, so "
-                "nothing was captured or planned (fxckpt.inspect(tm).plan says so); use "
-                "fxckpt.inspect(tm).plan_for(*inputs) to capture and plan such a call anyway")
         if compiled is None:
             raise NotPlannedError(
                 "this module has not planned yet: it plans at its first training call (eval() and "
@@ -155,8 +148,6 @@ class Inspection:
     def __repr__(self) -> str:
         last = self._dispatcher.last
         what = "not planned yet" if last is None else last.plan.summary()
-        if self._dispatcher.unmodified_plan is not None:
-            what = self._dispatcher.unmodified_plan.summary()
         return f"<fxckpt.inspect of {type(self.module).__name__}: {what}>"
 
 

@@ -31,8 +31,8 @@ from fxckpt.capture.captured import Captured
 from fxckpt.planning.fit import Target, Verify, fit
 from fxckpt.graphs import copy_graph_module
 from fxckpt.capture.sharding import full_parameters, recomputable
-from fxckpt.capture.state_guard import StateGuard, hooks_off, weight_computing_hooks
-from fxckpt.plan import Plan, format_bytes
+from fxckpt.capture.state_guard import hooks_off, weight_computing_hooks
+from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
 from fxckpt.runtime.segment import Offloading
 from fxckpt.signature import describe_signature, signature_key
@@ -116,46 +116,6 @@ def peak_at(compiled: Compiled, config: TransformConfig, args: tuple, kwargs: di
         return verify(compiled.gm)
     except VerifyError:
         return None
-
-
-def unmodified_peak(model: torch.nn.Module, config: TransformConfig, args: tuple,
-                    kwargs: dict) -> Optional[int]:
-    """The verified peak of the model's own training step for calls like these, on fake tensors
-    (``None`` when it cannot be measured: an FSDP-sharded model, a step that does not run on fake
-    tensors). The model's hooks are off (torch's weight-computing ones stay), and the state its
-    forward changes is put back (:class:`~fxckpt.capture.state_guard.StateGuard`)."""
-    from fxckpt.capture.sharding import sharding_key
-    from fxckpt.signature import has_hooks
-    from fxckpt.verify import VerifyError
-
-    if any(sharding_key(model)):
-        return None
-    hooked = [m for m in model.modules() if has_hooks(m)]
-
-    def run(a: tuple, k: dict) -> Any:
-        return type(model).forward(model, *a, **k)
-
-    try:
-        with StateGuard(model), hooks_off(hooked, keep=weight_computing_hooks()):
-            return fake_step_peak(model, run, args, kwargs, loss_fn=config.loss_fn,
-                                  device=_device_of(model))
-    except VerifyError:
-        return None
-
-
-def unmodified_plan(config: TransformConfig, args: tuple, kwargs: dict, peak: int) -> Plan:
-    """What ``fxckpt.inspect(tm).plan`` shows after a call that ran the model unmodified: no
-    segments, the unmodified step's verified ``peak`` (at sizes at least the call's)."""
-    assert config.budget is not None
-    budget = config.budget.resolve(peak)
-    return Plan(strategy=config.strategy_name, options=config.to_dict(), capture="none",
-                training=True, signature=describe_signature(args, kwargs), segments=(),
-                node_count=0, total_flops=0, budget=budget, eager_peak=peak, verified_peak=peak,
-                verified_eager_peak=peak, notes=(
-                    f"the unmodified step holds {format_bytes(peak)} (verified on fake tensors), "
-                    f"within the budget {format_bytes(budget)}: the model ran as it is, with no "
-                    "capture and no plan; fxckpt plans from the first call that would not fit "
-                    "(inspect(tm).plan_for(...) plans this one now)",))
 
 
 def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict, training: bool,

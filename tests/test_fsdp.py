@@ -128,7 +128,8 @@ def _data_parallel(rank: int, world: int) -> None:
         assert Block.calls == 8, f"{name}: each of the 4 blocks runs again ({Block.calls} runs)"
 
     ddp = _train(DistributedDataParallel(copy.deepcopy(model)), batches, rank, world)
-    tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), depth=2))
+    tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), depth=2,
+                                                  capture="graph"))
     _assert_grads(_train(tm, batches, rank, world), ddp, "DDP(tm)", exact=True)
     _assert_grads(ddp, reference, "DDP alone", exact=False)
     tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), depth=2,
@@ -137,14 +138,16 @@ def _data_parallel(rank: int, world: int) -> None:
     graphs = fxckpt.inspect(tm.module).graphs
     assert [s.module_paths for g in graphs for s in g.plan.segments if s.module_paths] == [
         (f"blocks.{i}",) for i in range(4)]
-    # a budget in bytes the unmodified step fits: DDP runs the model as it is, measured on fake
-    # tensors without touching its reducer; FSDP's shards cannot be measured so it is planned
+    # a budget in bytes the unmodified step fits: through Dynamo under DDP, and on one whole
+    # graph under FSDP2, the step is verified on the graph without touching DDP's reducer or
+    # FSDP's shards, and the plan has no segment
     tm = DistributedDataParallel(fxckpt.transform(copy.deepcopy(model), budget="1TiB"))
     _assert_grads(_train(tm, batches, rank, world), ddp, "DDP(tm), fits", exact=True)
-    assert fxckpt.inspect(tm.module).captures == 0
+    assert [g.plan.segments for g in fxckpt.inspect(tm.module).graphs] == [()]
     tm = _shard(fxckpt.transform(copy.deepcopy(model), budget="1TiB"))
     _assert_grads(_train(tm, batches, rank, world), plain_fsdp, "FSDP(tm), fits", exact=True)
-    assert fxckpt.inspect(tm).captures == 1
+    assert fxckpt.inspect(tm).captures == 1 and fxckpt.inspect(tm).plan.segments == ()
+    assert fxckpt.inspect(tm).plan.capture == "symbolic_trace"
 
     # planned outside forward after fully_shard: the root gathers its own parameter ('pos')
     # for the capture, as its forward would, and shards it again

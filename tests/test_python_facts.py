@@ -8,17 +8,14 @@ and second. Outputs, input and parameter gradients, every buffer and the attribu
 sets must be bit-identical after every step, and the parameters after an optimizer step; or the
 transform must refuse at the first call with the documented error, leaving the model as it was.
 
-Under a budget in bytes that the unmodified step fits, calls run the model as it is after its
-step was measured on fake tensors (:mod:`fxckpt.planning.unmodified`): every case runs that way
-too, the measuring runs of its forward leaving no trace, with Python's and numpy's global random
-state seeded alike for both models (the cases that draw from them).
+Python's and numpy's global random state are seeded alike for both models (the cases that draw
+from them). The same cases through Dynamo, the default path: ``tests/dynamo/test_dynamo_facts.py``.
 """
 
 from __future__ import annotations
 
 import copy
 import random
-import threading
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -90,51 +87,6 @@ def test_same_bits_or_a_named_refusal(case: Case, strategy: str, capture: str) -
     _train_both(case, model, tm, reference, args, kwargs)
     assert [m.training for m in model.modules()] == [m.training for m in reference.modules()]
     assert fxckpt.inspect(tm).plan.capture == capture
-
-
-UNMEASURED = {
-    # torch's causal-mask detection reads a mask's values: a step that cannot run on fake
-    # tensors is captured and planned instead (exactly; see the harness above)
-    "nn_encoder_causal_mask_detected", "nn_encoder_bool_mask_and_padding", "nn_decoder",
-    "nn_decoder_norm_first", "nn_transformer",
-    "layer_drop_decision",  # a Python decision on a tensor's value: refused by name
-    "grad_mode_left_off",  # the measured step leaves gradients off: refused by name
-}
-"""Cases whose unmodified step cannot be measured on fake tensors."""
-
-
-# fast tier, every case (12 s); tests/test_shapes.py and tests/planning/test_unmodified.py
-# cover the way itself
-@pytest.mark.parametrize("case", CASES + NN_CASES, ids=[c.name for c in CASES + NN_CASES])
-def test_a_budget_the_unmodified_step_fits_runs_every_pattern_as_it_is(case: Case) -> None:
-    """With a thread alive beside the loop, as a DataLoader's pin-memory thread is: global random
-    state is then never rewound, so measuring must not draw from it."""
-    stop = threading.Event()
-    loader = threading.Thread(target=stop.wait)
-    loader.start()
-    try:
-        _runs_as_it_is(case)
-    finally:
-        stop.set()
-        loader.join()
-
-
-def _runs_as_it_is(case: Case) -> None:
-    torch.manual_seed(0)
-    model = case.make()
-    reference = copy.deepcopy(model)
-    tm = fxckpt.transform(model, budget="1TiB", capture="graph")  # Dynamo's: dynamo/
-    args, kwargs = case.inputs()
-    if case.name in UNMEASURED and case.error is not None:
-        with pytest.raises(case.error[0], match=case.error[1]):
-            tm(*args, **kwargs)
-        return
-    _train_both(case, model, tm, reference, args, kwargs)
-    info = fxckpt.inspect(tm)
-    if case.name in UNMEASURED:
-        assert info.captures >= 1 and info.plan.capture != "none"
-    else:
-        assert (info.captures, info.plans_made, info.plan.capture) == (0, 0, "none")
 
 
 def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Module, args: tuple,

@@ -80,12 +80,6 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
         )
     if example_inputs is not None or example_kwargs is not None:
         _plan_both_modes(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
-    if dispatcher.last is None and dispatcher.unmodified:
-        raise ExportError(
-            "this module's training calls ran the model unmodified (their step fits the budget), "
-            "so nothing was captured and there is no graph to save: pass example_inputs= to "
-            "fxckpt.save to capture and plan such a call now"
-        )
     if dispatcher.dynamo is not None and not dispatcher.whole_graphs():
         raise ExportError(
             "this module trains through Dynamo (capture='auto'), whose graphs are not one whole "

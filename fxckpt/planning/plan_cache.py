@@ -25,13 +25,9 @@ plan serves every shape of a capture. Under a budget:
   so its peak at the bucket is the eager one the next plan is fitted against: the build is
   given it instead of measuring it again.
 * **Bounded.** A capture keeps at most :data:`MAX_PLANS` plans; the least recently used goes.
-* **No plan while the unmodified step fits** (:mod:`fxckpt.planning.unmodified`). Under a
-  budget in bytes, a call whose unmodified step verifies within it runs the model as it is: no
-  capture, no plan. Its sizes are measured as plans' are checked (grown dimensions bucketed, a
-  measurement further on where the peaks predict it holds); the first call that would not fit
-  closes the way, and the plan cache of the capture made then starts from the largest sizes
-  that fit (its first plan is made at the bucket beyond them, fitted against the unmodified
-  peak measured there).
+* **The unmodified step first.** A plan's first candidate is the unmodified step: where its
+  peak, verified on the captured graph, fits the budget, the plan has no segment (measured on
+  the graph, never by running the model's forward on fake tensors).
 * **Never a failure mid-training.** When a smaller call's own plan cannot meet the budget (a
   fraction of a small step is mostly what does not shrink with the batch) but a larger call was
   planned under it, the smaller call gets the plan with the smallest peak, and a warning says so.
@@ -75,10 +71,6 @@ with the unmodified step's verified peak at these sizes, if already known)."""
 PeakAt = Callable[[P, tuple, dict], Optional[int]]
 """A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
 
-_UNMODIFIED = object()
-"""What the unmodified step's peaks are noted under in :class:`Growth` (one line of its own)."""
-
-
 class PlanCache(Generic[P]):
     """The plans made on one capture, keyed by shapes (``None``: one plan for every shape)."""
 
@@ -90,19 +82,6 @@ class PlanCache(Generic[P]):
         """Bucketed sizes the budget cannot be met at (the call's own sizes are planned)."""
         self.growth: Growth[object] = Growth()
         """The verified peaks seen, by size: what predicts a plan's peak at a larger size."""
-        self.floor: Optional[Shapes] = None
-        """The largest sizes the unmodified step served before this capture
-        (:mod:`fxckpt.planning.unmodified`): the first plan is made at the bucket beyond them."""
-        self.eager_at: dict[Shapes, int] = {}
-        """The unmodified step's verified peak at sizes measured before this capture."""
-
-    def start_from(self, held: list[Shapes], measured: dict[Shapes, int]) -> None:
-        """Continue where the unmodified step stopped fitting (:mod:`fxckpt.planning.unmodified`):
-        the sizes it held at, its verified peaks by sizes (the line through them predicts)."""
-        self.floor = max(held, key=volume) if held else None
-        self.eager_at = dict(measured)
-        for sizes, peak in measured.items():
-            self.growth.saw(_UNMODIFIED, volume(sizes), peak)
 
     def values(self) -> list[P]:
         return list(self.plans.values())
@@ -134,7 +113,7 @@ class PlanCache(Generic[P]):
         any capture of such calls), so a budget this call cannot meet falls back to the plan
         with the smallest peak instead of failing training.
         """
-        if key is not None and self.buckets and (self.plans or self.floor is not None):
+        if key is not None and self.buckets and self.plans:
             grown = self._grown(key)
             padded = padded_args(args, kwargs, key, grown)
             if padded is not None:
@@ -143,7 +122,7 @@ class PlanCache(Generic[P]):
                 # beyond the budget at the bucket: whether it holds at the call's own sizes
                 sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
                                  else (bucketed, padded))
-                eager = self.eager_at.get(bucketed)
+                eager: Optional[int] = None
                 if (latest is not None and accepts(sizes) and peak_at is not None
                         and _budget(latest) is not None):
                     if sizes == bucketed:
@@ -171,7 +150,7 @@ class PlanCache(Generic[P]):
                         log.info("fxckpt: planning for bucketed sizes %s failed (%s: %s); "
                                  "planning each size as it comes", bucketed, type(e).__name__, e)
         try:
-            compiled = build(args, kwargs, None, None if key is None else self.eager_at.get(key))
+            compiled = build(args, kwargs, None, None)
         except BudgetInfeasibleError as e:
             if not planned_larger:
                 raise
@@ -224,10 +203,8 @@ class PlanCache(Generic[P]):
         return None
 
     def _grown(self, key: Shapes) -> set[tuple[int, int]]:
-        """``(tensor, dim)`` positions where ``key`` is larger than the largest plan so far (or
-        than the sizes the unmodified step served, before the first plan)."""
-        seen = [s for s in self.plans if s is not None]
-        return grown_dims(seen or ([self.floor] if self.floor is not None else []), key)
+        """``(tensor, dim)`` positions where ``key`` is larger than the largest plan so far."""
+        return grown_dims([s for s in self.plans if s is not None], key)
 
     def _keep(self, key: Optional[Shapes], compiled: P) -> P:
         self.plans[key] = compiled

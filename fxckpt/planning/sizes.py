@@ -1,9 +1,8 @@
 """Sizes of calls under a budget: buckets, grown dimensions, and the line through peaks.
 
-Shared by the plan cache (:mod:`fxckpt.planning.plan_cache`) and the calls that run unmodified
-(:mod:`fxckpt.planning.unmodified`): both check a growing call at its grown dimensions rounded
-up to the next power of two (:func:`bucket`), and skip or move checks by :class:`Growth`'s
-prediction.
+The plan cache (:mod:`fxckpt.planning.plan_cache`) checks a growing call at its grown dimensions
+rounded up to the next power of two (:func:`bucket`), and skips or moves checks by
+:class:`Growth`'s prediction.
 """
 
 from __future__ import annotations
