@@ -13,7 +13,8 @@ The two large case lists keep a representative slice in the fast tier, chosen he
 - Conformance zoo (``tests/test_conformance.py``): the cases of ``ZOO_FAST``, one per model family
   and one documented refusal.
 - Through Dynamo (``tests/dynamo/test_dynamo_facts.py``): every pattern of
-  ``tests/dynamo_patterns.py`` with ``every=1``; the Python-fact harness through Dynamo is slow.
+  ``tests/dynamo_patterns.py`` with ``every=1``, and the ``FACTS_EVERYWHERE`` patterns under a
+  budget every graph fits; the Python-fact harness through Dynamo is slow.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ _FACTS = "tests/test_python_facts.py::test_same_bits_or_a_named_refusal"
 _DYNAMO = ("tests/dynamo/test_dynamo_facts.py::"
            "test_python_around_the_tensors_trains_to_the_same_bits")
 _DYNAMO_HARNESS = "tests/dynamo/test_dynamo_facts.py::test_the_python_fact_harness_through_dynamo"
+_DYNAMO_FITS = ("tests/dynamo/test_dynamo_facts.py::"
+                "test_a_budget_each_graph_fits_recomputes_nothing")
 _ZOO = "tests/test_conformance.py::test_same_bits_with_every_strategy_or_the_documented_refusal"
 
 
@@ -72,4 +75,6 @@ def is_slow(nodeid: str) -> bool:
         return not params.rstrip("]").endswith("-every1")
     if function == _DYNAMO_HARNESS:  # the Python-fact harness through Dynamo: slow
         return True
+    if function == _DYNAMO_FITS:  # [case]: the FACTS_EVERYWHERE cases in the fast tier
+        return params.rstrip("]") not in FACTS_EVERYWHERE
     return function in SLOW
