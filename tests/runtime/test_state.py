@@ -65,6 +65,23 @@ def test_a_drawing_thread_never_sees_a_value_twice(option: str) -> None:
     assert len(set(drawer.draws)) == len(drawer.draws)
 
 
+@pytest.mark.parametrize("option", ["every", "budget"])
+def test_once_dynamo_compiled_a_drawing_thread_never_sees_a_value_twice(option: str) -> None:
+    """The default path: Dynamo saves and puts back torch's generator around each compile (plain
+    torch.compile does too), so a thread drawing while a graph compiles can see values again;
+    once the step's graphs are compiled and planned, training calls fork nothing."""
+    x = torch.randn(16, 32)
+    tm = fxckpt.transform(_mlp(), **OPTIONS[option])
+    for batch in (16, 8, 16):  # a static graph, then the dynamic one Dynamo makes
+        tm(x[:batch]).sum().backward()
+    with _Drawer() as drawer:
+        while len(drawer.draws) < 2000:
+            for _ in range(5):
+                tm(x).sum().backward()
+    assert len(set(drawer.draws)) == len(drawer.draws)
+    assert fxckpt.inspect(tm).plan.capture == "dynamo"
+
+
 def test_a_segment_saves_the_generator_only_when_it_draws() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8), nn.Dropout(0.5),
