@@ -19,47 +19,30 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt.dynamo.backend import GraphRecord
+from fxckpt.planning.sizes import volume
+from fxckpt.signature import Shapes, dominates
 
 __all__ = ["SizedRunner", "is_dynamic", "sizes_of"]
-
-Sizes = tuple[tuple[int, ...], ...]
-
 
 def is_dynamic(inputs: list[Any]) -> bool:
     """Whether Dynamo handed over a graph with symbolic sizes (they arrive as SymInt inputs)."""
     return any(isinstance(i, torch.SymInt) for i in inputs)
 
 
-def sizes_of(args: tuple) -> Sizes:
+def sizes_of(args: tuple) -> Shapes:
     """The shapes of a call's tensor inputs (its integer inputs are not sizes: a counter the
     module keeps is one)."""
     return tuple(tuple(int(d) for d in a.shape) for a in args if isinstance(a, torch.Tensor))
 
 
-def covers(planned: Sizes, call: Sizes) -> bool:
-    """Every dimension of ``planned`` at least the call's."""
-    return len(planned) == len(call) and all(
-        len(p) == len(c) and all(x >= y for x, y in zip(p, c)) for p, c in zip(planned, call))
-
-
-def _volume(sizes: Sizes) -> int:
-    total = 0
-    for shape in sizes:
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    return total
-
-
 class SizedRunner:
     """What Dynamo calls for a dynamic graph under a budget (see the module docstring)."""
 
-    def __init__(self, first: GraphRecord, sizes: Sizes,
+    def __init__(self, first: GraphRecord, sizes: Shapes,
                  plan_at: Callable[[list[Any]], GraphRecord],
                  ran: Callable[[GraphRecord], None],
                  around: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
-        self.plans: list[tuple[Sizes, GraphRecord]] = [(sizes, first)]
+        self.plans: list[tuple[Shapes, GraphRecord]] = [(sizes, first)]
         self.plan_at = plan_at
         self.ran = ran
         self.around = around
@@ -67,9 +50,9 @@ class SizedRunner:
     def record_for(self, args: tuple) -> GraphRecord:
         """The plan for a call of these inputs, made now when none covers its sizes."""
         call = sizes_of(args)
-        covering = [(s, r) for s, r in self.plans if covers(s, call)]
+        covering = [(s, r) for s, r in self.plans if dominates(s, call)]
         if covering:
-            return min(covering, key=lambda sr: _volume(sr[0]))[1]
+            return min(covering, key=lambda sr: volume(sr[0]))[1]
         with _disable_current_modes():  # planning runs no user mode, as at compile time
             record = self.plan_at(list(args))
         self.plans.append((call, record))

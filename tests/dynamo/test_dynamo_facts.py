@@ -12,7 +12,7 @@ refusal is named (:data:`REFUSED`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -71,23 +71,32 @@ def _train_both(case: Case, model: nn.Module, tm: nn.Module, reference: nn.Modul
 
 
 def _run(case: Case, strategy: str) -> None:
+    tm = _trained(case, _options(case, strategy))
+    if tm is None:
+        return
+    if case.name in UNPLANNED:
+        assert fxckpt.inspect(tm).graphs == [] and "" in fxckpt.inspect(tm)._dispatcher.dynamo.said
+    elif strategy != "none":
+        assert fxckpt.inspect(tm).plan.capture == "dynamo"
+
+
+def _trained(case: Case, options: dict[str, Any]) -> Optional[nn.Module]:
+    """The case trained through ``transform(model, **options)`` against a model made alike, or
+    ``None`` when the Dynamo path refuses it (by the name :data:`REFUSED` gives)."""
     torch.set_grad_enabled(True)
     torch.manual_seed(0)
     model = case.make()
     torch.manual_seed(0)
     reference = case.make()  # made again, not copied: pruned and scripted modules cannot be
-    tm = fxckpt.transform(model, **_options(case, strategy))
+    tm = fxckpt.transform(model, **options)
     refused = REFUSED.get(case.name)
     if refused is not None:
         with pytest.raises(refused[0], match=refused[1]):
             _train_both(case, model, tm, reference)
         torch.set_grad_enabled(True)
-        return
+        return None
     _train_both(case, model, tm, reference)
-    if case.name in UNPLANNED:
-        assert fxckpt.inspect(tm).graphs == [] and "" in fxckpt.inspect(tm)._dispatcher.dynamo.said
-    elif strategy != "none":
-        assert fxckpt.inspect(tm).plan.capture == "dynamo"
+    return tm
 
 
 # the slow tier holds all but a slice of these cases: tests/tiers.py
@@ -112,19 +121,9 @@ def test_a_budget_each_graph_fits_recomputes_nothing(case: Case) -> None:
     """The default path (no ``capture=``) under a budget every graph's unmodified step fits:
     each graph is planned with no segment, after its peak is verified on fake tensors (never the
     user's forward), and trains to the same bits."""
-    torch.set_grad_enabled(True)
-    torch.manual_seed(0)
-    model = case.make()
-    torch.manual_seed(0)
-    reference = case.make()
-    tm = fxckpt.transform(model, budget="1TiB")
-    refused = REFUSED.get(case.name)
-    if refused is not None:
-        with pytest.raises(refused[0], match=refused[1]):
-            _train_both(case, model, tm, reference)
-        torch.set_grad_enabled(True)
+    tm = _trained(case, {"budget": "1TiB"})
+    if tm is None:
         return
-    _train_both(case, model, tm, reference)
     for graph in fxckpt.inspect(tm).graphs:
         assert graph.plan.capture == "dynamo" and not graph.plan.segments, graph.plan.summary()
         assert graph.plan.verified_peak is not None and any(
