@@ -146,9 +146,8 @@ class Dispatcher:
     def trains_through_dynamo(self, tm: torch.nn.Module) -> bool:
         """Whether this training call goes through Dynamo: always with ``capture="dynamo"``;
         with ``auto`` unless an option needs one whole graph (or offload), a whole-graph plan
-        was made
-        before the first training call (``example_inputs=``, ``plan_for``), or the model is
-        sharded with FSDP2 (whose hooks Dynamo skips)."""
+        was made before the first training call (``example_inputs=``, ``plan_for``), or the
+        model is sharded with FSDP2 (whose hooks Dynamo skips)."""
         capture = self.config.capture
         if capture == "dynamo" or self.dynamo is not None:
             return True
@@ -230,9 +229,8 @@ class Dispatcher:
 
         return call_key(module_states(tm), *first_micro_batch(self.config, args, kwargs))
 
-    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict,
-                     keyed: Optional[tuple[CallKey, Shapes]] = None) -> Compiled:
-        key, shapes = keyed if keyed is not None else self._keyed(tm, args, kwargs)
+    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+        key, shapes = self._keyed(tm, args, kwargs)
         try:
             entry = self._entry(tm, key, shapes, args, kwargs)
             return self._plan(tm, key, entry, shapes, args, kwargs)

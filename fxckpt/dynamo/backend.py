@@ -36,8 +36,8 @@ from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.segment import Offloading, SegmentModule
 from fxckpt.strategy import Budgeted
 
-__all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "concrete", "plan_graph",
-           "state_name"]
+__all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "at_smallest", "concrete",
+           "plan_graph", "state_name"]
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,16 @@ class GraphRunner:
         self.ran = ran
         self.around = around
 
+    def record_for(self, args: tuple) -> GraphRecord:
+        """The plan a call with these inputs runs: this graph's one plan (a
+        :class:`~fxckpt.dynamo.sizes.SizedRunner` chooses by size)."""
+        return self.record
+
     def __call__(self, *args: Any) -> Any:
-        self.ran(self.record)
+        record = self.record_for(args)
+        self.ran(record)
         with self.around():
-            return self.record.gm(*args)
+            return record.gm(*args)
 
 
 def state_name(node: torch.fx.Node) -> Optional[str]:
@@ -158,7 +164,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
                 graph_peak=e.min_budget) from None
         # a fraction is of each graph's own step: a small graph (a loss after a break) that
         # cannot reach it runs its smallest plan, and says so
-        smallest = dataclasses.replace(config, strategy=Budgeted(Budget(bytes=e.min_budget)))
+        smallest = at_smallest(config, e.min_budget)
         plan, lowered = fit(gm, lambda t: select(gm, smallest, capture="dynamo",
                                                  training=True, signature=_signature(inputs),
                                                  target=t),
@@ -168,6 +174,11 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
             "own unmodified step: planned at its smallest",))
     _restore_written_state(lowered, written)
     return plan, lowered
+
+
+def at_smallest(config: TransformConfig, peak: int) -> TransformConfig:
+    """``config`` with a budget of ``peak`` bytes: a graph's smallest peak, which fits it."""
+    return dataclasses.replace(config, strategy=Budgeted(Budget(bytes=peak)))
 
 
 def concrete(inputs: list[Any]) -> list[Any]:

@@ -29,12 +29,11 @@ import torch
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
 from fxckpt.errors import CaptureError, ConfigError, FxckptError
-from fxckpt.budget import Budget
 from fxckpt.dynamo.backend import (
-    AfterBreakInfeasible, GraphRecord, GraphRunner, concrete, held_at_end, plan_graph,
+    AfterBreakInfeasible, GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
+    plan_graph,
 )
 from fxckpt.plan import Plan
-from fxckpt.strategy import Budgeted
 from fxckpt.dynamo.share import Outside, graph_runs
 from fxckpt.dynamo.sizes import SizedRunner, is_dynamic, sizes_of
 from fxckpt.graphs import copy_graph_module
@@ -85,8 +84,7 @@ class DynamoDriver:
         self.replan_due = False
         self.replans = 0
         self.model_forward = type(model).forward
-        self.compiled = torch.compile(_own_copy(self.model_forward), backend=self._backend,
-                                      dynamic=None)
+        self.compiled = self._compile()
         self._breaks = _breaks()
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -246,10 +244,8 @@ class DynamoDriver:
         with that peak kept for it (:meth:`_replan`)."""
         self.smallest[position] = max(self.smallest.get(position, 0), e.graph_peak)
         self.replan_due = True
-        config = dataclasses.replace(self.config,
-                                     strategy=Budgeted(Budget(bytes=e.graph_peak)))
-        plan, lowered = plan_graph(gm, list(inputs), config, device=self.device,
-                                   offloader=self.offloader)
+        plan, lowered = plan_graph(gm, list(inputs), at_smallest(self.config, e.graph_peak),
+                                   device=self.device, offloader=self.offloader)
         note = (f"over the budget at this call: the earlier graphs of the step keep "
                 f"{e.min_budget - e.graph_peak} bytes and this graph's smallest peak is "
                 f"{e.graph_peak}; the next call plans the earlier graphs again with "
@@ -264,8 +260,11 @@ class DynamoDriver:
         self.replans += 1
         self.reserves = {i: max(peak for j, peak in self.smallest.items() if j > i)
                          for i in range(max(self.smallest))}
-        self.compiled = torch.compile(_own_copy(self.model_forward), backend=self._backend,
-                                      dynamic=None)
+        self.compiled = self._compile()
+
+    def _compile(self) -> Callable[..., Any]:
+        """The model's forward compiled afresh (its own code object: a cache of its own)."""
+        return torch.compile(_own_copy(self.model_forward), backend=self._backend, dynamic=None)
 
     def _ran(self, record: GraphRecord) -> None:
         self.step.append(record)  # the current call's list (a new one each call)

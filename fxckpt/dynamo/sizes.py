@@ -13,12 +13,12 @@ below its largest (dynamic padding) is planned once per new largest.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from fxckpt.dynamo.backend import GraphRecord
+from fxckpt.dynamo.backend import GraphRecord, GraphRunner
 from fxckpt.planning.sizes import volume
 from fxckpt.signature import Shapes, dominates
 
@@ -35,17 +35,16 @@ def sizes_of(args: tuple) -> Shapes:
     return tuple(tuple(int(d) for d in a.shape) for a in args if isinstance(a, torch.Tensor))
 
 
-class SizedRunner:
+class SizedRunner(GraphRunner):
     """What Dynamo calls for a dynamic graph under a budget (see the module docstring)."""
 
     def __init__(self, first: GraphRecord, sizes: Shapes,
                  plan_at: Callable[[list[Any]], GraphRecord],
                  ran: Callable[[GraphRecord], None],
                  around: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
+        super().__init__(first, ran, around)
         self.plans: list[tuple[Shapes, GraphRecord]] = [(sizes, first)]
         self.plan_at = plan_at
-        self.ran = ran
-        self.around = around
 
     def record_for(self, args: tuple) -> GraphRecord:
         """The plan for a call of these inputs, made now when none covers its sizes."""
@@ -57,13 +56,3 @@ class SizedRunner:
             record = self.plan_at(list(args))
         self.plans.append((call, record))
         return record
-
-    def __call__(self, *args: Any) -> Any:
-        record = self.record_for(args)
-        self.ran(record)
-        with self.around():
-            return record.gm(*args)
-
-    @property
-    def latest(self) -> Optional[GraphRecord]:
-        return self.plans[-1][1] if self.plans else None
