@@ -86,7 +86,7 @@ def transform(
         capture: how training calls become graphs: ``"auto"`` (default) runs each training
             call through TorchDynamo, which guards the Python the forward reads and breaks it
             into graphs where needed, and plans each graph (:mod:`fxckpt.dynamo`); where an
-            option needs one whole graph of the model (stages, ``offload=``, ``plan=``,
+            option needs one whole graph of the model (stages, ``offload="auto"``, ``plan=``,
             ``example_inputs=``, a model sharded with ``fully_shard``) it captures one with
             ``torch.fx.symbolic_trace``, falling back to ``torch.export``. ``"dynamo"``: Dynamo
             only (whole-graph options refused); ``"graph"``: one whole graph always;

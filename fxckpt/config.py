@@ -102,13 +102,6 @@ class TransformConfig:
         return ""
 
     @property
-    def trains_whole_graph(self) -> str:
-        """Why ``capture="auto"`` trains on one whole graph, in words, or ``""``: an option
-        that needs one (:attr:`whole_graph_needed`), or offload, whose saved-tensor hooks
-        Dynamo does not trace."""
-        return self.whole_graph_needed or ("offload" if self.offload else "")
-
-    @property
     def graph_method(self) -> str:
         """How a whole graph is captured: ``symbolic_trace`` or ``export`` when asked for,
         else ``auto`` (symbolic_trace, else export)."""

@@ -145,13 +145,13 @@ class Dispatcher:
 
     def trains_through_dynamo(self, tm: torch.nn.Module) -> bool:
         """Whether this training call goes through Dynamo: always with ``capture="dynamo"``;
-        with ``auto`` unless an option needs one whole graph (or offload), a whole-graph plan
+        with ``auto`` unless an option needs one whole graph, a whole-graph plan
         was made before the first training call (``example_inputs=``, ``plan_for``), or the
         model is sharded with FSDP2 (whose hooks Dynamo skips)."""
         capture = self.config.capture
         if capture == "dynamo" or self.dynamo is not None:
             return True
-        if capture != "auto" or self.config.trains_whole_graph or self.entries:
+        if capture != "auto" or self.config.whole_graph_needed or self.entries:
             return False
         from fxckpt.dynamo import sharded
 

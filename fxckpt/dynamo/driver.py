@@ -22,7 +22,7 @@ import logging
 import random
 import time
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -100,6 +100,8 @@ class DynamoDriver:
         held = [(path, g, generators.state_of(g)) for path, g in self._python_generators]
         uncompiled = _uncompiled_here()
         self.meter = Outside() if self.measure_next and not uncompiled else None
+        if self.offloader is not None and self.config.offload is True:
+            self.offloader.begin(tm)  # each graph's saved tensors offloaded as it runs
         try:
             with self._patch, self.meter or contextlib.nullcontext():
                 out = self.compiled(tm, *args, **kwargs)
@@ -200,7 +202,7 @@ class DynamoDriver:
 
     def _backend(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         self.compiles += 1
-        around = lambda: graph_runs(self.meter)  # noqa: E731
+        around = self._around
         if self.config.budget is None or not is_dynamic(inputs):
             return GraphRunner(self._plan(gm, inputs), self._ran, around)
         base = copy_graph_module(gm)  # planned again, as captured, for larger sizes
@@ -208,6 +210,15 @@ class DynamoDriver:
         return SizedRunner(first, sizes_of(tuple(concrete(list(inputs)))),
                            lambda args: self._plan(copy_graph_module(base), args),
                            self._ran, around)
+
+    @contextlib.contextmanager
+    def _around(self) -> Iterator[None]:
+        """Around each graph's run: the measure of what runs unplanned, and with
+        ``offload=True`` the hooks that move what the graph saves for backward."""
+        offloader = self.offloader if self.config.offload is True else None
+        with graph_runs(self.meter), (
+                offloader.saving() if offloader is not None else contextlib.nullcontext()):
+            yield
 
     def _plan(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> GraphRecord:
         """Plan one graph for the call running now (after the graphs of ``self.step``)."""

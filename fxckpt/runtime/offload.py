@@ -231,10 +231,19 @@ class Offloader:
     def hooks(self, module: torch.nn.Module,
               new_step: bool = True) -> torch.autograd.graph.saved_tensors_hooks:
         """The hooks for a forward of ``module`` (whose parameters and buffers stay put)."""
+        self.begin(module, new_step)
+        return self.saving()
+
+    def begin(self, module: torch.nn.Module, new_step: bool = True) -> None:
+        """A forward of ``module`` starts: its parameters and buffers stay put (``new_step``:
+        the stats count this step's tensors)."""
         state = (*module.parameters(), *module.buffers())
         self._state = {t.untyped_storage().data_ptr() for t in state}
         if new_step:
             self.stats = OffloadStats()
+
+    def saving(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """The hooks for part of the forward :meth:`begin` started (a Dynamo graph of it)."""
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     @property

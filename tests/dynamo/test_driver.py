@@ -90,11 +90,10 @@ def test_what_needs_one_whole_graph_is_refused_with_what_works(options: dict, wh
 @pytest.mark.parametrize("options", [
     {"every": 1, "chunks": 2, "devices": ["cpu", "cpu"]},
     {"budget": 0.8, "offload": "auto", "offload_device": "cpu"},
-    {"every": 1, "offload": True, "offload_device": "cpu", "offload_threshold": 0},
     {"budget": 0.9, "loss_fn": lambda out, x: out.square().mean()},
     {"every": 1, "example_inputs": (torch.randn(64, 32),)},
     {"every": 1, "capture": "graph"},
-], ids=["stages", "offload_auto", "offload", "loss_fn", "example_inputs", "graph"])
+], ids=["stages", "offload_auto", "loss_fn", "example_inputs", "graph"])
 def test_the_default_takes_one_whole_graph_where_an_option_needs_one(options: dict) -> None:
     """``capture="auto"`` trains through Dynamo unless an option needs one whole graph: then it
     captures one (symbolic_trace here), and trains to the model's bits on it."""
@@ -110,6 +109,33 @@ def test_the_default_takes_one_whole_graph_where_an_option_needs_one(options: di
     same = torch.allclose if "chunks" in options else torch.equal  # micro-batches sum grads
     for p, q in zip(model.parameters(), reference.parameters()):
         assert same(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("options", [{}, {"every": 1}, {"budget": 0.6}],
+                         ids=["offload_only", "every", "budget"])
+def test_offload_trains_through_dynamo_moving_what_each_graph_saves(options: dict) -> None:
+    """``offload=True`` on the default path: each graph runs under the offloader's hooks, on
+    both sides of a graph break, and the steps are the model's to the bit."""
+    torch.manual_seed(0)
+    model = Broken()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, offload=True, offload_device="cpu", offload_threshold=0,
+                          **options)
+    x = torch.randn(64, 32)
+    for _ in range(2):
+        tm(x).square().mean().backward()
+        reference(x).square().mean().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    report = fxckpt.inspect(tm)
+    assert len(report.graphs) == 2 and report.graphs[0].plan.capture == "dynamo"
+    stats = report.offload_stats
+    # each Body block's activations (64 x 32 floats and larger) were moved, from both graphs
+    assert stats.offloaded >= 6 and stats.unpacked == stats.offloaded
+    assert stats.bytes_moved >= 6 * 64 * 32 * 4
+    assert stats.skipped_state > 0  # the weights a matmul saves stay put
+    offloader = fxckpt.module.dispatcher_of(tm).offloader
+    assert offloader.in_flight == 0 and not offloader.pool.in_use
 
 
 def test_a_replayed_plan_save_and_plan_for_say_they_need_one_whole_graph(tmp_path: Path) -> None:
