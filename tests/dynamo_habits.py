@@ -7,7 +7,8 @@ derived from another field, an ``Enum`` mode, a ``functools.partial`` activation
 attribute, a float keyword per step, a slice of layers that grows), state users change between
 steps (a frozen block, ``load_state_dict(assign=True)``, BatchNorm put in eval alone, a
 pre-hook with keyword arguments), data-dependent Python (an ``.item()`` branch, a generator the
-model owns, a scripted function). ``tests/dynamo/test_dynamo_facts.py`` runs them with the first
+model owns, a scripted function), the model's own ``torch.utils.checkpoint`` calls on a data
+batch (reentrant, by default, non-reentrant, and with an input that requires grad). ``tests/dynamo/test_dynamo_facts.py`` runs them with the first
 list, every strategy, bit for bit.
 """
 
@@ -17,9 +18,12 @@ import collections
 import enum
 import functools
 import io
+from typing import Callable, Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint as ckpt
 
 from dynamo_patterns import PyCase
 from python_patterns import W, Body
@@ -247,6 +251,47 @@ class ScriptedFunction(nn.Module):
         return _scripted_gate(self.body(x), 2.0)
 
 
+class DataCheckpointed(nn.Module):
+    """Blocks the forward checkpoints itself, called on a data batch (no grad): with
+    ``use_reentrant=True`` (torch's default, with a warning) eager gives the first call's
+    parameters no gradient at all (torch warns that none of its inputs requires grad)."""
+
+    def __init__(self, reentrant: Optional[bool], at_root: bool = False) -> None:
+        super().__init__()
+        self.body, self.head = Body(), nn.Linear(W, W)
+        self.reentrant, self.at_root = reentrant, at_root
+
+    def _ckpt(self, fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+        if self.reentrant is None:  # torch warns: "the use_reentrant parameter should be passed"
+            return ckpt.checkpoint(fn, *args)
+        return ckpt.checkpoint(fn, *args, use_reentrant=self.reentrant)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.at_root:
+            return self.head(self._ckpt(self.body, x))
+        for block in self.body.blocks:
+            x = x + self._ckpt(block, x)
+        return self.head(x)
+
+
+class MixedCheckpointInputs(DataCheckpointed):
+    """A reentrant call whose first input is data and whose second requires grad (an
+    embedding): eager's reentrant checkpoint differentiates through it."""
+
+    def __init__(self) -> None:
+        super().__init__(True)
+        self.pos = nn.Parameter(torch.randn(W) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def block(h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            return self.body.blocks[0](h + p)
+        return self.head(ckpt.checkpoint(block, x, self.pos * 2, use_reentrant=True))
+
+
+def _data(*shape: int) -> Callable[[], tuple[tuple, dict]]:
+    return lambda: ((torch.randn(*shape),), {})
+
+
 HABIT_CASES = [
     PyCase("stats_dict_and_float_history", StatsDict,
            state=lambda m: (dict(m.stats), list(m.history))),
@@ -275,5 +320,17 @@ HABIT_CASES = [
     PyCase("noise_from_an_owned_generator", OwnGenerator,
            state=lambda m: m.gen.get_state().sum().item()),
     PyCase("scripted_function_called", ScriptedFunction),
+    # the model's own torch.utils.checkpoint on a data batch (Dynamo makes each call one op that
+    # runs non-reentrant; eager's reentrant one leaves a call on data without gradients)
+    PyCase("reentrant_checkpoint_per_block_on_data", lambda: DataCheckpointed(True),
+           inputs=_data(8, W)),
+    PyCase("reentrant_checkpoint_at_root_on_data", lambda: DataCheckpointed(True, True),
+           inputs=_data(8, W)),
+    PyCase("checkpoint_without_use_reentrant_on_data", lambda: DataCheckpointed(None),
+           inputs=_data(8, W)),
+    PyCase("non_reentrant_checkpoint_on_data", lambda: DataCheckpointed(False),
+           inputs=_data(8, W)),
+    PyCase("reentrant_checkpoint_data_and_a_parameter_input", MixedCheckpointInputs,
+           inputs=_data(8, W)),
 ]
 """Run with :data:`dynamo_patterns.DYNAMO_CASES` by ``tests/dynamo/test_dynamo_facts.py``."""

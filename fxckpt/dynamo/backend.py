@@ -123,6 +123,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state = {n.name: name for n in placeholders if (name := state_name(n)) is not None}
     inputs = concrete(inputs)
+    _reentrant_as_eager(gm)
     annotate(gm, list(inputs), state=frozenset(state))
     written = {m for n in gm.graph.nodes if has_info(n) for m in info(n).mutates} & set(state)
     config = _budget_left(config, held_before + reserve)
@@ -198,6 +199,23 @@ def concrete(inputs: list[Any]) -> list[Any]:
             return hint
         return i
     return [one(i) for i in inputs]
+
+
+def _reentrant_as_eager(gm: torch.fx.GraphModule) -> None:
+    """The model's own ``checkpoint(..., use_reentrant=True)`` calls run as eager runs them
+    (:mod:`fxckpt.runtime.user_checkpoint`), not as the non-reentrant op Dynamo made of them."""
+    from fxckpt.runtime.user_checkpoint import reentrant
+
+    hop = torch.ops.higher_order.tag_activation_checkpoint
+    changed = False
+    for n in gm.graph.nodes:
+        # torch.utils.checkpoint's default (use_reentrant not given) is reentrant, with a warning
+        if n.op == "call_function" and n.target is hop and n.kwargs.get(
+                "use_reentrant", True) is not False:
+            n.target = reentrant
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _budget_left(config: TransformConfig, held: int) -> TransformConfig:
