@@ -98,7 +98,7 @@ def _overheads(make: Callable[[], tuple[Any, tuple, Any]], turns: int) -> dict[s
     torch._dynamo.reset()
     driver.guards = {}
 
-    def step(module: torch.nn.Module) -> Callable[[], None]:
+    def step(module: Callable[..., Any]) -> Callable[[], None]:
         def run() -> None:
             loss(module(*args)).backward()
             model.zero_grad(set_to_none=True)

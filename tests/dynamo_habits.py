@@ -8,8 +8,9 @@ attribute, a float keyword per step, a slice of layers that grows), state users 
 steps (a frozen block, ``load_state_dict(assign=True)``, BatchNorm put in eval alone, a
 pre-hook with keyword arguments), data-dependent Python (an ``.item()`` branch, a generator the
 model owns, a scripted function), the model's own ``torch.utils.checkpoint`` calls on a data
-batch (reentrant, by default, non-reentrant, and with an input that requires grad). ``tests/dynamo/test_dynamo_facts.py`` runs them with the first
-list, every strategy, bit for bit.
+batch (reentrant, by default, non-reentrant, and with an input that requires grad), hooks the
+forward registers on tensors it computes. ``tests/dynamo/test_dynamo_facts.py`` runs them with
+the first list, every strategy, bit for bit.
 """
 
 from __future__ import annotations
@@ -288,6 +289,59 @@ class MixedCheckpointInputs(DataCheckpointed):
         return self.head(ckpt.checkpoint(block, x, self.pos * 2, use_reentrant=True))
 
 
+class GradHalved(nn.Module):
+    """A hook on an intermediate tensor scales its gradient (gradient scaling by hand)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Body(depth=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.body.blocks):
+            x = x + block(x)
+            if i == 1:
+                x.register_hook(lambda g: g * 0.5)
+        return x
+
+
+class GradNormsLogged(GradHalved):
+    """A hook logs the gradient norm reaching a hidden state (a common debugging habit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norms: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.body.blocks):
+            x = x + block(x)
+            if i == 2 and x.requires_grad:
+                x.register_hook(lambda g: self.norms.append(round(g.norm().item(), 6)))
+        return x
+
+
+class HookInsideBlock(nn.Module):
+    """Each block scales the gradient of its own hidden state with a hook."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(W, 2 * W), nn.Linear(2 * W, W)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = F.gelu(self.up(x))
+            h.register_hook(lambda g: g * 0.9)
+            return x + self.down(h)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(self.Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 def _data(*shape: int) -> Callable[[], tuple[tuple, dict]]:
     return lambda: ((torch.randn(*shape),), {})
 
@@ -332,5 +386,10 @@ HABIT_CASES = [
            inputs=_data(8, W)),
     PyCase("reentrant_checkpoint_data_and_a_parameter_input", MixedCheckpointInputs,
            inputs=_data(8, W)),
+    # hooks registered on tensors in the forward (Dynamo makes each one op: never recomputed,
+    # or it would be registered again on the recomputed tensor and fire twice)
+    PyCase("tensor_hook_scales_a_gradient", GradHalved),
+    PyCase("tensor_hook_logs_gradient_norms", GradNormsLogged, state=lambda m: list(m.norms)),
+    PyCase("tensor_hook_inside_each_block", HookInsideBlock),
 ]
 """Run with :data:`dynamo_patterns.DYNAMO_CASES` by ``tests/dynamo/test_dynamo_facts.py``."""

@@ -900,6 +900,21 @@ class SequentialCheckpoint(nn.Module):
         return ckpt.checkpoint_sequential(self.seq, 2, x, use_reentrant=False)
 
 
+def _halved(grad: torch.Tensor) -> torch.Tensor:
+    return grad * 0.5
+
+
+class TensorHooked(Body):
+    """A hook the forward registers on a hidden state it computes (scales its gradient)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, b in enumerate(self.blocks):
+            x = x + b(x)
+            if i == 0:
+                x.register_hook(_halved)
+        return x
+
+
 # -- non-tensor arguments ------------------------------------------------------------------------
 
 class Scaled(nn.Module):
@@ -1081,6 +1096,11 @@ CASES = [
          export_error=(CaptureError, r"use_reentrant=True\) \(in blocks.0, blocks.1, blocks.2\)")),
     Case("block_checkpoints_itself", lambda: CheckpointedBlock(False)),
     Case("checkpoint_sequential_inside", SequentialCheckpoint, budget=0.95),
+    # a hook on a tensor: torch.export drops it (refused by name), symbolic_trace cannot record
+    # a function argument; Dynamo keeps it (one op, never recomputed)
+    Case("hook_on_a_tensor_in_forward", TensorHooked,
+         export_error=(CaptureError, r"registers a hook on a tensor it computes"),
+         symbolic_error=(CaptureError, r"NotImplementedError: argument of type")),
     # non-tensor arguments
     Case("float_argument_signed_zero", Scaled,
          call_kwargs=({"scale": 0.0}, {"scale": -0.0}, {"scale": 0.0})),

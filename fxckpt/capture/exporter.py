@@ -95,6 +95,13 @@ def export_graph(
             "symbolic_trace (capture='graph' tries it first), or put the no_grad block around "
             "the autocast block instead of inside it"
         )
+    if nested.tensor_hooks:
+        raise CaptureError(
+            f"{type(model).__name__}.forward registers a hook on a tensor it computes "
+            "(tensor.register_hook), and torch.export's graph drops it: its gradient would skip "
+            "the hook. Train with capture='auto' (the default: Dynamo keeps the hook, and fxckpt "
+            "never recomputes it), or register the hook on a module (register_full_backward_hook)"
+        )
     callers = function_callers(model, calls, opaque)
     if callers:  # export again, calling those modules as they are
         log.info(
@@ -155,14 +162,17 @@ def _generated(fn: Any, depth: int = 0) -> Any:
 class _GradUnderAutocast(TorchFunctionMode):
     """Notes the grad-mode changes the model's own code makes while it is exported: those inside
     an autocast block it entered (:attr:`seen`), and whether it leaves the mode changed
-    (:attr:`left`: the mode it left, or ``None``). torch.export restores the mode itself, so
-    only the model's calls count: those whose first caller outside torch is not fxckpt."""
+    (:attr:`left`: the mode it left, or ``None``); and the hooks it registers on tensors
+    (:attr:`tensor_hooks`), which the exported graph drops. torch.export restores the mode
+    itself, so only the model's calls count: those whose first caller outside torch is not
+    fxckpt."""
 
     def __enter__(self) -> "_GradUnderAutocast":
         self.seen: list[str] = []
         self.autocast = _autocast_state()
         self.grad = torch.is_grad_enabled()
         self.last: Optional[bool] = None
+        self.tensor_hooks = 0
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
@@ -171,6 +181,8 @@ class _GradUnderAutocast(TorchFunctionMode):
             self.last = bool(args[0])
             if _autocast_state() != self.autocast:
                 self.seen.append(f"torch.set_grad_enabled({args[0]}) under autocast")
+        elif func is torch.Tensor.register_hook and _called_by_model():
+            self.tensor_hooks += 1  # registered on a traced tensor: the graph has no trace of it
         return func(*args, **(kwargs or {}))
 
     @property

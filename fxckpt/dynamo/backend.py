@@ -128,9 +128,11 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
     written = {m for n in gm.graph.nodes if has_info(n) for m in info(n).mutates} & set(state)
     config = _budget_left(config, held_before + reserve)
 
+    hooked = tensor_hooks(gm)
+
     def choose(target: Target) -> Plan:
         return select(gm, config, capture="dynamo", training=True, signature=_signature(inputs),
-                      target=target)
+                      hooked=hooked, target=target)
 
     def verify(lowered: torch.fx.GraphModule) -> int:
         _restore_written_state(lowered, written)  # as it will run: the state it writes bound
@@ -168,7 +170,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
         smallest = at_smallest(config, e.min_budget)
         plan, lowered = fit(gm, lambda t: select(gm, smallest, capture="dynamo",
                                                  training=True, signature=_signature(inputs),
-                                                 target=t),
+                                                 hooked=hooked, target=t),
                             checked, solved=True, offloader=offloader)
         plan = dataclasses.replace(plan, notes=plan.notes + (
             f"this graph's smallest peak is {e.min_budget} bytes, over {config.budget} of its "
@@ -199,6 +201,18 @@ def concrete(inputs: list[Any]) -> list[Any]:
             return hint
         return i
     return [one(i) for i in inputs]
+
+
+def tensor_hooks(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """The graph's ``tensor.register_hook`` calls (Dynamo makes each one op), by node, in words:
+    they stay out of recompute segments, so each hook is registered once, on the tensor backward
+    reaches, and fires once (recomputed, it would be registered on the recomputed tensor too)."""
+    try:
+        op = torch.ops.higher_order.register_hook
+    except (AttributeError, RuntimeError):  # a torch whose Dynamo breaks the graph there instead
+        return {}
+    return {n.name: f"the tensor `{n.args[0]}` (register_hook in the forward)"
+            for n in gm.graph.nodes if n.op == "call_function" and n.target is op}
 
 
 def _reentrant_as_eager(gm: torch.fx.GraphModule) -> None:

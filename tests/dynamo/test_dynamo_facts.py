@@ -41,6 +41,8 @@ UNPLANNED = {
     "layer_drop_decision",
     # torch.utils.checkpoint.checkpoint_sequential inside the forward: the same
     "checkpoint_sequential_inside",
+    # a hook that appends to a list, registered inside a loop: the same
+    "tensor_hook_logs_gradient_norms",
 }
 """Harness cases Dynamo runs without any graph: exact, unplanned, and said once."""
 
