@@ -7,6 +7,14 @@ hooks added or removed after the first call (``skip_nnmodule_hook_guards``). Eve
 step depends on is Dynamo's to guard: attribute values however deep, globals, closures, class
 attributes, training flags, ``requires_grad``.
 
+Dynamo compiles with :func:`_backend`, one function for every transformed module: the graph
+it returns (:class:`~fxckpt.dynamo.backend.SharedGraph`) runs the plan of the module whose call
+is running, made at the compile for the module that compiled it and at the first call that
+reaches it for any other. With a backend per module, a frame several modules run (the class's
+block ``forward`` that Dynamo compiles on its own after a break in a loop) counted one graph per
+module against Dynamo's recompile limit: from the ninth transform of such a model in a process
+(a notebook comparing strategies), training calls ran with no graph, unplanned.
+
 The driver keeps every graph it planned (:class:`~fxckpt.dynamo.backend.GraphRecord`) and the
 graphs the current call ran, in order: a graph planned during a call is given the budget the
 earlier graphs of the step leave (their saved tensors stay alive until backward), so a budget in
@@ -22,16 +30,18 @@ import logging
 import random
 import time
 import types
+import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
 from fxckpt.errors import CaptureError, ConfigError, FxckptError
 from fxckpt.dynamo.backend import (
-    AfterBreakInfeasible, GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
-    plan_graph,
+    AfterBreakInfeasible, GraphRecord, GraphRunner, SharedGraph, at_smallest, concrete,
+    held_at_end, plan_graph, running, running_planner,
 )
 from fxckpt.plan import Plan
 from fxckpt.dynamo.share import Outside, graph_runs
@@ -83,9 +93,12 @@ class DynamoDriver:
         self.smallest: dict[int, int] = {}
         self.replan_due = False
         self.replans = 0
+        self.runners: weakref.WeakKeyDictionary[SharedGraph, GraphRunner] = (
+            weakref.WeakKeyDictionary())
+        """This module's plan of each graph Dynamo compiled that its calls ran (some compiled by
+        other modules' calls: :class:`~fxckpt.dynamo.backend.SharedGraph`)."""
         self.model_forward = type(model).forward
         self.compiled = self._compile()
-        self._breaks = _breaks()
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         from torch._dynamo.utils import guard_failures
@@ -103,7 +116,7 @@ class DynamoDriver:
         if self.offloader is not None and self.config.offload is True:
             self.offloader.begin(tm)  # each graph's saved tensors offloaded as it runs
         try:
-            with self._patch, self.meter or contextlib.nullcontext():
+            with self._patch, self.meter or contextlib.nullcontext(), running(self):
                 out = self.compiled(tm, *args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None)
@@ -200,16 +213,35 @@ class DynamoDriver:
             self.compiling_calls, str(reasons[-1]).strip().splitlines()[0], limit)
         self.warned = True
 
-    def _backend(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+    def graph_compiled(self, graph: SharedGraph, gm: torch.fx.GraphModule,
+                 inputs: list[Any]) -> None:
+        """Dynamo compiled ``graph`` during this module's call: planned now, with the call's
+        inputs."""
         self.compiles += 1
-        around = self._around
-        if self.config.budget is None or not is_dynamic(inputs):
-            return GraphRunner(self._plan(gm, inputs), self._ran, around)
-        base = copy_graph_module(gm)  # planned again, as captured, for larger sizes
-        first = self._plan(gm, inputs)
+        self.runners[graph] = self._runner(gm, list(inputs), graph)
+
+    def runner_for(self, graph: SharedGraph, args: tuple) -> GraphRunner:
+        """This module's runner of ``graph``; a graph another module's call compiled (a frame
+        both run) is planned at the first call of this module that reaches it."""
+        runner = self.runners.get(graph)
+        if runner is None:
+            with _disable_current_modes():  # planning runs no user mode, as at compile time
+                runner = self._runner(copy_graph_module(graph.base), list(args), graph)
+            self.runners[graph] = runner
+        return runner
+
+    def _runner(self, gm: torch.fx.GraphModule, inputs: list[Any],
+                graph: SharedGraph) -> GraphRunner:
+        ended_by = graph.ended_by
+        if self.config.budget is None or not graph.dynamic:
+            return GraphRunner(self._plan(gm, inputs, ended_by), self._ran, self._around)
+        # planned again, as captured, for larger sizes: from ``graph.base``, not ``graph``
+        # (which holds this module's runners only weakly, as keys)
+        base = graph.base
+        first = self._plan(gm, inputs, ended_by)
         return SizedRunner(first, sizes_of(tuple(concrete(list(inputs)))),
-                           lambda args: self._plan(copy_graph_module(base), args),
-                           self._ran, around)
+                           lambda args: self._plan(copy_graph_module(base), args, ended_by),
+                           self._ran, self._around)
 
     @contextlib.contextmanager
     def _around(self) -> Iterator[None]:
@@ -220,8 +252,10 @@ class DynamoDriver:
                 offloader.saving() if offloader is not None else contextlib.nullcontext()):
             yield
 
-    def _plan(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> GraphRecord:
-        """Plan one graph for the call running now (after the graphs of ``self.step``)."""
+    def _plan(self, gm: torch.fx.GraphModule, inputs: list[Any],
+              reasons: tuple[str, ...]) -> GraphRecord:
+        """Plan one graph for the call running now (after the graphs of ``self.step``;
+        ``reasons``: why Dynamo ended it)."""
         start = time.perf_counter()
         held = sum(r.held_bytes for r in self.step)
         position = len(self.step)
@@ -233,9 +267,6 @@ class DynamoDriver:
             if self.replans >= MAX_REPLANS:
                 raise
             plan, lowered = self._at_smallest(gm, inputs, position, e)
-        now = _breaks()  # counted before Dynamo compiles the graph a break ends
-        reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > self._breaks.get(r, 0))
-        self._breaks = now
         held_end = held_at_end(lowered, concrete(list(inputs)))
         record = GraphRecord(len(self.records), lowered, plan, held_end,
                              held_before=held, ended_by=reasons)
@@ -271,11 +302,12 @@ class DynamoDriver:
         self.replans += 1
         self.reserves = {i: max(peak for j, peak in self.smallest.items() if j > i)
                          for i in range(max(self.smallest))}
+        self.runners = weakref.WeakKeyDictionary()  # shared frames' graphs planned again too
         self.compiled = self._compile()
 
     def _compile(self) -> Callable[..., Any]:
         """The model's forward compiled afresh (its own code object: a cache of its own)."""
-        return torch.compile(_own_copy(self.model_forward), backend=self._backend, dynamic=None)
+        return torch.compile(_own_copy(self.model_forward), backend=_backend, dynamic=None)
 
     def _ran(self, record: GraphRecord) -> None:
         self.step.append(record)  # the current call's list (a new one each call)
@@ -369,6 +401,25 @@ def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
     copy.__dict__.update(fn.__dict__)
     copy.__qualname__ = fn.__qualname__
     return functools.update_wrapper(copy, fn)
+
+
+def _backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> SharedGraph:
+    """fxckpt's Dynamo backend: one function for every transformed module, so that a frame
+    they share keeps one graph per guard set instead of one per module (Dynamo's recompile
+    limit counts them), each module planning it for itself (:class:`SharedGraph`)."""
+    now = _breaks()  # counted before Dynamo compiles the graph a break ends
+    reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > _BREAKS_SEEN.get(r, 0))
+    _BREAKS_SEEN.clear()
+    _BREAKS_SEEN.update(now)
+    graph = SharedGraph(copy_graph_module(gm), is_dynamic(inputs), reasons)
+    planner = running_planner()
+    if planner is not None:
+        planner.graph_compiled(graph, gm, inputs)
+    return graph
+
+
+_BREAKS_SEEN: dict[str, int] = {}
+"""Dynamo's graph-break counts at the latest graph compiled (the breaks since end that one)."""
 
 
 def _breaks() -> dict[str, int]:

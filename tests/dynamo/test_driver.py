@@ -375,3 +375,40 @@ def test_no_segment_holds_one_end_of_an_autocast_region(options: dict) -> None:
               for n in getattr(graph, s.name).graph.nodes if n.op == "call_function"
               and getattr(n.target, "__name__", "").endswith("_autocast")]
     assert inside == [] and fxckpt.inspect(tm).plan.segments
+
+
+class BreaksInALoop(nn.Module):
+    """A graph break inside the loop over blocks: Dynamo runs the loop uncompiled and compiles
+    each block's ``forward`` on its own, a frame every instance of the class shares."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Body(depth=2) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+            if x.sum() > 1e9:  # a data-dependent branch: Dynamo breaks the graph here
+                x = x * 0
+        return x
+
+
+def test_a_frame_every_transform_shares_keeps_being_planned_and_runs_each_ones_plan() -> None:
+    """Twelve transforms of one model class whose blocks Dynamo compiles as frames of their own
+    (the class's code, shared): each trains to the model's bits with graphs planned for its own
+    options. With a backend per module, the ninth on ran no graph (Dynamo's recompile limit)."""
+    x = torch.randn(16, 32)
+    for i in range(12):
+        torch.manual_seed(0)
+        model = BreaksInALoop()
+        reference = copy.deepcopy(model)
+        options = [{"every": 1}, {}, {"budget": 0.5}][i % 3]
+        tm = fxckpt.transform(model, **options)
+        tm(x).square().mean().backward()
+        reference(x).square().mean().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), (i, options)
+        graphs = fxckpt.inspect(tm).graphs
+        assert len(graphs) >= 3, (i, options, graphs)  # one graph per block at least
+        segments = sum(len(g.plan.segments) for g in graphs)
+        assert (segments > 0) == bool(options), (i, options, segments)
