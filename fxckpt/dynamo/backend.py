@@ -22,8 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
-from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 import torch.fx
@@ -37,8 +36,8 @@ from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.segment import Offloading, SegmentModule
 from fxckpt.strategy import Budgeted
 
-__all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "Planner", "SharedGraph",
-           "at_smallest", "concrete", "plan_graph", "running", "running_planner", "state_name"]
+__all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "at_smallest", "concrete",
+           "plan_graph", "state_name"]
 
 log = logging.getLogger(__name__)
 
@@ -89,64 +88,6 @@ class GraphRunner:
         self.ran(record)
         with self.around():
             return record.gm(*args)
-
-
-class Planner(Protocol):
-    """What a :class:`SharedGraph` asks for the plan of the transformed module whose call runs
-    (:class:`~fxckpt.dynamo.driver.DynamoDriver`)."""
-
-    def graph_compiled(self, graph: "SharedGraph", gm: torch.fx.GraphModule,
-                 inputs: list[Any]) -> None:
-        """Dynamo compiled ``graph`` during this module's call (``gm``: a copy to plan, with the
-        call's ``inputs``)."""
-
-    def runner_for(self, graph: "SharedGraph", args: tuple) -> GraphRunner:
-        """What runs ``graph`` for this module (planned now if it has no plan for it)."""
-
-
-_running = threading.local()
-
-
-@contextlib.contextmanager
-def running(planner: Planner) -> Iterator[None]:
-    """The transformed module whose training call runs on this thread, while it runs."""
-    outer = getattr(_running, "planner", None)
-    _running.planner = planner
-    try:
-        yield
-    finally:
-        _running.planner = outer
-
-
-def running_planner() -> Optional[Planner]:
-    return getattr(_running, "planner", None)
-
-
-class SharedGraph:
-    """What Dynamo caches and calls for one graph it captured: the graph as captured, run with
-    the plan of the transformed module whose call is running.
-
-    Dynamo keeps compiled graphs per code object. The model's own ``forward`` is compiled from
-    a copy per transformed module, but a frame Dynamo compiles on its own (a block's
-    ``forward`` after a graph break in a loop, a function a break left) is the class's code,
-    shared by every module that runs it; every transformed module compiles with one backend, so
-    a graph one module's call compiled serves another's, which plans it (from :attr:`base`) at
-    its first call that reaches it. Each module keeps its own plans: a graph never runs another
-    module's plan."""
-
-    def __init__(self, base: torch.fx.GraphModule, dynamic: bool,
-                 ended_by: tuple[str, ...]) -> None:
-        self.base = base
-        """The graph as Dynamo captured it (never planned or lowered: each module copies it)."""
-        self.dynamic = dynamic
-        """Whether its sizes are symbolic (it serves calls of several sizes)."""
-        self.ended_by = ended_by
-
-    def __call__(self, *args: Any) -> Any:
-        planner = running_planner()
-        if planner is None:  # reached outside any training call of a transformed module
-            return self.base(*args)
-        return planner.runner_for(self, args)(*args)
 
 
 def state_name(node: torch.fx.Node) -> Optional[str]:

@@ -7,13 +7,8 @@ hooks added or removed after the first call (``skip_nnmodule_hook_guards``). Eve
 step depends on is Dynamo's to guard: attribute values however deep, globals, closures, class
 attributes, training flags, ``requires_grad``.
 
-Dynamo compiles with :func:`_backend`, one function for every transformed module: the graph
-it returns (:class:`~fxckpt.dynamo.backend.SharedGraph`) runs the plan of the module whose call
-is running, made at the compile for the module that compiled it and at the first call that
-reaches it for any other. With a backend per module, a frame several modules run (the class's
-block ``forward`` that Dynamo compiles on its own after a break in a loop) counted one graph per
-module against Dynamo's recompile limit: from the ninth transform of such a model in a process
-(a notebook comparing strategies), training calls ran with no graph, unplanned.
+Dynamo compiles with :func:`fxckpt.dynamo.cache.backend`, one function for every transformed
+module; each module plans each graph its calls run for itself (:mod:`fxckpt.dynamo.cache`).
 
 The driver keeps every graph it planned (:class:`~fxckpt.dynamo.backend.GraphRecord`) and the
 graphs the current call ran, in order: a graph planned during a call is given the budget the
@@ -40,12 +35,13 @@ from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
 from fxckpt.errors import CaptureError, ConfigError, FxckptError
 from fxckpt.dynamo.backend import (
-    AfterBreakInfeasible, GraphRecord, GraphRunner, SharedGraph, at_smallest, concrete,
-    held_at_end, plan_graph, running, running_planner,
+    AfterBreakInfeasible, GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
+    plan_graph,
 )
+from fxckpt.dynamo.cache import SharedGraph, backend, running
 from fxckpt.plan import Plan
 from fxckpt.dynamo.share import Outside, graph_runs
-from fxckpt.dynamo.sizes import SizedRunner, is_dynamic, sizes_of
+from fxckpt.dynamo.sizes import SizedRunner, sizes_of
 from fxckpt.graphs import copy_graph_module
 
 __all__ = ["DynamoDriver", "refuse_fsdp", "sharded"]
@@ -307,7 +303,7 @@ class DynamoDriver:
 
     def _compile(self) -> Callable[..., Any]:
         """The model's forward compiled afresh (its own code object: a cache of its own)."""
-        return torch.compile(_own_copy(self.model_forward), backend=_backend, dynamic=None)
+        return torch.compile(_own_copy(self.model_forward), backend=backend, dynamic=None)
 
     def _ran(self, record: GraphRecord) -> None:
         self.step.append(record)  # the current call's list (a new one each call)
@@ -401,32 +397,6 @@ def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
     copy.__dict__.update(fn.__dict__)
     copy.__qualname__ = fn.__qualname__
     return functools.update_wrapper(copy, fn)
-
-
-def _backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> SharedGraph:
-    """fxckpt's Dynamo backend: one function for every transformed module, so that a frame
-    they share keeps one graph per guard set instead of one per module (Dynamo's recompile
-    limit counts them), each module planning it for itself (:class:`SharedGraph`)."""
-    now = _breaks()  # counted before Dynamo compiles the graph a break ends
-    reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > _BREAKS_SEEN.get(r, 0))
-    _BREAKS_SEEN.clear()
-    _BREAKS_SEEN.update(now)
-    graph = SharedGraph(copy_graph_module(gm), is_dynamic(inputs), reasons)
-    planner = running_planner()
-    if planner is not None:
-        planner.graph_compiled(graph, gm, inputs)
-    return graph
-
-
-_BREAKS_SEEN: dict[str, int] = {}
-"""Dynamo's graph-break counts at the latest graph compiled (the breaks since end that one)."""
-
-
-def _breaks() -> dict[str, int]:
-    """Dynamo's count of graph breaks, by reason (its own words)."""
-    from torch._dynamo.utils import counters
-
-    return dict(counters["graph_break"])
 
 
 def _device_of(model: torch.nn.Module) -> str:
