@@ -104,6 +104,14 @@ def transform(
             f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
             "nn.Module whose forward calls it"
         )
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        raise ConfigError(
+            f"model is a torch.compile'd {type(model._orig_mod).__name__} (OptimizedModule), "
+            "whose calls bypass fxckpt: nothing would be planned. Transform the model inside "
+            "(fxckpt.transform(model._orig_mod, ...)); fxckpt compiles its training forward "
+            "with Dynamo itself, and torch.compile(tm) with capture='graph' puts the plan in "
+            "an inductor graph (docs/compile.md)"
+        )
     if is_transformed(model):
         raise ConfigError(
             f"this {type(model).__name__} is already transformed; transform the original model "

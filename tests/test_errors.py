@@ -83,6 +83,14 @@ def test_untraceable_model_reports_both_capture_failures() -> None:
     assert "export failed with" in text and "torch.cond" in text
 
 
+def test_a_torch_compiled_module_is_refused_with_the_module_inside_named() -> None:
+    """Its calls would bypass fxckpt (nothing planned, no graph): refused by name."""
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    with pytest.raises(fxckpt.ConfigError, match=r"torch.compile'd Linear \(OptimizedModule\).*"
+                       r"fxckpt.transform\(model._orig_mod"):
+        fxckpt.transform(compiled, every=1)
+
+
 def test_example_inputs_must_be_a_tuple() -> None:
     with pytest.raises(
         fxckpt.ConfigError, match=r"example_inputs must be a tuple .* \(got Tensor\)"
