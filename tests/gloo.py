@@ -34,10 +34,10 @@ def _entry(rank: int, world: int, port: int, body: Callable[..., None], args: tu
     finally:
         dist.destroy_process_group()
     # Passed: leave without the interpreter's teardown. One CI run aborted rank 0 of an FSDP2
-    # test that had run its checks ("terminate called without an active exception"); objects
-    # still holding the group at exit (FSDP2's device mesh, the store rank 0 serves) are
-    # destroyed there with native threads of theirs running. faulthandler names the place if an
-    # abort comes back inside the test.
+    # test ("terminate called without an active exception"); the likeliest place is that
+    # teardown, where objects still holding the group (FSDP2's device mesh, the store rank 0
+    # serves) are destroyed with native threads of theirs running. faulthandler names the place
+    # if an abort comes back inside the test.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

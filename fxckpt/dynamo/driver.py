@@ -56,6 +56,9 @@ class DynamoDriver:
                  offloader: Optional[Any] = None, counts: Optional[Any] = None) -> None:
         self.config = config
         self.offloader = offloader
+        self.offloads_all = offloader if config.offload is True else None
+        """The offloader whose hooks each graph runs under (``offload=True``; with ``"auto"``
+        the plan's segments offload on their own)."""
         self.counts = counts
         """The transformed module's counts (``inspect(tm).captures``, ``plans_made``): one
         capture and one plan per graph Dynamo hands over."""
@@ -92,7 +95,7 @@ class DynamoDriver:
         self.runners: weakref.WeakKeyDictionary[SharedGraph, GraphRunner] = (
             weakref.WeakKeyDictionary())
         """This module's plan of each graph Dynamo compiled that its calls ran (some compiled by
-        other modules' calls: :class:`~fxckpt.dynamo.backend.SharedGraph`)."""
+        other modules' calls: :class:`~fxckpt.dynamo.cache.SharedGraph`)."""
         self.model_forward = type(model).forward
         self.compiled = self._compile()
 
@@ -109,8 +112,8 @@ class DynamoDriver:
         held = [(path, g, generators.state_of(g)) for path, g in self._python_generators]
         uncompiled = _uncompiled_here()
         self.meter = Outside() if self.measure_next and not uncompiled else None
-        if self.offloader is not None and self.config.offload is True:
-            self.offloader.begin(tm)  # each graph's saved tensors offloaded as it runs
+        if self.offloads_all is not None:
+            self.offloads_all.begin(tm)  # each graph's saved tensors offloaded as it runs
         try:
             with self._patch, self.meter or contextlib.nullcontext(), running(self):
                 out = self.compiled(tm, *args, **kwargs)
@@ -210,7 +213,7 @@ class DynamoDriver:
         self.warned = True
 
     def graph_compiled(self, graph: SharedGraph, gm: torch.fx.GraphModule,
-                 inputs: list[Any]) -> None:
+                       inputs: list[Any]) -> None:
         """Dynamo compiled ``graph`` during this module's call: planned now, with the call's
         inputs."""
         self.compiles += 1
@@ -243,7 +246,7 @@ class DynamoDriver:
     def _around(self) -> Iterator[None]:
         """Around each graph's run: the measure of what runs unplanned, and with
         ``offload=True`` the hooks that move what the graph saves for backward."""
-        offloader = self.offloader if self.config.offload is True else None
+        offloader = self.offloads_all
         with graph_runs(self.meter), (
                 offloader.saving() if offloader is not None else contextlib.nullcontext()):
             yield
