@@ -85,7 +85,7 @@ def transform(
             segment (docs/budget.md, "Selective recompute"). ``False``: whole segments.
         capture: how training calls become graphs: ``"auto"`` (default) runs each training
             call through TorchDynamo, which guards the Python the forward reads and breaks it
-            into graphs where needed, and plans each graph (:mod:`fxckpt.dynamo`); where an
+            into graphs where needed, and plans each graph (:mod:`fxckpt.serve.dynamo`); where an
             option needs one whole graph of the model (stages, ``offload="auto"``, ``plan=``,
             ``example_inputs=``, a model sharded with ``fully_shard``) it captures one with
             ``torch.fx.symbolic_trace``, falling back to ``torch.export``. ``"dynamo"``: Dynamo

@@ -23,7 +23,7 @@ __all__ = ["TransformConfig", "FORCE_MODES", "CAPTURES"]
 FORCE_MODES = ("recompute", "save")
 CAPTURES = ("auto", "dynamo", "graph", "symbolic_trace", "export")
 """How :func:`fxckpt.transform` may capture the model. ``auto``: training calls through
-TorchDynamo (:mod:`fxckpt.dynamo`), one whole graph where a feature needs one (see
+TorchDynamo (:mod:`fxckpt.serve.dynamo`), one whole graph where a feature needs one (see
 :attr:`TransformConfig.whole_graph_needed`); ``dynamo``: training calls through Dynamo only;
 ``graph``: one whole graph per call structure (``symbolic_trace``, else ``export``), or only
 one of those two methods."""
@@ -81,7 +81,8 @@ class TransformConfig:
 
     capture: str = "auto"
     """How the model is captured (see :data:`CAPTURES`): ``auto`` trains through TorchDynamo,
-    each of its graphs planned (:mod:`fxckpt.dynamo`), unless a feature needs one whole graph."""
+    each of its graphs planned (:mod:`fxckpt.serve.dynamo`), unless a feature needs one whole
+    graph."""
 
     device_profile: Optional[str] = None
     """The device plans are priced for (``h100``, ``h200``, ``a100``, ``cpu``:

@@ -71,7 +71,7 @@ class Inspection:
     @property
     def graphs(self) -> list[Any]:
         """With ``capture="dynamo"``: the graphs the latest training call ran, in order, each a
-        :class:`~fxckpt.dynamo.GraphRecord` (its plan, what it holds for backward, and why
+        :class:`~fxckpt.serve.dynamo.GraphRecord` (its plan, what it holds for backward, and why
         Dynamo ended it); empty otherwise."""
         driver = self._dispatcher.dynamo
         return [] if driver is None else list(driver.step or driver.records)

@@ -16,7 +16,7 @@ anyone can tell:
   ``__dict__``. Its plans, code and stages are read through :func:`fxckpt.inspect`.
 
 Only ``forward`` differs, and only in training: with ``self.training`` and grad enabled it runs
-the rewritten graph chosen by :class:`~fxckpt.dispatch.Dispatcher`; in ``eval()`` or under
+the rewritten graph chosen by :class:`~fxckpt.serve.dispatch.Dispatcher`; in ``eval()`` or under
 ``torch.no_grad()`` (without pipeline stages) it runs the model's own forward — no capture, no
 planning, no overhead.
 """
@@ -31,7 +31,7 @@ import torch
 
 from fxckpt.capture.sharding import share_state
 from fxckpt.config import TransformConfig
-from fxckpt.dispatch import Dispatcher
+from fxckpt.serve.dispatch import Dispatcher
 from fxckpt.integrations import hf
 
 __all__ = ["TransformedModule", "make_transformed", "dispatcher_of", "is_transformed", "STATE"]

@@ -75,8 +75,9 @@ def test_the_graph_sees_the_package() -> None:
     graph = _graph()
     assert graph.number_of_nodes() > 100
     assert graph.has_edge("fxckpt.runtime.offload", "fxckpt.runtime.segment")
-    assert graph.has_edge("fxckpt.planner", "fxckpt.planning.fit")  # module level
-    assert graph.has_edge("fxckpt.dispatch", "fxckpt.planner")  # imported inside functions
+    assert graph.has_edge("fxckpt.serve.whole_graph", "fxckpt.planning.fit")  # module level
+    # imported inside functions
+    assert graph.has_edge("fxckpt.serve.dispatch", "fxckpt.serve.whole_graph")
 
 
 def test_no_module_imports_itself_through_others() -> None:
@@ -88,8 +89,7 @@ def test_the_runtime_never_imports_the_planner() -> None:
     """A transformed or loaded module runs on ``fxckpt.runtime`` alone: the passes, the solver
     and the planner stay out of its imports (and out of a saved export's)."""
     graph = _graph()
-    planning = ("fxckpt.passes", "fxckpt.solver", "fxckpt.planner", "fxckpt.dispatch",
-                "benchmarks")
+    planning = ("fxckpt.passes", "fxckpt.solver", "fxckpt.serve", "benchmarks")
     reached = {m for r in graph if r.startswith("fxckpt.runtime")
                for m in nx.descendants(graph, r)}
     assert not sorted(m for m in reached if m.startswith(planning))
@@ -128,10 +128,11 @@ def test_framework_rules_live_in_integrations() -> None:
 
 
 def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
-    """capture -> cost -> passes -> planning -> pipeline: no package reaches a later one (fit
-    lowers each candidate plan to verify it, so the rewrites come before the planning)."""
+    """capture -> cost -> passes -> planning -> pipeline -> serve: no package reaches a later
+    one (fit lowers each candidate plan to verify it, so the rewrites come before the
+    planning; serve runs them all for a call)."""
     order = ["fxckpt.capture", "fxckpt.cost", "fxckpt.passes", "fxckpt.planning",
-             "fxckpt.pipeline"]
+             "fxckpt.pipeline", "fxckpt.serve"]
     graph = _graph()
     later = []
     for i, stage in enumerate(order):
@@ -142,12 +143,13 @@ def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
 
 
 def test_importing_runs_a_chain_of_at_most_eleven_modules() -> None:
-    """The deepest chain of imports that run at import time (planner -> planning -> cost ->
-    runtime) is 11 modules; issue 35 counted 17 layers before the layout by stages. Imports
+    """The deepest chain of imports that run at import time (serve.whole_graph -> planning ->
+    cost -> runtime) is 11 modules; issue 35 counted 17 layers before the layout by stages. Imports
     inside functions (the CLI and inspect reaching the whole stack lazily) make a chain of 20
     and are not counted: they run only when that function is called."""
     graph = _graph(at_import=True)
-    assert not graph.has_edge("fxckpt.dispatch", "fxckpt.planner")  # only inside functions
-    assert graph.has_edge("fxckpt.planner", "fxckpt.planning.fit")
+    # only inside functions
+    assert not graph.has_edge("fxckpt.serve.dispatch", "fxckpt.serve.whole_graph")
+    assert graph.has_edge("fxckpt.serve.whole_graph", "fxckpt.planning.fit")
     chain = nx.dag_longest_path(graph)
     assert len(chain) <= 11, " -> ".join(chain)

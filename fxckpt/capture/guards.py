@@ -16,7 +16,7 @@ decided on the way is frozen into the graph: which child module was called, that
 
 :func:`~fxckpt.capture.reads.recording` records the reads while a capture runs, on this thread
 only. :meth:`Guards.failure` then says, before each call, which fact no longer holds; the
-dispatcher captures again (see :mod:`fxckpt.dispatch`).
+dispatcher captures again (see :mod:`fxckpt.serve.dispatch`).
 
     guards = build_guards(live_root, reads)
     guards.failure()  ->  None | Failure("attributes of <root>: `temperature`", "was 0.5, now 2.0")

@@ -1,5 +1,5 @@
 """Guards: what a captured graph depends on is recorded at capture and checked every call
-(fxckpt/capture/guards.py), and a changed fact captures again (fxckpt/dispatch.py)."""
+(fxckpt/capture/guards.py), and a changed fact captures again (fxckpt/serve/dispatch.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import fxckpt
-from fxckpt.dispatch import RECAPTURE_WARNING
+from fxckpt.serve.dispatch import RECAPTURE_WARNING
 from fxckpt.errors import CaptureError
 from fxckpt.capture.guards import build_guards
 from fxckpt.capture.reads import recording
@@ -91,7 +91,7 @@ def test_a_changed_fact_captures_again_and_an_unchanged_one_reuses(
     reference = copy.deepcopy(model)
     tm = fxckpt.transform(model, every=1, capture="graph")
     x = torch.randn(4, 16)
-    caplog.set_level(logging.INFO, logger="fxckpt.dispatch")
+    caplog.set_level(logging.INFO, logger="fxckpt.serve.dispatch")
     for temperature, captures in [(1.0, 1), (1.0, 1), (2.0, 2), (1.0, 2)]:
         model.temperature = reference.temperature = temperature
         assert_steps_equal(run_step(tm, (x,), {}), run_step(reference, (x,), {}))

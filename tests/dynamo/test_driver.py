@@ -1,4 +1,5 @@
-"""The Dynamo path's driver (fxckpt/dynamo): graphs, breaks, budgets across them, refusals."""
+"""The Dynamo path's driver (fxckpt/serve/dynamo): graphs, breaks, budgets across them,
+refusals."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_a_list_the_forward_appends_to_compiles_every_call_and_says_so_once(
     from dynamo_patterns import MemoryBank
 
     tm = fxckpt.transform(MemoryBank(), capture="dynamo", every=1)
-    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+    with caplog.at_level("WARNING", logger="fxckpt.serve.dynamo.driver"):
         for _ in range(5):
             tm(torch.randn(4, 32)).sum().backward()
     said = [r.getMessage() for r in caplog.records if "compiled the forward again" in r.message]
@@ -267,7 +268,7 @@ def test_every_call_lists_the_graphs_it_ran_and_a_recompiled_graph_counts_those_
     cached graph before it keeps."""
     torch.manual_seed(0)
     tm = fxckpt.transform(AfterBreak(), capture="dynamo", every=1)
-    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+    with caplog.at_level("WARNING", logger="fxckpt.serve.dynamo.driver"):
         for step in range(4):
             if step == 2:
                 tm.gate = True
@@ -299,7 +300,7 @@ def test_the_share_of_the_forward_that_runs_unplanned_is_measured_and_said_once(
     planned = fxckpt.transform(Broken(), capture="dynamo", every=1)
     skips = fxckpt.transform(Skips(), capture="dynamo", every=1)
     assert fxckpt.inspect(skips).unplanned_share is None  # nothing measured yet
-    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+    with caplog.at_level("WARNING", logger="fxckpt.serve.dynamo.driver"):
         for _ in range(3):
             for tm in (planned, skips):
                 tm(torch.randn(16, 32)).sum().backward()

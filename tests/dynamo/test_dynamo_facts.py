@@ -1,4 +1,4 @@
-"""Same bits under ordinary Python, through Dynamo (``capture="dynamo"``, fxckpt/dynamo).
+"""Same bits under ordinary Python, through Dynamo (``capture="dynamo"``, fxckpt/serve/dynamo).
 
 Every pattern of ``tests/dynamo_patterns.py`` (the classes of Python a frozen graph gets wrong)
 and every pattern of the Python-fact harness (``tests/python_patterns.py``,

@@ -62,7 +62,7 @@ def test_per_sample_gradients_through_vmap_grad_functional_call(
             return out.square().mean()
         return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
 
-    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+    with caplog.at_level("WARNING", logger="fxckpt.serve.dynamo.driver"):
         ours, ours_again, theirs = per_sample(tm), per_sample(tm), per_sample(reference)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours_again[k], theirs[k])
@@ -132,7 +132,7 @@ def test_a_call_under_a_dispatch_mode_runs_the_model_unplanned_and_says_why_once
     tm = fxckpt.transform(model, capture="dynamo", every=1)
     x = torch.randn(8, W)
     tm(x).sum().backward()
-    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+    with caplog.at_level("WARNING", logger="fxckpt.serve.dynamo.driver"):
         for _ in range(2):
             with FlopCounterMode(display=False) as counter:
                 tm(x).square().mean().backward()
@@ -155,7 +155,7 @@ def test_torch_compile_around_the_module_keeps_the_plan_and_says_it_adds_nothing
     reference = copy.deepcopy(model)
     tm = fxckpt.transform(model, capture="dynamo", every=1)
     compiled = torch.compile(tm, backend=backend)
-    with caplog.at_level("WARNING", logger="fxckpt.dynamo.driver"):
+    with caplog.at_level("WARNING", logger="fxckpt.serve.dynamo.driver"):
         for step in range(3):
             x = torch.randn(8, W)
             ours, theirs = compiled(x), reference(x)

@@ -1,5 +1,6 @@
-"""Plans by size on the default path (fxckpt/dynamo/sizes.py): after a call with new sizes Dynamo
-serves every size with one dynamic graph, and a budget in bytes must still hold at each."""
+"""Plans by size on the default path (fxckpt/serve/dynamo/sized.py): after a call with new
+sizes Dynamo serves every size with one dynamic graph, and a budget in bytes must still hold at
+each; a growing batch is planned by power-of-two buckets, as a whole graph's calls are."""
 
 from __future__ import annotations
 
@@ -67,3 +68,111 @@ def test_every_and_depth_plans_do_not_depend_on_sizes() -> None:
     for n in (8, 16, 32, 64):
         tm(torch.randn(n, 64)).sum().backward()
     assert len(fxckpt.inspect(tm).plans) == 2  # the static graph, then Dynamo's dynamic one
+
+
+class _SizedFromShapes(nn.Module):
+    """Sizes read in Python (a position ramp over the batch, a reshape by it): Dynamo passes
+    the batch as an integer input beside the tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.Tanh())
+                                    for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.arange(x.shape[0], dtype=x.dtype).unsqueeze(1) / x.shape[0]
+        for block in self.blocks:
+            x = block(x)
+        return x.reshape(x.shape[0], 8, 8).sum(-1)
+
+
+class _BreaksMidway(_SizedFromShapes):
+    """Two graphs: the second is planned beside what the first keeps, at the call's sizes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks[:4]:
+            x = block(x)
+        torch._dynamo.graph_break()
+        for block in self.blocks[4:]:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("cls,budget,most", [(_SizedFromShapes, 1_800_000, 6),
+                                             (_BreaksMidway, 3_200_000, None)],
+                         ids=["one_graph", "graph_break"])
+def test_a_batch_growing_every_step_is_planned_by_buckets_not_at_every_size(
+        cls: type, budget: int, most: int) -> None:
+    """One graph: planned at power-of-two buckets. With a break, each graph's budget depends on
+    the other's at the call's own sizes: planned per new size, and the budget holds at each."""
+    torch.manual_seed(0)
+    tm = fxckpt.transform(cls(), budget=budget)
+    torch.manual_seed(0)
+    reference = cls()
+    sizes = range(200, 1200, 25)  # 40 sizes, each larger than the last
+    for n in sizes:
+        x = torch.randn(n, 64)
+        tm.zero_grad(), reference.zero_grad()
+        peak = _tracked(tm, (x,))
+        assert peak <= 1.05 * budget, (n, peak)
+        _tracked(reference, (x,))
+        ours, theirs = _params(tm), _params(reference)
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), n
+    plans = fxckpt.inspect(tm).plans
+    assert any(p.segments for p in plans)
+    if most is not None:
+        # the first size (a static graph), then the dynamic graph at 225, checked or planned
+        # at the buckets 256, 512, 1024 and 2048 at most: not one plan per size (40)
+        assert len(plans) <= most, [p.summary() for p in plans]
+
+
+def test_bucketed_placeholders_set_each_size_input_to_its_padded_dimension() -> None:
+    from fxckpt.serve.dynamo.sized import size_inputs
+
+    graphs = []
+
+    def keep(gm: torch.fx.GraphModule, inputs: list) -> torch.fx.GraphModule:
+        graphs.append(gm)
+        return gm
+
+    model = _SizedFromShapes()
+    compiled = torch.compile(model, backend=keep, dynamic=True)
+    compiled(torch.randn(5, 64))
+    gm = graphs[-1]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sizes = size_inputs(gm)
+    assert sizes, [n.meta.get("example_value") for n in placeholders]
+    tensors = [n for n in placeholders if isinstance(n.meta["example_value"], torch.Tensor)]
+    for position, (tensor, dim) in sizes.items():
+        symbol = placeholders[position].meta["example_value"]
+        assert str(tensors[tensor].meta["example_value"].shape[dim]) == str(symbol)
+
+
+def test_a_hugging_face_model_with_its_loss_after_a_break_is_planned_by_buckets() -> None:
+    """GPT-2 with labels: Hugging Face's loss logs a warning, so Dynamo runs it as a second
+    graph. Each graph's plans are checked at buckets; the loss graph is planned beside what the
+    first graph keeps at the sizes its plan was checked at (at least the call's)."""
+    def step(module: nn.Module, ids: torch.Tensor) -> int:
+        with LiveTensorTracker() as tracker:
+            module(ids, labels=ids).loss.backward()
+        return tracker.peak_bytes
+
+    torch.manual_seed(0)
+    budget = int(0.5 * step(gpt2(layers=4), torch.randint(0, 64, (24, 32))))
+    torch.manual_seed(0)
+    tm = fxckpt.transform(gpt2(layers=4), budget=budget)
+    torch.manual_seed(0)
+    reference = gpt2(layers=4)
+    for batch in range(1, 25):
+        ids = torch.randint(0, 64, (batch, 32))
+        tm.zero_grad(), reference.zero_grad()
+        torch.manual_seed(batch)  # the same dropout masks
+        assert step(tm, ids) <= 1.05 * budget, batch
+        torch.manual_seed(batch)
+        step(reference, ids)
+        ours, theirs = _params(tm), _params(reference)
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), batch
+    info = fxckpt.inspect(tm)
+    assert len(info.graphs) == 2
+    assert any(p.segments for p in info.plans)
+    assert len(info.plans) <= 8, [p.summary() for p in info.plans]  # not 2 per size (48)

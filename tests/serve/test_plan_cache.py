@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 import torch
 
-from fxckpt.planning.plan_cache import MAX_PLANS, PlanCache
-from fxckpt.planning.sizes import Growth
+from fxckpt.serve.plan_cache import MAX_PLANS, PlanCache, plan_budget
+from fxckpt.serve.sizes import Growth, padded_args
 
 FIXED, EAGER, CHECKPOINTED = 100, 10, 4
 """Bytes a step holds at any batch, and per sample without and with checkpointing."""
@@ -26,7 +26,21 @@ class Step:
     def peak(self, compiled: Any, batch: int) -> int:
         return FIXED + (CHECKPOINTED if compiled.plan.segments else EAGER) * batch
 
-    def build(self, args: tuple, kwargs: dict, budget: object, eager: Optional[int]) -> Any:
+    def shapes(self, args: tuple, kwargs: dict) -> tuple:
+        return (tuple(args[0].shape),)
+
+    def accepts(self, shapes: tuple) -> bool:
+        return True
+
+    def padded(self, args: tuple, kwargs: dict, key: tuple, grown: set,
+               scale: int = 1) -> Optional[tuple[tuple, dict]]:
+        return padded_args(args, kwargs, key, grown, scale)
+
+    def limit(self, planned: Any) -> Optional[int]:
+        return plan_budget(planned)
+
+    def build(self, args: tuple, kwargs: dict, budget: object = None,
+              eager: Optional[int] = None) -> Any:
         batch = args[0].shape[0]
         self.built.append((batch, eager))
         fits = FIXED + EAGER * batch <= self.budget
@@ -45,9 +59,7 @@ class Step:
         found = cache.find(key)
         if found is not None:
             return found
-        return cache.make(key, (torch.zeros(batch, 8),), {}, self.build,
-                          lambda a, k: (tuple(a[0].shape),), lambda s: True,
-                          planned_larger=False, peak_at=self.peak_at)[0]
+        return cache.make(key, (torch.zeros(batch, 8),), {}, self)[0]
 
 
 def test_checks_jump_ahead_to_where_the_plan_is_predicted_to_hold() -> None:
@@ -105,17 +117,17 @@ def test_plans_per_capture_are_bounded_least_recently_used_first() -> None:
     cache: PlanCache = PlanCache()
     built = []
 
-    def build(args: tuple, kwargs: dict, budget: object, eager: object) -> Any:
-        built.append(tuple(args[0].shape))
-        plan = SimpleNamespace(budget=None, verified_peak=None, segments=())
-        return SimpleNamespace(plan=plan, shape=tuple(args[0].shape))
+    class Unverified(Step):
+        def build(self, args: tuple, kwargs: dict, budget: object = None,
+                  eager: object = None) -> Any:
+            built.append(tuple(args[0].shape))
+            plan = SimpleNamespace(budget=None, verified_peak=None, segments=())
+            return SimpleNamespace(plan=plan, shape=tuple(args[0].shape))
+
+    planner = Unverified(budget=0)
 
     def plan(*shape: int) -> tuple:
-        key = (shape,)
-        found = cache.find(key) or cache.make(key, (torch.zeros(shape),), {}, build,
-                                              lambda a, k: (tuple(a[0].shape),),
-                                              lambda s: True, planned_larger=False)[0]
-        return found.shape
+        return cache.serve((shape,), (torch.zeros(shape),), {}, planner)[0].shape
 
     assert plan(4, 3) == (4, 3)
     assert plan(5, 3) == (8, 3)  # grew past every plan: made for the bucket

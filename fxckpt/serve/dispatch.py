@@ -13,15 +13,15 @@ capture whose children were replaced is dropped, and a fact that keeps changing 
 once. A capture serves one plan for every
 shape, except under a memory budget, where the plan depends on sizes: which plan serves which
 shapes (reuse of a larger one, power-of-two buckets for growing sizes, at most
-:data:`~fxckpt.planning.plan_cache.MAX_PLANS` per capture) is
-:mod:`fxckpt.planning.plan_cache`'s. Training with dynamic padding therefore costs one capture
+:data:`~fxckpt.serve.plan_cache.MAX_PLANS` per capture) is
+:mod:`fxckpt.serve.plan_cache`'s. Training with dynamic padding therefore costs one capture
 and, under a budget, a few plans.
 
 Captures do not depend on fxckpt's options, so transforms of the same model (comparing
 strategies in a notebook, say) share them (:mod:`fxckpt.capture.sharing`), as long as the model
 still holds the same modules, parameters and buffers; at most :data:`MAX_CAPTURES` per model
 are kept for sharing. With ``capture="dynamo"`` a training call is Dynamo's instead
-(:mod:`fxckpt.dynamo`).
+(:mod:`fxckpt.serve.dynamo`).
 
 A training call to a Hugging Face model runs without a key/value cache (``use_cache=False``,
 unless the caller passed it: :func:`fxckpt.integrations.hf.without_cache`).
@@ -48,17 +48,18 @@ from fxckpt.integrations import hf
 from fxckpt.capture.guards import Failure
 from fxckpt.capture.isolation import CAPTURE_LOCK
 from fxckpt.capture.sharing import fingerprint, offer, shared_capture
-from fxckpt.planning.plan_cache import PlanCache
+from fxckpt.serve.plan_cache import PlanCache, plan_budget
+from fxckpt.serve.sizes import padded_args
 from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
     from fxckpt.capture.captured import Captured
-    from fxckpt.dynamo import DynamoDriver
-    from fxckpt.planner import Compiled
+    from fxckpt.serve.dynamo import DynamoDriver
+    from fxckpt.serve.whole_graph import Compiled
     from fxckpt.runtime.offload import Offloader
 
-__all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
+__all__ = ["Dispatcher", "Entry", "EntryPlanner", "MAX_CAPTURES", "RECAPTURE_WARNING"]
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class Dispatcher:
             return True
         if capture != "auto" or self.config.whole_graph_needed or self.entries:
             return False
-        from fxckpt.dynamo import sharded
+        from fxckpt.serve.dynamo import sharded
 
         return not sharded(tm)
 
@@ -173,9 +174,9 @@ class Dispatcher:
         return compiled
 
     def _through_dynamo(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        """A training call compiled by Dynamo, each of its graphs planned (:mod:`fxckpt.dynamo`).
-        An outer ``torch.compile(tm)`` breaks its graph here: the driver runs uncompiled by it,
-        and says so once."""
+        """A training call compiled by Dynamo, each of its graphs planned
+        (:mod:`fxckpt.serve.dynamo`). An outer ``torch.compile(tm)`` breaks its graph here: the
+        driver runs uncompiled by it, and says so once."""
         return self._driven(tm, args, kwargs, torch.compiler.is_compiling())
 
     @torch._dynamo.disable
@@ -185,7 +186,7 @@ class Dispatcher:
         if hf.own_checkpointing_on(self.switches):  # switched on behind fxckpt's back
             hf.release_own_checkpointing(self.model)
         if self.dynamo is None:
-            from fxckpt.dynamo import DynamoDriver, refuse_fsdp
+            from fxckpt.serve.dynamo import DynamoDriver, refuse_fsdp
 
             refuse_fsdp(tm)
             self.dynamo = DynamoDriver(self.model, self.config, self.offloader, self.counts)
@@ -225,7 +226,7 @@ class Dispatcher:
 
     def _keyed(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[CallKey, Shapes]:
         """The call's key and shapes, as planned (the first micro-batch's)."""
-        from fxckpt.planner import first_micro_batch
+        from fxckpt.serve.whole_graph import first_micro_batch
 
         return call_key(module_states(tm), *first_micro_batch(self.config, args, kwargs))
 
@@ -245,7 +246,7 @@ class Dispatcher:
     def _entry(
         self, tm: torch.nn.Module, key: CallKey, shapes: Shapes, args: tuple, kwargs: dict
     ) -> Entry:
-        from fxckpt.planner import capture_for
+        from fxckpt.serve.whole_graph import capture_for
 
         entries = self.entries.setdefault(key, [])
         for entry in list(entries):
@@ -292,39 +293,19 @@ class Dispatcher:
 
     def _plan(self, tm: torch.nn.Module, key: CallKey, entry: Entry, shapes: Shapes,
               args: tuple, kwargs: dict) -> Compiled:
-        from fxckpt.planner import build
-
         plan_key = shapes if self._shape_dependent(entry) else None
         compiled = entry.plans.find(plan_key)
         if compiled is not None:
             return compiled
-
-        def make(a: tuple, k: dict, budget: Optional[Budget],
-                 eager: Optional[int]) -> Compiled:
-            config = self.config if budget is None else dataclasses.replace(
-                self.config, strategy=Budgeted(budget))
-            with _planning():
-                return build(entry.captured, config, a, k, training=tm.training, model=tm,
-                             eager_peak=eager, offloader=self.offloader)
-
-        def shapes_of(a: tuple, k: dict) -> Shapes:
-            return self._keyed(tm, a, k)[1]
-
         if self.config.pipelined or self.config.budget is None:
             entry.plans.buckets = False
         larger = plan_key is not None and any(
             s is not None and dominates(s, plan_key)
             for e in self.entries.get(key, ()) for s in e.plans.plans)
-        def verified(compiled: Compiled, a: tuple, k: dict) -> Optional[int]:
-            from fxckpt.planner import peak_at
-
-            with _planning():
-                return peak_at(compiled, self.config, a, k, tm)
-
         start = time.perf_counter()
-        compiled, made = entry.plans.make(plan_key, args, kwargs, make, shapes_of,
-                                          entry.captured.accepts, planned_larger=larger,
-                                          peak_at=verified)
+        compiled, made = entry.plans.make(plan_key, args, kwargs,
+                                          EntryPlanner(self, tm, entry.captured),
+                                          planned_larger=larger)
         self.counts.plans += made
         self.counts.plan_seconds += time.perf_counter() - start
         return compiled
@@ -332,6 +313,46 @@ class Dispatcher:
     def _shape_dependent(self, entry: Entry) -> bool:
         """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
         return self.config.budget is not None or not entry.captured.shape_free
+
+
+class EntryPlanner:
+    """How the plans of one whole-graph capture are made and checked for one transformed
+    module (:class:`~fxckpt.serve.plan_cache.Planner`)."""
+
+    def __init__(self, dispatcher: Dispatcher, tm: torch.nn.Module, captured: Captured) -> None:
+        self.dispatcher = dispatcher
+        self.tm = tm
+        self.captured = captured
+
+    def shapes(self, args: tuple, kwargs: dict) -> Shapes:
+        return self.dispatcher._keyed(self.tm, args, kwargs)[1]
+
+    def accepts(self, shapes: Shapes) -> bool:
+        return self.captured.accepts(shapes)
+
+    def build(self, args: tuple, kwargs: dict, budget: Optional[Budget] = None,
+              eager: Optional[int] = None) -> Compiled:
+        from fxckpt.serve.whole_graph import build
+
+        config = self.dispatcher.config
+        if budget is not None:
+            config = dataclasses.replace(config, strategy=Budgeted(budget))
+        with _planning():
+            return build(self.captured, config, args, kwargs, training=self.tm.training,
+                         model=self.tm, eager_peak=eager, offloader=self.dispatcher.offloader)
+
+    def peak_at(self, planned: Compiled, args: tuple, kwargs: dict) -> Optional[int]:
+        from fxckpt.serve.whole_graph import peak_at
+
+        with _planning():
+            return peak_at(planned, self.dispatcher.config, args, kwargs, self.tm)
+
+    def padded(self, args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
+               scale: int = 1) -> Optional[tuple[tuple, dict]]:
+        return padded_args(args, kwargs, key, grown, scale)
+
+    def limit(self, planned: Compiled) -> Optional[int]:
+        return plan_budget(planned)
 
 
 @contextlib.contextmanager

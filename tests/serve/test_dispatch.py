@@ -1,5 +1,5 @@
-"""Which capture and plan serve a call: shared across transforms, renewed when the model
-changes."""
+"""Which capture and plan serve a call (fxckpt/serve/dispatch.py): shared across transforms,
+renewed when the model changes."""
 
 from __future__ import annotations
 

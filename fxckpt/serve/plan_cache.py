@@ -37,16 +37,14 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Callable, Generic, Optional, Protocol, TypeVar
+from typing import Generic, Optional, Protocol, TypeVar
 
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.plan import Plan
-from fxckpt.planning.sizes import (
-    JUMP, JUMP_SHARE, Growth, ShapesOf, grown_dims, padded_args, scaled, volume,
-)
+from fxckpt.serve.sizes import JUMP, JUMP_SHARE, Growth, grown_dims, scaled, volume
 from fxckpt.signature import Shapes, dominates
 
-__all__ = ["PlanCache", "Planned", "MAX_PLANS"]
+__all__ = ["PlanCache", "Planned", "Planner", "MAX_PLANS", "plan_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +55,9 @@ power-of-two buckets of a batch from 1 to 128, or of a few sequence lengths."""
 
 
 class Planned(Protocol):
-    """What the cache keeps: anything with a plan (:class:`fxckpt.planner.Compiled`)."""
+    """What the cache keeps: anything with a plan (a whole graph's
+    :class:`~fxckpt.serve.whole_graph.Compiled`, a Dynamo graph's
+    :class:`~fxckpt.serve.dynamo.backend.GraphRecord`)."""
 
     @property
     def plan(self) -> Plan: ...
@@ -65,11 +65,42 @@ class Planned(Protocol):
 
 P = TypeVar("P", bound=Planned)
 
-Build = Callable[[tuple, dict, Optional[Budget], Optional[int]], P]
-"""Plan for these call arguments (with this budget instead of the configured one, if given;
-with the unmodified step's verified peak at these sizes, if already known)."""
-PeakAt = Callable[[P, tuple, dict], Optional[int]]
-"""A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
+
+class Planner(Protocol[P]):
+    """How the plans of one graph are made and checked: the one interface the cache calls,
+    implemented for a whole graph (:class:`~fxckpt.serve.dispatch.EntryPlanner`) and for a
+    graph Dynamo made dynamic (:class:`~fxckpt.serve.dynamo.sized.GraphPlanner`)."""
+
+    def shapes(self, args: tuple, kwargs: dict) -> Shapes:
+        """The shapes a call's arguments are planned or measured at."""
+
+    def accepts(self, shapes: Shapes) -> bool:
+        """Whether the graph serves calls of these shapes (an exported graph's ranges)."""
+
+    def build(self, args: tuple, kwargs: dict, budget: Optional[Budget] = None,
+              eager: Optional[int] = None) -> P:
+        """Plan for these arguments (with ``budget`` instead of the configured one, if given;
+        with the unmodified step's verified peak at these sizes, if already known)."""
+
+    def peak_at(self, planned: P, args: tuple, kwargs: dict) -> Optional[int]:
+        """A plan's verified peak for calls like these (``None`` when it cannot be verified)."""
+
+    def padded(self, args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
+               scale: int = 1) -> Optional[tuple[tuple, dict]]:
+        """Placeholder arguments with the ``grown`` dimensions of ``key`` bucketed (times
+        ``scale``), or ``None`` when they cannot be made."""
+
+    def limit(self, planned: P) -> Optional[int]:
+        """The bytes ``planned`` must hold at larger sizes to serve them (``None``: it is not a
+        verified budget plan, and is never checked there)."""
+
+
+def plan_budget(planned: Planned) -> Optional[int]:
+    """:meth:`Planner.limit` of a graph planned alone: the budget in bytes a verified budget
+    plan holds (``None``: not such a plan)."""
+    plan = planned.plan
+    return None if plan.verified_peak is None else plan.budget
+
 
 class PlanCache(Generic[P]):
     """The plans made on one capture, keyed by shapes (``None``: one plan for every shape)."""
@@ -80,6 +111,9 @@ class PlanCache(Generic[P]):
         """Whether bucketed sizes may still be tried on this capture."""
         self.beyond: set[Shapes] = set()
         """Bucketed sizes the budget cannot be met at (the call's own sizes are planned)."""
+        self.served: Optional[Shapes] = None
+        """The key of the plan :meth:`find`, :meth:`make` or :meth:`serve` returned last (the
+        sizes it was made or checked at: a call it serves is at most that large)."""
         self.growth: Growth[object] = Growth()
         """The verified peaks seen, by size: what predicts a plan's peak at a larger size."""
 
@@ -89,6 +123,7 @@ class PlanCache(Generic[P]):
     def find(self, key: Optional[Shapes]) -> Optional[P]:
         """The plan for exactly these shapes, or the smallest made for larger ones."""
         if key in self.plans:
+            self.served = key
             self.plans.move_to_end(key)
             return self.plans[key]
         if key is None:
@@ -98,16 +133,26 @@ class PlanCache(Generic[P]):
             return None
         best = min(larger, key=volume)
         log.debug("reusing the plan made for %s for %s", best, key)
+        self.served = best
         self.plans.move_to_end(best)
         return self.plans[best]
 
-    def make(self, key: Optional[Shapes], args: tuple, kwargs: dict, build: Build[P],
-             shapes_of: ShapesOf, accepts: Callable[[Shapes], bool],
-             planned_larger: bool, peak_at: Optional[PeakAt[P]] = None) -> tuple[P, bool]:
+    def serve(self, key: Optional[Shapes], args: tuple, kwargs: dict, planner: Planner[P],
+              planned_larger: bool = False) -> tuple[P, bool]:
+        """The plan for a call with shapes ``key`` (:meth:`find`, else :meth:`make`), and
+        whether it was made now."""
+        found = self.find(key)
+        if found is not None:
+            return found, False
+        return self.make(key, args, kwargs, planner, planned_larger)
+
+    def make(self, key: Optional[Shapes], args: tuple, kwargs: dict, planner: Planner[P],
+             planned_larger: bool = False) -> tuple[P, bool]:
         """The plan for a call with shapes ``key``, kept; and whether it was made now.
 
         A larger call first tries the latest plan: when its verified peak at the bucketed sizes
-        (``peak_at``) is within its budget, that plan serves them too, and nothing is planned.
+        (``planner.peak_at``) is within its budget, that plan serves them too, and nothing is
+        planned.
         Else a plan is made for the bucketed sizes, or for the call's own.
         ``planned_larger``: a call at least as large was planned under the budget before (in
         any capture of such calls), so a budget this call cannot meet falls back to the plan
@@ -115,30 +160,29 @@ class PlanCache(Generic[P]):
         """
         if key is not None and self.buckets and self.plans:
             grown = self._grown(key)
-            padded = padded_args(args, kwargs, key, grown)
+            padded = planner.padded(args, kwargs, key, grown)
             if padded is not None:
-                bucketed = shapes_of(*padded)
+                bucketed = planner.shapes(*padded)
                 latest = next(reversed(self.plans.values()), None)
                 # beyond the budget at the bucket: whether it holds at the call's own sizes
                 sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
                                  else (bucketed, padded))
                 eager: Optional[int] = None
-                if (latest is not None and accepts(sizes) and peak_at is not None
-                        and _budget(latest) is not None):
+                if (latest is not None and planner.accepts(sizes)
+                        and planner.limit(latest) is not None):
                     if sizes == bucketed:
-                        ahead = self._ahead(latest, key, grown, args, kwargs, shapes_of,
-                                            accepts, peak_at)
+                        ahead = self._ahead(latest, key, grown, args, kwargs, planner)
                         if ahead is not None:
-                            return self._keep(shapes_of(*ahead), latest), False
-                    held, peak = self._check(latest, sizes, a, k, peak_at)
+                            return self._keep(planner.shapes(*ahead), latest), False
+                    held, peak = self._check(latest, sizes, a, k, planner)
                     if held:
                         log.debug("the latest plan holds its budget at %s too", sizes)
                         return self._keep(sizes, latest), False
                     if peak is not None and sizes == bucketed and not _segments(latest):
                         eager = peak  # the unmodified step's peak at the bucket
-                if bucketed != key and bucketed not in self.beyond and accepts(bucketed):
+                if bucketed != key and bucketed not in self.beyond and planner.accepts(bucketed):
                     try:
-                        compiled = build(*padded, None, eager)
+                        compiled = planner.build(*padded, None, eager)
                         if _unverified(compiled):
                             raise RuntimeError("the plan could not be verified at those sizes")
                         self.growth.saw(compiled, volume(bucketed), _verified(compiled))
@@ -150,7 +194,7 @@ class PlanCache(Generic[P]):
                         log.info("fxckpt: planning for bucketed sizes %s failed (%s: %s); "
                                  "planning each size as it comes", bucketed, type(e).__name__, e)
         try:
-            compiled = build(args, kwargs, None, None)
+            compiled = planner.build(args, kwargs)
         except BudgetInfeasibleError as e:
             if not planned_larger:
                 raise
@@ -159,44 +203,43 @@ class PlanCache(Generic[P]):
                 "bytes), but a larger call was planned under it; this call uses the plan with "
                 "the smallest peak. A budget in bytes holds for every batch size", key,
                 e.min_budget)
-            compiled = build(args, kwargs, Budget(bytes=e.min_budget), None)
+            compiled = planner.build(args, kwargs, Budget(bytes=e.min_budget))
         if key is not None:
             self.growth.saw(compiled, volume(key), _verified(compiled))
         return self._keep(key, compiled), True
 
     def _check(self, compiled: P, sizes: Shapes, args: tuple, kwargs: dict,
-               peak_at: PeakAt[P]) -> tuple[bool, Optional[int]]:
+               planner: Planner[P]) -> tuple[bool, Optional[int]]:
         """Whether ``compiled`` holds its budget at ``sizes``, and the peak measured there
         (``None`` when not measured: the prediction said it would not hold)."""
-        budget = _budget(compiled)
+        budget = planner.limit(compiled)
         assert budget is not None
         predicted = self.growth.predict(compiled, volume(sizes))
         if predicted is not None and predicted > budget:
             log.debug("the latest plan is predicted at %d bytes at %s, over its budget: not "
                       "checked", predicted, sizes)
             return False, None
-        peak = peak_at(compiled, args, kwargs)
+        peak = planner.peak_at(compiled, args, kwargs)
         if peak is None:
             return False, None
         self.growth.saw(compiled, volume(sizes), peak)
         return peak <= budget, peak
 
     def _ahead(self, latest: P, key: Shapes, grown: set[tuple[int, int]], args: tuple,
-               kwargs: dict, shapes_of: ShapesOf, accepts: Callable[[Shapes], bool],
-               peak_at: PeakAt[P]) -> Optional[tuple[tuple, dict]]:
+               kwargs: dict, planner: Planner[P]) -> Optional[tuple[tuple, dict]]:
         """Placeholder arguments a few buckets further on at which ``latest`` was checked and
         holds its budget (one check for all the sizes up to them), or ``None``."""
-        budget = _budget(latest)
+        budget = planner.limit(latest)
         assert budget is not None
         for doublings in range(JUMP, 0, -1):
             far = scaled(key, grown, 1 << doublings)
             predicted = self.growth.predict(latest, volume(far))
-            if predicted is None or predicted > JUMP_SHARE * budget or not accepts(far):
+            if predicted is None or predicted > JUMP_SHARE * budget or not planner.accepts(far):
                 continue
-            padded = padded_args(args, kwargs, key, grown, 1 << doublings)
-            if padded is None or shapes_of(*padded) != far:
+            padded = planner.padded(args, kwargs, key, grown, 1 << doublings)
+            if padded is None or planner.shapes(*padded) != far:
                 return None
-            held, _ = self._check(latest, far, *padded, peak_at)
+            held, _ = self._check(latest, far, *padded, planner)
             log.debug("the latest plan checked %d bucket(s) ahead, at %s: %s", doublings, far,
                       "holds" if held else "over its budget")
             return padded if held else None
@@ -207,18 +250,13 @@ class PlanCache(Generic[P]):
         return grown_dims([s for s in self.plans if s is not None], key)
 
     def _keep(self, key: Optional[Shapes], compiled: P) -> P:
+        self.served = key
         self.plans[key] = compiled
         self.plans.move_to_end(key)
         while len(self.plans) > MAX_PLANS:
             dropped, _ = self.plans.popitem(last=False)
             log.debug("dropped the least recently used plan (for %s)", dropped)
         return compiled
-
-
-def _budget(compiled: Planned) -> Optional[int]:
-    """The budget in bytes a verified budget plan holds (``None``: not such a plan)."""
-    plan = compiled.plan
-    return None if plan.verified_peak is None else plan.budget
 
 
 def _segments(compiled: Planned) -> bool:

@@ -79,7 +79,7 @@ def build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict
     """Plan and rewrite a copy of the captured graph for calls like ``model(*args, **kwargs)``.
 
     ``eager_peak``: the unmodified step's verified peak for such calls when already measured
-    (:mod:`fxckpt.planning.plan_cache` checked a plan with no segments there); not measured
+    (:mod:`fxckpt.serve.plan_cache` checked a plan with no segments there); not measured
     again unless a ``loss_fn`` must see the step's output. ``offloader``: the transformed
     module's, which the segments a plan offloads run under (``offload="auto"``).
 

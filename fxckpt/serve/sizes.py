@@ -1,26 +1,26 @@
 """Sizes of calls under a budget: buckets, grown dimensions, and the line through peaks.
 
-The plan cache (:mod:`fxckpt.planning.plan_cache`) checks a growing call at its grown dimensions
+The plan cache (:mod:`fxckpt.serve.plan_cache`) checks a growing call at its grown dimensions
 rounded up to the next power of two (:func:`bucket`), and skips or moves checks by
-:class:`Growth`'s prediction.
+:class:`Growth`'s prediction. The same rules serve a whole graph's calls and a graph Dynamo made
+dynamic (whose inputs are a flat list: :func:`sizes_of`, :func:`is_dynamic`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Optional, TypeVar
+import contextlib
+from typing import Any, Generic, Optional, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxckpt.signature import Shapes
 
-__all__ = ["Growth", "JUMP", "JUMP_SHARE", "ShapesOf", "bucket", "grown_dims", "padded_args",
-           "scaled", "volume"]
+__all__ = ["Growth", "JUMP", "JUMP_SHARE", "bucket", "grown_dims", "is_dynamic", "padded_args",
+           "scaled", "sizes_of", "volume"]
 
 K = TypeVar("K")
-
-ShapesOf = Callable[[tuple, dict], Shapes]
-"""The shapes a call's arguments are planned or measured at (the first micro-batch's)."""
 
 JUMP = 3
 """Doublings past the bucket at which the latest plan may be checked first, when predicted to
@@ -92,12 +92,14 @@ def scaled(key: Shapes, grown: set[tuple[int, int]], scale: int = 1) -> Shapes:
 
 
 def padded_args(args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
-            scale: int = 1) -> Optional[tuple[tuple, dict]]:
-    """Placeholder arguments with the grown dimensions bucketed (times ``scale``; zeros:
-    planning reads shapes only), or ``None`` when nothing grew."""
+                scale: int = 1, fake: bool = False) -> Optional[tuple[tuple, dict]]:
+    """Placeholder arguments with the grown dimensions bucketed (times ``scale``), or ``None``
+    when nothing grew. Zeros (planning reads shapes only), or with ``fake`` fake tensors, which
+    take no memory: a placeholder made in the middle of a step must not add to its peak."""
     if not grown:
         return None
     index = 0
+    mode = FakeTensorMode() if fake else None
 
     def pad(t: torch.Tensor) -> torch.Tensor:
         nonlocal index
@@ -105,7 +107,9 @@ def padded_args(args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, in
         shape = [bucket(n) * scale if (i, d) in grown else n for d, n in enumerate(t.shape)]
         if list(t.shape) == shape:
             return t
-        return torch.zeros(shape, dtype=t.dtype, device=t.device).requires_grad_(t.requires_grad)
+        with mode or contextlib.nullcontext():
+            placeholder = torch.zeros(shape, dtype=t.dtype, device=t.device)
+        return placeholder.requires_grad_(t.requires_grad)
 
     padded = pytree.tree_map_only(torch.Tensor, pad, (args, kwargs))
     return padded if index == len(key) else None
@@ -119,3 +123,14 @@ def volume(shapes: Shapes) -> int:
             n *= s
         total += n
     return total
+
+
+def sizes_of(args: tuple) -> Shapes:
+    """The shapes of a Dynamo graph's tensor inputs (its integer inputs are not sizes: a counter
+    the module keeps is one)."""
+    return tuple(tuple(int(d) for d in a.shape) for a in args if isinstance(a, torch.Tensor))
+
+
+def is_dynamic(inputs: list[Any]) -> bool:
+    """Whether Dynamo handed over a graph with symbolic sizes (they arrive as SymInt inputs)."""
+    return any(isinstance(i, torch.SymInt) for i in inputs)

@@ -15,17 +15,19 @@ same kernels in the same order as the model, so the same bits.
                                                       v  lower; made once per module)
                                                     GraphRunner (runtime: checkpoint, keep)
 
-:mod:`fxckpt.dynamo.backend` plans one graph; :mod:`fxckpt.dynamo.cache` is what Dynamo
-caches (one backend, graphs shared by modules); :mod:`fxckpt.dynamo.driver` compiles the
-forward, turns on the guards Dynamo leaves off by default, and keeps the graphs a step runs
-(in order, with the break before each) so that a budget holds across graph breaks. Every module
-compiles with one backend function, so a frame several modules run (a block's ``forward`` after
-a break in a loop) keeps one graph per guard set, each module running its own plan of it.
+:mod:`fxckpt.serve.dynamo.backend` plans one graph; :mod:`fxckpt.serve.dynamo.cache` is what
+Dynamo caches (one backend, graphs shared by modules); :mod:`fxckpt.serve.dynamo.driver`
+compiles the forward, turns on the guards Dynamo leaves off by default, and keeps the graphs a
+step runs (in order, with the break before each) so that a budget holds across graph breaks;
+:mod:`fxckpt.serve.dynamo.sized` serves a dynamic graph's calls by the plan cache's size policy
+under a budget. Every module compiles with one backend function, so a frame several modules run
+(a block's ``forward`` after a break in a loop) keeps one graph per guard set, each module
+running its own plan of it.
 """
 
-from fxckpt.dynamo.backend import GraphRecord, GraphRunner, plan_graph
-from fxckpt.dynamo.cache import SharedGraph
-from fxckpt.dynamo.driver import DynamoDriver, refuse_fsdp, sharded
+from fxckpt.serve.dynamo.backend import GraphRecord, GraphRunner, plan_graph
+from fxckpt.serve.dynamo.cache import SharedGraph
+from fxckpt.serve.dynamo.driver import DynamoDriver, refuse_fsdp, sharded
 
 __all__ = ["DynamoDriver", "GraphRecord", "GraphRunner", "SharedGraph", "plan_graph",
            "refuse_fsdp", "sharded"]

@@ -20,8 +20,8 @@ from typing import Any, Iterator, Optional, Protocol
 import torch
 import torch.fx
 
-from fxckpt.dynamo.backend import GraphRunner
-from fxckpt.dynamo.sizes import is_dynamic
+from fxckpt.serve.dynamo.backend import GraphRunner
+from fxckpt.serve.sizes import is_dynamic
 from fxckpt.graphs import copy_graph_module
 
 __all__ = ["Planner", "SharedGraph", "backend", "running", "running_planner"]
@@ -29,7 +29,7 @@ __all__ = ["Planner", "SharedGraph", "backend", "running", "running_planner"]
 
 class Planner(Protocol):
     """What a :class:`SharedGraph` asks for the plan of the transformed module whose call runs
-    (:class:`~fxckpt.dynamo.driver.DynamoDriver`)."""
+    (:class:`~fxckpt.serve.dynamo.driver.DynamoDriver`)."""
 
     def graph_compiled(self, graph: "SharedGraph", gm: torch.fx.GraphModule,
                        inputs: list[Any]) -> None:

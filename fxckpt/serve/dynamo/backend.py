@@ -37,7 +37,7 @@ from fxckpt.runtime.segment import Offloading, SegmentModule
 from fxckpt.strategy import Budgeted
 
 __all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "at_smallest", "concrete",
-           "plan_graph", "state_name"]
+           "graph_peak", "plan_graph", "state_name"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class GraphRunner:
 
     def record_for(self, args: tuple) -> GraphRecord:
         """The plan a call with these inputs runs: this graph's one plan (a
-        :class:`~fxckpt.dynamo.sizes.SizedRunner` chooses by size)."""
+        :class:`~fxckpt.serve.dynamo.sized.SizedRunner` chooses by size)."""
         return self.record
 
     def __call__(self, *args: Any) -> Any:
@@ -112,14 +112,14 @@ class AfterBreakInfeasible(BudgetInfeasibleError):
 
 def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformConfig, *,
                device: str, held_before: int = 0, reserve: int = 0,
-               offloader: Optional[Offloading] = None) -> tuple[Plan, torch.fx.GraphModule]:
+               offloader: Optional[Offloading] = None,
+               eager: Optional[int] = None) -> tuple[Plan, torch.fx.GraphModule]:
     """Plan and lower one Dynamo graph for a training step (``held_before``: bytes earlier
     graphs of the step keep alive, taken off a budget in bytes; ``reserve``: bytes kept for
-    later graphs of the step, taken off as well)."""
+    later graphs of the step, taken off as well; ``eager``: the unmodified graph's verified peak
+    at these inputs, when already measured)."""
     from fxckpt.planning.fit import Target, fit
     from fxckpt.planning.select import select
-    from fxckpt.verify import fake_step_peak
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state = {n.name: name for n in placeholders if (name := state_name(n)) is not None}
     inputs = concrete(inputs)
@@ -136,15 +136,12 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
 
     def verify(lowered: torch.fx.GraphModule) -> int:
         _restore_written_state(lowered, written)  # as it will run: the state it writes bound
-
-        def run(a: tuple, k: dict) -> Any:
-            return lowered(*a)
-        return fake_step_peak(lowered, run, tuple(inputs), {}, device=device)
+        return graph_peak(lowered, inputs, device)
 
     checked = verify if config.verifies else None
     try:
         plan, lowered = fit(gm, choose, checked, solved=config.budget is not None,
-                            offloader=offloader)
+                            eager=eager if checked is not None else None, offloader=offloader)
     except BudgetInfeasibleError as e:
         if config.budget is None or config.budget.fraction is None:
             if not held_before:
@@ -177,6 +174,16 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
             "own unmodified step: planned at its smallest",))
     _restore_written_state(lowered, written)
     return plan, lowered
+
+
+def graph_peak(gm: torch.fx.GraphModule, inputs: list[Any], device: str) -> int:
+    """The verified peak of a training step of the lowered graph ``gm`` at these inputs (run
+    on fake tensors: :func:`fxckpt.verify.fake_step_peak`)."""
+    from fxckpt.verify import fake_step_peak
+
+    def run(a: tuple, k: dict) -> Any:
+        return gm(*a)
+    return fake_step_peak(gm, run, tuple(concrete(list(inputs))), {}, device=device)
 
 
 def at_smallest(config: TransformConfig, peak: int) -> TransformConfig:

@@ -7,10 +7,10 @@ hooks added or removed after the first call (``skip_nnmodule_hook_guards``). Eve
 step depends on is Dynamo's to guard: attribute values however deep, globals, closures, class
 attributes, training flags, ``requires_grad``.
 
-Dynamo compiles with :func:`fxckpt.dynamo.cache.backend`, one function for every transformed
-module; each module plans each graph its calls run for itself (:mod:`fxckpt.dynamo.cache`).
+Dynamo compiles with :func:`fxckpt.serve.dynamo.cache.backend`, one function for every transformed
+module; each module plans each graph its calls run for itself (:mod:`fxckpt.serve.dynamo.cache`).
 
-The driver keeps every graph it planned (:class:`~fxckpt.dynamo.backend.GraphRecord`) and the
+The driver keeps every graph it planned (:class:`~fxckpt.serve.dynamo.backend.GraphRecord`) and the
 graphs the current call ran, in order: a graph planned during a call is given the budget the
 earlier graphs of the step leave (their saved tensors stay alive until backward), so a budget in
 bytes holds for the whole step across graph breaks. A fraction is of each graph's own step.
@@ -31,17 +31,19 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
 from fxckpt.errors import CaptureError, ConfigError, FxckptError
-from fxckpt.dynamo.backend import (
+from fxckpt.serve.dynamo.backend import (
     AfterBreakInfeasible, GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
     plan_graph,
 )
-from fxckpt.dynamo.cache import SharedGraph, backend, running
+from fxckpt.serve.dynamo.cache import SharedGraph, backend, running
 from fxckpt.plan import Plan
-from fxckpt.dynamo.share import Outside, graph_runs
-from fxckpt.dynamo.sizes import SizedRunner, sizes_of
+from fxckpt.strategy import Budgeted
+from fxckpt.serve.dynamo.share import Outside, graph_runs
+from fxckpt.serve.dynamo.sized import GraphPlanner, SizedRunner
 from fxckpt.graphs import copy_graph_module
 
 __all__ = ["DynamoDriver", "refuse_fsdp", "sharded"]
@@ -92,10 +94,13 @@ class DynamoDriver:
         self.smallest: dict[int, int] = {}
         self.replan_due = False
         self.replans = 0
+        self.unbucketed = False
+        """Whether dynamic graphs are planned at each call's own sizes only: set when a graph
+        after a break could not fit beside what earlier graphs promised at their buckets."""
         self.runners: weakref.WeakKeyDictionary[SharedGraph, GraphRunner] = (
             weakref.WeakKeyDictionary())
         """This module's plan of each graph Dynamo compiled that its calls ran (some compiled by
-        other modules' calls: :class:`~fxckpt.dynamo.cache.SharedGraph`)."""
+        other modules' calls: :class:`~fxckpt.serve.dynamo.cache.SharedGraph`)."""
         self.model_forward = type(model).forward
         self.compiled = self._compile()
 
@@ -233,14 +238,11 @@ class DynamoDriver:
                 graph: SharedGraph) -> GraphRunner:
         ended_by = graph.ended_by
         if self.config.budget is None or not graph.dynamic:
-            return GraphRunner(self._plan(gm, inputs, ended_by), self._ran, self._around)
-        # planned again, as captured, for larger sizes: from ``graph.base``, not ``graph``
-        # (which holds this module's runners only weakly, as keys)
-        base = graph.base
-        first = self._plan(gm, inputs, ended_by)
-        return SizedRunner(first, sizes_of(tuple(concrete(list(inputs)))),
-                           lambda args: self._plan(copy_graph_module(base), args, ended_by),
-                           self._ran, self._around)
+            return GraphRunner(self.plan(gm, inputs, ended_by), self._ran, self._around)
+        # planned by size, as captured: from ``graph.base``, not ``graph`` (which holds this
+        # module's runners only weakly, as keys)
+        return SizedRunner(GraphPlanner(self, graph.base, ended_by), inputs, self._ran,
+                           self._around, bucketed=lambda: not self.unbucketed)
 
     @contextlib.contextmanager
     def _around(self) -> Iterator[None]:
@@ -251,20 +253,27 @@ class DynamoDriver:
                 offloader.saving() if offloader is not None else contextlib.nullcontext()):
             yield
 
-    def _plan(self, gm: torch.fx.GraphModule, inputs: list[Any],
-              reasons: tuple[str, ...]) -> GraphRecord:
+    def plan(self, gm: torch.fx.GraphModule, inputs: list[Any], reasons: tuple[str, ...],
+             budget: Optional[Budget] = None, eager: Optional[int] = None,
+             placeholder: bool = False) -> GraphRecord:
         """Plan one graph for the call running now (after the graphs of ``self.step``;
-        ``reasons``: why Dynamo ended it)."""
+        ``reasons``: why Dynamo ended it; ``budget``: instead of the configured one; ``eager``:
+        the unmodified graph's verified peak at these inputs, when known; ``placeholder``: the
+        inputs are bucketed placeholders, and a graph that cannot fit there is refused, to be
+        planned at the call's own sizes)."""
+        config = self.config if budget is None else dataclasses.replace(
+            self.config, strategy=Budgeted(budget))
         start = time.perf_counter()
         held = sum(r.held_bytes for r in self.step)
         position = len(self.step)
         try:
-            plan, lowered = plan_graph(gm, list(inputs), self.config, device=self.device,
+            plan, lowered = plan_graph(gm, list(inputs), config, device=self.device,
                                        held_before=held, offloader=self.offloader,
-                                       reserve=self.reserves.get(position, 0))
+                                       reserve=self.reserves.get(position, 0), eager=eager)
         except AfterBreakInfeasible as e:
-            if self.replans >= MAX_REPLANS:
+            if placeholder or self.replans >= MAX_REPLANS:
                 raise
+            self.unbucketed = True  # what earlier graphs promised at their buckets left no room
             plan, lowered = self._at_smallest(gm, inputs, position, e)
         held_end = held_at_end(lowered, concrete(list(inputs)))
         record = GraphRecord(len(self.records), lowered, plan, held_end,
@@ -277,6 +286,18 @@ class DynamoDriver:
         log.info("planned Dynamo graph %d: %s%s", record.index, plan.summary(),
                  f" (Dynamo ended it: {'; '.join(reasons)})" if reasons else "")
         return record
+
+    def leftover(self, plan: Plan) -> Optional[int]:
+        """The bytes a verified budget plan of the graph about to run must hold to serve larger
+        sizes: a budget in bytes less what the earlier graphs of this step keep (at most, for
+        the sizes they serve) and the room kept for later graphs; a fraction's own bytes."""
+        budget = self.config.budget
+        if plan.verified_peak is None or budget is None:
+            return None
+        if budget.bytes is None:
+            return plan.budget
+        held = sum(r.held_bytes for r in self.step)
+        return max(1, budget.bytes - held - self.reserves.get(len(self.step), 0))
 
     def _at_smallest(self, gm: torch.fx.GraphModule, inputs: list[Any], position: int,
                      e: AfterBreakInfeasible) -> tuple[Plan, torch.fx.GraphModule]:
