@@ -27,7 +27,8 @@ running its own plan of it.
 
 from fxckpt.serve.dynamo.backend import GraphRecord, GraphRunner, plan_graph
 from fxckpt.serve.dynamo.cache import SharedGraph
-from fxckpt.serve.dynamo.driver import DynamoDriver, refuse_fsdp, sharded
+from fxckpt.serve.dynamo.driver import DynamoDriver
+from fxckpt.serve.dynamo.refusals import refuse_fsdp, sharded
 
 __all__ = ["DynamoDriver", "GraphRecord", "GraphRunner", "SharedGraph", "plan_graph",
            "refuse_fsdp", "sharded"]

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
-from fxckpt.errors import CaptureError, ConfigError, FxckptError
+from fxckpt.errors import FxckptError
 from fxckpt.serve.dynamo.backend import (
     AfterBreakInfeasible, GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
     plan_graph,
@@ -43,10 +43,11 @@ from fxckpt.serve.dynamo.cache import SharedGraph, backend, running
 from fxckpt.plan import Plan
 from fxckpt.strategy import Budgeted
 from fxckpt.serve.dynamo.share import Outside, graph_runs
+from fxckpt.serve.dynamo.refusals import refuse_python_draws, uncompiled_here
 from fxckpt.serve.dynamo.sized import GraphPlanner, SizedRunner
 from fxckpt.graphs import copy_graph_module
 
-__all__ = ["DynamoDriver", "refuse_fsdp", "sharded"]
+__all__ = ["DynamoDriver"]
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class DynamoDriver:
                                        if isinstance(g, random.Random)]
             self._scanned = self.compiles
         held = [(path, g, generators.state_of(g)) for path, g in self._python_generators]
-        uncompiled = _uncompiled_here()
+        uncompiled = uncompiled_here()
         self.meter = Outside() if self.measure_next and not uncompiled else None
         if self.offloads_all is not None:
             self.offloads_all.begin(tm)  # each graph's saved tensors offloaded as it runs
@@ -129,7 +130,7 @@ class DynamoDriver:
             raise
         finally:
             meter, self.meter = self.meter, None
-        _refuse_python_draws(held)
+        refuse_python_draws(held)
         if self.replan_due:
             self._replan()
         self._storms(compiled_before, failures)
@@ -339,43 +340,6 @@ class DynamoDriver:
         return max(ran, key=lambda r: r.plan.node_count, default=None)
 
 
-def sharded(tm: torch.nn.Module) -> list[str]:
-    """The modules of ``tm`` managed by FSDP2's ``fully_shard`` (``<root>`` for ``tm``)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return [name or "<root>" for name, m in tm.named_modules() if isinstance(m, FSDPModule)]
-
-
-def refuse_fsdp(tm: torch.nn.Module) -> None:
-    """FSDP2's hooks are skipped by Dynamo (``skip_fsdp_hooks``): every ``fully_shard`` module
-    runs uncompiled, its inner frames as graphs of one layer each, and nothing is saved. Refused
-    by name at the first training call with ``capture="dynamo"`` (``auto`` captures one whole
-    graph for such a model)."""
-    managed = sharded(tm)
-    if managed:
-        raise ConfigError(
-            f"capture='dynamo' cannot plan a model sharded with fully_shard ({managed[0]} is): "
-            "Dynamo runs each FSDP2 module's call uncompiled, so its graphs hold one layer each "
-            "and checkpointing would save nothing. Use capture='auto', which captures one whole "
-            "graph of a sharded model (fxckpt and FSDP2 work in both orders: "
-            "docs/distributed.md)")
-
-
-def _refuse_python_draws(held: list[tuple[str, random.Random, Any]]) -> None:
-    """A ``random.Random`` the model holds and draws from is replayed wrongly by Dynamo after
-    the first call (torch 2.13: ``torch.compile(backend="eager")`` alone diverges at the second
-    call): refused at the first call that draws, the generator put back."""
-    for path, generator, state in held:
-        if not generators.same_state(generators.state_of(generator), state):
-            for _, g, s in held:
-                generators.set_state(g, s)
-            raise CaptureError(
-                f"{generators.describe(path, generator)}, and draws from it: Dynamo replays a "
-                "random.Random's draws wrongly after the first call. Draw with torch "
-                "(torch.rand, or a torch.Generator the model owns) or numpy, or transform with "
-                "capture='graph', which refuses it too")
-
-
 GUARDS: dict[str, Any] = {
     "skip_nnmodule_hook_guards": False,  # a hook added or removed after the first call
     "allow_unspec_int_on_nn_module": True,  # a counter on the module: an input, not a recompile
@@ -396,19 +360,6 @@ that still cannot fit is refused."""
 
 RECOMPILE_WARNING = 3
 """Calls in a row that compile a graph again before the driver warns (once)."""
-
-
-def _uncompiled_here() -> str:
-    """What makes Dynamo run a frame uncompiled here, in words, or ``""``: a user's dispatch
-    mode (Dynamo's own test), or torch.func transforms."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    for mode in _get_current_dispatch_mode_stack():
-        if not mode.is_infra_mode() and not mode.ignore_compile_internals():
-            return f"a TorchDispatchMode ({type(mode).__name__})"
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return "torch.func transforms (vmap, grad, jacrev)"
-    return ""
 
 
 def _own_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
