@@ -36,8 +36,9 @@ plan serves every shape of a capture. Under a budget:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
-from typing import Generic, Optional, Protocol, TypeVar
+from typing import Generic, Iterator, Optional, Protocol, TypeVar
 
 from fxckpt.budget import Budget, BudgetInfeasibleError
 from fxckpt.plan import Plan
@@ -93,6 +94,20 @@ class Planner(Protocol[P]):
     def limit(self, planned: P) -> Optional[int]:
         """The bytes ``planned`` must hold at larger sizes to serve them (``None``: it is not a
         verified budget plan, and is never checked there)."""
+
+
+@contextlib.contextmanager
+def _quiet_meta_errors() -> Iterator[None]:
+    """torch logs at ERROR every meta kernel that raises on fake tensors; at bucketed sizes a
+    model may refuse (a position table shorter than the bucket), which the cache handles by
+    planning the call's own sizes, so the log is muted there."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def plan_budget(planned: Planned) -> Optional[int]:
@@ -159,40 +174,10 @@ class PlanCache(Generic[P]):
         with the smallest peak instead of failing training.
         """
         if key is not None and self.buckets and self.plans:
-            grown = self._grown(key)
-            padded = planner.padded(args, kwargs, key, grown)
-            if padded is not None:
-                bucketed = planner.shapes(*padded)
-                latest = next(reversed(self.plans.values()), None)
-                # beyond the budget at the bucket: whether it holds at the call's own sizes
-                sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
-                                 else (bucketed, padded))
-                eager: Optional[int] = None
-                if (latest is not None and planner.accepts(sizes)
-                        and planner.limit(latest) is not None):
-                    if sizes == bucketed:
-                        ahead = self._ahead(latest, key, grown, args, kwargs, planner)
-                        if ahead is not None:
-                            return self._keep(planner.shapes(*ahead), latest), False
-                    held, peak = self._check(latest, sizes, a, k, planner)
-                    if held:
-                        log.debug("the latest plan holds its budget at %s too", sizes)
-                        return self._keep(sizes, latest), False
-                    if peak is not None and sizes == bucketed and not _segments(latest):
-                        eager = peak  # the unmodified step's peak at the bucket
-                if bucketed != key and bucketed not in self.beyond and planner.accepts(bucketed):
-                    try:
-                        compiled = planner.build(*padded, None, eager)
-                        if _unverified(compiled):
-                            raise RuntimeError("the plan could not be verified at those sizes")
-                        self.growth.saw(compiled, volume(bucketed), _verified(compiled))
-                        return self._keep(bucketed, compiled), True
-                    except BudgetInfeasibleError:  # the budget binds before the bucket's sizes
-                        self.beyond.add(bucketed)
-                    except Exception as e:  # sizes the model or its loss_fn cannot take
-                        self.buckets = False
-                        log.info("fxckpt: planning for bucketed sizes %s failed (%s: %s); "
-                                 "planning each size as it comes", bucketed, type(e).__name__, e)
+            with _quiet_meta_errors():  # a size the model refuses: planned at the call's own
+                bucketed = self._bucketed(key, args, kwargs, planner)
+            if bucketed is not None:
+                return bucketed
         try:
             compiled = planner.build(args, kwargs)
         except BudgetInfeasibleError as e:
@@ -207,6 +192,47 @@ class PlanCache(Generic[P]):
         if key is not None:
             self.growth.saw(compiled, volume(key), _verified(compiled))
         return self._keep(key, compiled), True
+
+    def _bucketed(self, key: Shapes, args: tuple, kwargs: dict,
+                  planner: Planner[P]) -> Optional[tuple[P, bool]]:
+        """The plan for a call larger than every plan so far at its bucketed sizes: the latest
+        plan where it holds there, else one made for them; ``None`` when neither serves."""
+        grown = self._grown(key)
+        padded = planner.padded(args, kwargs, key, grown)
+        if padded is None:
+            return None
+        bucketed = planner.shapes(*padded)
+        latest = next(reversed(self.plans.values()), None)
+        # beyond the budget at the bucket: whether it holds at the call's own sizes
+        sizes, (a, k) = ((key, (args, kwargs)) if bucketed in self.beyond
+                         else (bucketed, padded))
+        eager: Optional[int] = None
+        if (latest is not None and planner.accepts(sizes)
+                and planner.limit(latest) is not None):
+            if sizes == bucketed:
+                ahead = self._ahead(latest, key, grown, args, kwargs, planner)
+                if ahead is not None:
+                    return self._keep(planner.shapes(*ahead), latest), False
+            held, peak = self._check(latest, sizes, a, k, planner)
+            if held:
+                log.debug("the latest plan holds its budget at %s too", sizes)
+                return self._keep(sizes, latest), False
+            if peak is not None and sizes == bucketed and not _segments(latest):
+                eager = peak  # the unmodified step's peak at the bucket
+        if bucketed != key and bucketed not in self.beyond and planner.accepts(bucketed):
+            try:
+                compiled = planner.build(*padded, None, eager)
+                if _unverified(compiled):
+                    raise RuntimeError("the plan could not be verified at those sizes")
+                self.growth.saw(compiled, volume(bucketed), _verified(compiled))
+                return self._keep(bucketed, compiled), True
+            except BudgetInfeasibleError:  # the budget binds before the bucket's sizes
+                self.beyond.add(bucketed)
+            except Exception as e:  # sizes the model or its loss_fn cannot take
+                self.buckets = False
+                log.info("fxckpt: planning for bucketed sizes %s failed (%s: %s); "
+                         "planning each size as it comes", bucketed, type(e).__name__, e)
+        return None
 
     def _check(self, compiled: P, sizes: Shapes, args: tuple, kwargs: dict,
                planner: Planner[P]) -> tuple[bool, Optional[int]]:
