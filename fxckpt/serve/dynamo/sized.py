@@ -170,7 +170,7 @@ class SizedRunner(GraphRunner):
         return self._serve(args)
 
     def _serve(self, args: tuple) -> GraphRecord:
-        if not self.bucketed():  # its budget depends on other graphs at the call's sizes
+        if not self.bucketed():  # a graph after a break did not fit beside buckets' promises
             self.cache.buckets = False
         record, _ = self.cache.serve(sizes_of(args), args, {}, self.planner)
         held = self.planner.held_for(record, self.cache.served)
