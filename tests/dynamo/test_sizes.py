@@ -5,6 +5,7 @@ each; a growing batch is planned by power-of-two buckets, as a whole graph's cal
 from __future__ import annotations
 
 import logging
+from typing import Callable, Iterable
 
 import pytest
 import torch
@@ -32,6 +33,21 @@ def _tracked(module: nn.Module, args: tuple) -> int:
 
 def _params(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
+
+
+def _steps_alike(tm: nn.Module, reference: nn.Module, calls: Iterable[tuple[int, tuple]],
+                 step: Callable[[nn.Module, tuple], int], budget: int) -> None:
+    """Each ``(seed, args)`` call through both modules from the same seed (the same dropout
+    masks): ``tm``'s step peak within 1.05 of ``budget``, every gradient the reference's."""
+    for seed, args in calls:
+        tm.zero_grad(), reference.zero_grad()
+        torch.manual_seed(seed)
+        peak = step(tm, args)
+        assert peak <= 1.05 * budget, (seed, peak, budget)
+        torch.manual_seed(seed)
+        step(reference, args)
+        ours, theirs = _params(tm), _params(reference)
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), seed
 
 
 @pytest.mark.parametrize("model,inputs", [
@@ -105,21 +121,14 @@ class _BreaksMidway(_SizedFromShapes):
                          ids=["one_graph", "graph_break"])
 def test_a_batch_growing_every_step_is_planned_by_buckets_not_at_every_size(
         cls: type, budget: int, most: int) -> None:
-    """One graph: planned at power-of-two buckets. With a break, each graph's budget depends on
-    the other's at the call's own sizes: planned per new size, and the budget holds at each."""
+    """Planned at power-of-two buckets, the budget held at every size. With a break, the
+    second graph is planned beside what the first keeps at the sizes it was checked at."""
     torch.manual_seed(0)
     tm = fxckpt.transform(cls(), budget=budget)
     torch.manual_seed(0)
     reference = cls()
     sizes = range(200, 1200, 25)  # 40 sizes, each larger than the last
-    for n in sizes:
-        x = torch.randn(n, 64)
-        tm.zero_grad(), reference.zero_grad()
-        peak = _tracked(tm, (x,))
-        assert peak <= 1.05 * budget, (n, peak)
-        _tracked(reference, (x,))
-        ours, theirs = _params(tm), _params(reference)
-        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), n
+    _steps_alike(tm, reference, ((n, (torch.randn(n, 64),)) for n in sizes), _tracked, budget)
     plans = fxckpt.inspect(tm).plans
     assert any(p.segments for p in plans)
     if most is not None:
@@ -154,26 +163,19 @@ def test_a_hugging_face_model_with_its_loss_after_a_break_is_planned_by_buckets(
     """GPT-2 with labels: Hugging Face's loss logs a warning, so Dynamo runs it as a second
     graph. Each graph's plans are checked at buckets; the loss graph is planned beside what the
     first graph keeps at the sizes its plan was checked at (at least the call's)."""
-    def step(module: nn.Module, ids: torch.Tensor) -> int:
+    def step(module: nn.Module, args: tuple) -> int:
         with LiveTensorTracker() as tracker:
-            module(ids, labels=ids).loss.backward()
+            module(*args, labels=args[0]).loss.backward()
         return tracker.peak_bytes
 
     torch.manual_seed(0)
-    budget = int(0.5 * step(gpt2(layers=4), torch.randint(0, 64, (24, 32))))
+    budget = int(0.5 * step(gpt2(layers=4), (torch.randint(0, 64, (24, 32)),)))
     torch.manual_seed(0)
     tm = fxckpt.transform(gpt2(layers=4), budget=budget)
     torch.manual_seed(0)
     reference = gpt2(layers=4)
-    for batch in range(1, 25):
-        ids = torch.randint(0, 64, (batch, 32))
-        tm.zero_grad(), reference.zero_grad()
-        torch.manual_seed(batch)  # the same dropout masks
-        assert step(tm, ids) <= 1.05 * budget, batch
-        torch.manual_seed(batch)
-        step(reference, ids)
-        ours, theirs = _params(tm), _params(reference)
-        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), batch
+    calls = ((batch, (torch.randint(0, 64, (batch, 32)),)) for batch in range(1, 25))
+    _steps_alike(tm, reference, calls, step, budget)
     info = fxckpt.inspect(tm)
     assert len(info.graphs) == 2
     assert any(p.segments for p in info.plans)
@@ -184,25 +186,18 @@ def test_sizes_the_model_refuses_at_a_bucket_are_planned_as_they_come_quietly(ca
     """BERT with 32 positions: a bucket past them fails in a meta kernel (its token-type buffer
     expanded to the bucket), which torch logs at ERROR. The cache plans the call's own sizes
     instead, with nothing logged at ERROR."""
-    def step(module: nn.Module, ids: torch.Tensor) -> int:
+    def step(module: nn.Module, args: tuple) -> int:
         with LiveTensorTracker() as tracker:
-            module(ids).last_hidden_state.square().mean().backward()
+            module(*args).last_hidden_state.square().mean().backward()
         return tracker.peak_bytes
 
     caplog.set_level(logging.ERROR)
     torch.manual_seed(0)
-    budget = int(0.6 * step(bert(layers=2), torch.randint(0, 64, (4, 32))))
+    budget = int(0.6 * step(bert(layers=2), (torch.randint(0, 64, (4, 32)),)))
     torch.manual_seed(0)
     tm = fxckpt.transform(bert(layers=2), budget=budget)
     torch.manual_seed(0)
     reference = bert(layers=2)
-    for n in range(6, 33, 2):
-        ids = torch.randint(0, 64, (4, n))
-        tm.zero_grad(), reference.zero_grad()
-        torch.manual_seed(n)
-        assert step(tm, ids) <= 1.05 * budget, n
-        torch.manual_seed(n)
-        step(reference, ids)
-        ours, theirs = _params(tm), _params(reference)
-        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), n
+    calls = ((n, (torch.randint(0, 64, (4, n)),)) for n in range(6, 33, 2))
+    _steps_alike(tm, reference, calls, step, budget)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[-2000:]

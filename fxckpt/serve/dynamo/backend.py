@@ -177,13 +177,13 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
 
 
 def graph_peak(gm: torch.fx.GraphModule, inputs: list[Any], device: str) -> int:
-    """The verified peak of a training step of the lowered graph ``gm`` at these inputs (run
-    on fake tensors: :func:`fxckpt.verify.fake_step_peak`)."""
+    """The verified peak of a training step of the lowered graph ``gm`` at these inputs (as
+    :func:`concrete` makes them; run on fake tensors: :func:`fxckpt.verify.fake_step_peak`)."""
     from fxckpt.verify import fake_step_peak
 
     def run(a: tuple, k: dict) -> Any:
         return gm(*a)
-    return fake_step_peak(gm, run, tuple(concrete(list(inputs))), {}, device=device)
+    return fake_step_peak(gm, run, tuple(inputs), {}, device=device)
 
 
 def at_smallest(config: TransformConfig, peak: int) -> TransformConfig:

@@ -223,7 +223,7 @@ class DynamoDriver:
         """Dynamo compiled ``graph`` during this module's call: planned now, with the call's
         inputs."""
         self.compiles += 1
-        self.runners[graph] = self._runner(gm, list(inputs), graph)
+        self.runners[graph] = self._runner(graph, list(inputs), gm)
 
     def runner_for(self, graph: SharedGraph, args: tuple) -> GraphRunner:
         """This module's runner of ``graph``; a graph another module's call compiled (a frame
@@ -231,14 +231,17 @@ class DynamoDriver:
         runner = self.runners.get(graph)
         if runner is None:
             with _disable_current_modes():  # planning runs no user mode, as at compile time
-                runner = self._runner(copy_graph_module(graph.base), list(args), graph)
+                runner = self._runner(graph, list(args))
             self.runners[graph] = runner
         return runner
 
-    def _runner(self, gm: torch.fx.GraphModule, inputs: list[Any],
-                graph: SharedGraph) -> GraphRunner:
+    def _runner(self, graph: SharedGraph, inputs: list[Any],
+                gm: Optional[torch.fx.GraphModule] = None) -> GraphRunner:
+        """This module's runner of ``graph`` (``gm``: a copy to plan, else made from its base
+        when one plan serves every call)."""
         ended_by = graph.ended_by
         if self.config.budget is None or not graph.dynamic:
+            gm = copy_graph_module(graph.base) if gm is None else gm
             return GraphRunner(self.plan(gm, inputs, ended_by), self._ran, self._around)
         # planned by size, as captured: from ``graph.base``, not ``graph`` (which holds this
         # module's runners only weakly, as keys)

@@ -119,8 +119,8 @@ class GraphPlanner:
         start = time.perf_counter()
         try:
             with _disable_current_modes():
-                peak = graph_peak(planned.gm, list(args), self.driver.device)
                 inputs = concrete(list(args))
+                peak = graph_peak(planned.gm, inputs, self.driver.device)
                 self.held[planned.index, sizes_of(args)] = held_at_end(planned.gm, inputs)
             return peak
         except VerifyError:
@@ -141,7 +141,7 @@ class GraphPlanner:
 
     def padded(self, args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
                scale: int = 1) -> Optional[tuple[tuple, dict]]:
-        padded = padded_args(tuple(concrete(list(args))), {}, key, grown, scale, fake=True)
+        padded = padded_args(args, {}, key, grown, scale, fake=True)
         if padded is None:
             return None
         inputs = list(padded[0])
