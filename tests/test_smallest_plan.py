@@ -81,7 +81,7 @@ def test_per_block_is_verified_beside_the_smallest_simulated_plan(monkeypatch) -
     with one segment per layer, verified too, is the smallest that is refused with."""
     import fxckpt.planning.strategies as strategies
 
-    monkeypatch.setattr(strategies, "min_peak_plan", lambda problem, blocks: ((), 0))
+    monkeypatch.setattr(strategies, "min_peak_plan", lambda problem, blocks, starts=(): ((), 0))
     torch.manual_seed(0)
     model, ids = _llama(), _ids()
     least = _smallest(copy.deepcopy(model), ids)

@@ -32,7 +32,7 @@ from fxckpt.cost.graph_view import SYNTHETIC
 from fxckpt.cost.prices import CALL_PRICE
 from fxckpt.solver import Problem
 
-__all__ = ["OP_PREFIX", "op_pins", "module_pins", "Groups", "choices"]
+__all__ = ["OP_PREFIX", "op_pins", "module_pins", "Groups", "choices", "op_kind"]
 
 OP_PREFIX = "op:"
 """``force`` keys starting with this pin an aten op (``op:aten.mm`` or ``op:aten.mm.default``)."""
@@ -43,6 +43,17 @@ keep are offered too (``tanh`` at 62, a layer norm at 22; not a ``mul`` at 3).""
 
 Groups = list[tuple[int, ...]]
 """Op positions of the solver's Problem kept together (a node and its hidden saved tensors)."""
+
+
+_VIEWS = frozenset({"view", "_unsafe_view", "t", "expand", "reshape", "permute", "transpose",
+                    "unsqueeze", "squeeze", "slice", "select", "alias", "detach", "split",
+                    "as_strided", "unbind", "chunk", "contiguous", "clone", "sym_size"})
+
+
+def op_kind(n: torch.fx.Node) -> str:
+    """The op a node is about: its last aten op that is not a view (``""`` for views)."""
+    ops = [op for op in (c.split(".")[1] for c in info(n).calls) if op not in _VIEWS]
+    return ops[-1] if ops else ""
 
 
 def op_pins(force: Mapping[str, str]) -> dict[str, str]:

@@ -25,7 +25,7 @@ from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
 from fxckpt.cost.devices import profile_for
 from fxckpt.cost.graph_view import problem_of
 from fxckpt.planning.anchors import anchors_of
-from fxckpt.planning.keeps import Groups, choices, module_pins
+from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
 from fxckpt.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import predict
 from fxckpt.cost.rates import device_of, offload_cost_per_byte
@@ -190,22 +190,11 @@ def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConf
         reason=_reason(run, config),
         keeps=tuple(n.name for n in kept_nodes),
         kept_bytes=sum(info(n).new_bytes + info(n).saves_internal_bytes for n in kept_nodes),
-        kept_ops=tuple(_kind(n) for n in kept_nodes),
-        recomputed_ops=tuple(k for n in again if n not in kept_nodes for k in [_kind(n)] if k),
+        kept_ops=tuple(op_kind(n) for n in kept_nodes),
+        recomputed_ops=tuple(k for n in again if n not in kept_nodes for k in [op_kind(n)] if k),
         anchors=(tuple(anchors[n.name] for n in [run[0], run[-1], *kept_nodes]) if anchors
                  else ()),
     )
-
-
-_VIEWS = frozenset({"view", "_unsafe_view", "t", "expand", "reshape", "permute", "transpose",
-                    "unsqueeze", "squeeze", "slice", "select", "alias", "detach", "split",
-                    "as_strided", "unbind", "chunk", "contiguous", "clone", "sym_size"})
-
-
-def _kind(n: torch.fx.Node) -> str:
-    """The op a node is about: its last aten op that is not a view (``""`` for views)."""
-    ops = [op for op in (c.split(".")[1] for c in info(n).calls) if op not in _VIEWS]
-    return ops[-1] if ops else ""
 
 
 def _saved_bytes(inputs: Sequence[torch.fx.Node]) -> int:

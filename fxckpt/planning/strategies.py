@@ -35,6 +35,7 @@ from fxckpt.planning.blocks import block_ranges
 from fxckpt.planning.cleanup import apply_force, frees_memory, opaque_modules, safe
 from fxckpt.planning.fit import Target
 from fxckpt.planning.keeps import Groups
+from fxckpt.planning.peers import peer_starts
 from fxckpt.cost.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
 from fxckpt.solver import BudgetInfeasible, Problem, simulate
@@ -180,18 +181,20 @@ def budgeted(
     aside = target.set_aside(simulated)  # what verification found every plan holds besides
     eager, limit = target.eager(simulated), target.limit(budget, simulated)
     blocks = block_ranges(problem, order)
+    offered, forced = keepable
+    starts = peer_starts(problem, order, blocks, [*offered, *forced])
     if target.minimum:
-        least = tuple(blocks) if target.per_block else min_peak_plan(problem, blocks)[0]
+        least = tuple(blocks) if target.per_block else min_peak_plan(problem, blocks, starts)[0]
         return to_runs(problem, least, order), limit, (), ()
     if target.eager_bytes is not None and target.eager_bytes <= limit:  # the first candidate
         return [], limit, (), (f"the unmodified step (verified {format_bytes(eager)}) fits the "
                                "budget: nothing is recomputed",)
     aim = target.aim(limit, simulated)
     if aim <= 0:
-        raise _infeasible(budget, limit, min_peak_plan(problem, blocks)[1] + aside, eager)
-    offered, forced = keepable
+        raise _infeasible(budget, limit, min_peak_plan(problem, blocks, starts)[1] + aside,
+                          eager)
     try:
-        solution = solve_plan(problem, aim, blocks, offered, forced)
+        solution = solve_plan(problem, aim, blocks, offered, forced, starts)
     except BudgetInfeasible as e:
         raise _infeasible(budget, limit, e.min_budget + aside, eager) from e
     log.info(
@@ -204,7 +207,12 @@ def budgeted(
         solution.recompute_cost,
     )
     runs = to_runs(problem, solution.segments, order)
-    notes = (solution.bound.note(solution.recompute_cost),) if solution.bound else ()
+    notes: tuple[str, ...] = ()
+    if solution.bound:
+        notes = (solution.bound.note(solution.recompute_cost),)
+    if solution.origin:
+        notes += (f"solver: fitted from the {solution.origin} plan, the cheapest found for "
+                  "this budget",)
     return runs, limit, kept_names(problem, solution.keep), notes
 
 

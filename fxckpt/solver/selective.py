@@ -73,6 +73,9 @@ class Selection:
     bound: Optional[Bound] = None
     """Set when a bounded heuristic chose the segments (:attr:`Solution.bound`); its lower
     bound holds for kept ops too."""
+    origin: str = ""
+    """The hand-written plan this one was fitted from (:mod:`fxckpt.solver.starts`); ``""`` for
+    the solver's own search."""
 
 
 Choices = Sequence[tuple[int, ...]]

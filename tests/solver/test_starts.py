@@ -1,0 +1,151 @@
+"""Hand-written plans as starts of the budget search (fxckpt.solver.starts): a start is fitted to
+the budget (kept groups given up least dense first, the memory left spent on more kept groups or
+on fewer segments), and the budget search is never dearer than a start that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxckpt.solver import BudgetInfeasible, Op, Problem, peak_bytes, simulate
+from fxckpt.solver.choose import min_peak_plan, solve_plan
+from fxckpt.solver.selective import Selection
+from fxckpt.solver.starts import Start, fit_start
+
+MB = 1 << 20
+
+
+def layers(count: int) -> tuple[Problem, list[tuple[int, int]]]:
+    """Per block: a norm, an expensive matmul with a wide output, a cheap wide activation, a
+    second expensive matmul and a residual add (too few blocks for the per-block solver)."""
+    ops = [Op(name="embed", out_bytes=MB, cost=1e6, grad_bytes=0)]
+    blocks = []
+    x = "embed"
+    for i in range(count):
+        start = len(ops)
+        ops += [
+            Op(name=f"norm{i}", out_bytes=MB, cost=1e6, inputs=(x,), saves=(x,)),
+            Op(name=f"up{i}", out_bytes=4 * MB, cost=8e8, inputs=(f"norm{i}",),
+               saves=(f"norm{i}",)),
+            Op(name=f"act{i}", out_bytes=4 * MB, cost=2e6, inputs=(f"up{i}",), saves=(f"up{i}",)),
+            Op(name=f"down{i}", out_bytes=MB, cost=8e8, inputs=(f"act{i}",),
+               saves=(f"act{i}",)),
+            Op(name=f"res{i}", out_bytes=MB, cost=1e6, inputs=(x, f"down{i}")),
+        ]
+        blocks.append((start, len(ops)))
+        x = f"res{i}"
+    ops.append(Op(name="head", out_bytes=2 * MB, cost=2e8, inputs=(x,), saves=(x,)))
+    return Problem(ops=tuple(ops), outputs=("head",), segment_overhead=3e5,
+                   keep_overhead=1e5), blocks
+
+
+def matmuls(problem: Problem) -> list[tuple[int, ...]]:
+    return [(j,) for j, op in enumerate(problem.ops) if op.name.startswith(("up", "down"))]
+
+
+def policy(problem: Problem, blocks: list[tuple[int, int]]) -> Start:
+    """The op policy: every block a segment, every matmul kept."""
+    return Start(name="op policy", segments=tuple(blocks), keep=tuple(matmuls(problem)))
+
+
+def cost_of(problem: Problem, segments, keep) -> float:
+    ix = problem.index
+    return sum(ix.segment_cost(s, e) for s, e in segments) - ix.kept_gain(segments, keep)
+
+
+def test_a_start_that_fits_is_kept_whole_and_never_made_dearer() -> None:
+    problem, blocks = layers(3)
+    start = policy(problem, blocks)
+    flat = [j for g in start.keep for j in g]
+    peak = peak_bytes(problem, start.segments, flat)
+    fitted = fit_start(problem, start, peak, matmuls(problem))
+    assert fitted is not None and fitted.origin == "op policy"
+    assert fitted.predicted_peak <= peak
+    assert set(flat) <= set(fitted.keep)
+    assert fitted.recompute_cost <= cost_of(problem, start.segments, flat)
+
+
+def test_a_start_over_the_budget_gives_up_its_least_dense_groups_first() -> None:
+    problem, blocks = layers(3)
+    ix = problem.index
+    start = policy(problem, blocks)
+    flat = [j for g in start.keep for j in g]
+    full = peak_bytes(problem, start.segments, flat)
+    bare = peak_bytes(problem, start.segments)
+    budget = (full + bare) // 2
+    fitted = fit_start(problem, start, budget, matmuls(problem))
+    assert fitted is not None and fitted.predicted_peak <= budget
+    kept = set(fitted.keep)
+    assert kept and kept < set(flat)
+    # every kept matmul saves at least as much per byte as every one given up
+    density = {j: ix.gain[j] / ix.out[j] for j in flat}
+    assert min(density[j] for j in kept) >= max(density[j] for j in set(flat) - kept)
+    assert fitted.predicted_peak == peak_bytes(problem, fitted.segments, fitted.keep)
+
+
+def test_a_start_whose_segments_do_not_fit_is_left_out() -> None:
+    problem, blocks = layers(3)
+    start = policy(problem, blocks)
+    assert fit_start(problem, start, peak_bytes(problem, start.segments) - 1,
+                     matmuls(problem)) is None
+
+
+def test_memory_left_over_leaves_the_last_segments_out() -> None:
+    problem, blocks = layers(4)
+    start = Start(name="per-block", segments=tuple(blocks))
+    eager = simulate(problem, ()).peak_bytes
+    fitted = fit_start(problem, start, int(0.9 * eager), [])
+    assert fitted is not None
+    assert fitted.segments == tuple(blocks[:len(fitted.segments)])
+    assert 0 < len(fitted.segments) < len(blocks)
+    assert fitted.predicted_peak <= int(0.9 * eager)
+
+
+def test_groups_the_solver_is_not_offered_are_never_kept() -> None:
+    problem, blocks = layers(3)
+    start = policy(problem, blocks)
+    ups = [g for g in matmuls(problem) if problem.ops[g[0]].name.startswith("up")]
+    fitted = fit_start(problem, start, simulate(problem, ()).peak_bytes, ups)
+    assert fitted is not None
+    assert all(problem.ops[j].name.startswith("up") for j in fitted.keep)
+
+
+@pytest.mark.parametrize("fraction", [0.45, 0.55, 0.65, 0.75, 0.85])
+def test_the_budget_search_is_never_dearer_than_a_start_that_fits(fraction: float) -> None:
+    problem, blocks = layers(3)
+    eager = simulate(problem, ()).peak_bytes
+    budget = int(fraction * eager)
+    starts = [policy(problem, blocks), Start(name="per-block", segments=tuple(blocks))]
+    chosen = solve_plan(problem, budget, blocks, matmuls(problem), [], starts)
+    assert isinstance(chosen, Selection) and chosen.predicted_peak <= budget
+    assert chosen.predicted_peak == peak_bytes(problem, chosen.segments, chosen.keep)
+    for start in starts:
+        fitted = fit_start(problem, start, budget, matmuls(problem))
+        if fitted is not None:
+            assert chosen.recompute_cost <= fitted.recompute_cost + 1e-6
+
+
+def test_with_the_policy_as_a_start_the_search_is_at_most_as_dear_as_either() -> None:
+    """At the op policy's own peak: never dearer than the policy, nor than the search alone.
+    (On this small chain the search alone already beats the policy; on real graphs it does not
+    always: tests/planning/test_peers.py.)"""
+    problem, blocks = layers(3)
+    start = policy(problem, blocks)
+    flat = [j for g in start.keep for j in g]
+    peak = peak_bytes(problem, start.segments, flat)
+    alone = solve_plan(problem, peak, blocks, matmuls(problem), [])
+    both = solve_plan(problem, peak, blocks, matmuls(problem), [], [start])
+    assert both.recompute_cost <= min(cost_of(problem, start.segments, flat),
+                                      alone.recompute_cost)
+    assert both.predicted_peak <= peak
+
+
+def test_the_smallest_peak_counts_the_starts_and_infeasible_budgets_say_it() -> None:
+    problem, blocks = layers(3)
+    start = Start(name="per-block", segments=tuple(blocks))
+    per_block = peak_bytes(problem, start.segments)
+    assert min_peak_plan(problem, blocks, [start])[1] <= per_block
+    least = min_peak_plan(problem, blocks, [start])[1]
+    with pytest.raises(BudgetInfeasible) as e:
+        solve_plan(problem, least - 1, blocks, [], [], [start])
+    assert e.value.min_budget == least
+    assert "smallest budget any plan meets" in str(e.value)
