@@ -10,9 +10,9 @@ verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.dev
 * *unmodified*: no segment;
 * *per-block*: each decoder layer one segment (``depth=3``), as ``torch.utils.checkpoint``
   around every layer;
-* *op policy*: each layer a segment keeping every linear and attention matmul output
-  (torchtitan's selective activation checkpointing policy; on the meta device attention runs as
-  its math, two batched matmuls around a softmax);
+* *op policy*: each layer a segment keeping every linear and attention output (torchtitan's
+  selective activation checkpointing policy; attention is planned as the fused kernel an H100
+  runs, :mod:`fxckpt.cost.fused_attention`);
 * *Megatron selective*: each layer a segment keeping every linear output, recomputing the
   attention core and the pointwise ops;
 * *fxckpt 0.5*: the solver at half the unmodified peak; *fxckpt @peer*: the solver at each
@@ -91,8 +91,8 @@ def predict(profile_name: str = "h100", layers: int = 32,
     base = plan()
     gm = base.gm
     forward = sum(op.cost for op in problem_of(gm, profile).ops) / profile.unit
-    # Linear layers run as aten.mm in the captured graph; attention as a fused kernel, or on the
-    # meta device as its math (bmm, softmax, bmm): the op policy keeps those matmuls too.
+    # Linear layers run as aten.mm in the captured graph; attention as the GPU's fused kernel
+    # (planned so on the meta device for a GPU profile), or as its math (bmm, softmax, bmm).
     attention = sorted({c.rsplit(".", 1)[0] for n in gm.graph.nodes if has_info(n)
                         for c in info(n).calls if "scaled_dot_product" in c or ".bmm." in c})
     linear = {"op:aten.mm": "save"}

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxckpt.errors import PlanError
 from fxckpt.meta_run import fake_twin, on_meta
 from fxckpt.cost.flops import counter as flop_counter
+from fxckpt.cost.fused_attention import no_dropout
 from fxckpt.cost.prices import call_price, traffic
 from fxckpt.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 from fxckpt.scratch import backward_scratch, call_scratch
@@ -223,7 +224,8 @@ class _OpRecorder(TorchDispatchMode):
         counted = func not in _SAC_IGNORED
         if counted:
             self.calls.append(str(func))
-        random = torch.Tag.nondeterministic_seeded in func.tags
+        random = torch.Tag.nondeterministic_seeded in func.tags and not no_dropout(func, args,
+                                                                                  kwargs)
         self.random = self.random or random
         hidden = _UNMARKED_WRITES.get(func.overloadpacket.__name__, ())
         for i, arg in enumerate(func._schema.arguments):

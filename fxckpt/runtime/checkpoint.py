@@ -17,6 +17,8 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
   ``num_batches_tracked``, a step counter) are set back to their values from before the first
   run while it is recomputed, and to their values after it once the recompute is done: the
   recompute reads what the first run read, and a training step updates them once;
+* torch function modes of the first run that ask to be (:data:`REPLAYED`) are entered again for
+  the recompute;
 * a recompute whose saved tensors differ from the first run's (shape, dtype, device) raises
   PyTorch's ``CheckpointError``, whose metadata names the segment and the tensor position;
 * in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead;
@@ -38,6 +40,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
+from torch.overrides import _get_current_function_mode_stack
 
 from fxckpt.runtime.segment import Recomputable
 from fxckpt.runtime.selective import Keeper
@@ -47,6 +50,12 @@ __all__ = ["checkpoint", "is_recomputing"]
 
 log = logging.getLogger(__name__)
 _local = threading.local()
+
+REPLAYED = "replayed_in_recompute"
+"""A torch function mode with this attribute true, active in a segment's first run, is entered
+again for its recompute (the autograd engine runs it without the caller's modes). Only modes
+that ask: a user's mode (one that logs, say) sees the forward once, as without fxckpt. Planning
+on the meta device asks it of its fused-attention mode (:mod:`fxckpt.cost.fused_attention`)."""
 
 
 def is_recomputing() -> bool:
@@ -155,6 +164,8 @@ class _FirstRun(_Named):
 
     def __enter__(self) -> None:
         super().__enter__()
+        self.call.modes = [m for m in _get_current_function_mode_stack()
+                           if getattr(m, REPLAYED, False)]
         self.call.before = [b.detach().clone() for b in self.call.buffers]
         self.call.drawn_from = [g.get_state() for g in self.call.generators]
         if self.call.keeper is not None:
@@ -187,6 +198,9 @@ class _SegmentCall:
         """The generators' states when the first run began (replayed by the recompute)."""
         self.states_now: list[torch.Tensor] = []
         self.keeper = Keeper(self.name) if getattr(segment, "kept", 0) else None
+        self.modes: list[Any] = []
+        """Torch function modes of the first run that ask to be replayed (:data:`REPLAYED`)."""
+        self.entered: list[Any] = []
 
     def contexts(self) -> tuple[_FirstRun, "_SegmentCall"]:
         return _FirstRun(self), self
@@ -201,12 +215,20 @@ class _SegmentCall:
         _local.depth = getattr(_local, "depth", 0) + 1
         # Left set on exit: torch compares the recomputed tensors' metadata right after this.
         _local.segment = self.name
+        # The autograd engine runs the recompute without the caller's torch function modes.
+        active = _get_current_function_mode_stack()
+        self.entered = [m for m in self.modes if not any(a is m for a in active)]
+        for mode in self.entered:
+            mode.__enter__()
         if self.keeper is not None:
             self.keeper.enter("recompute")
 
     def __exit__(self, *exc: Any) -> None:
         if self.keeper is not None:
             self.keeper.leave()
+        for mode in reversed(self.entered):
+            mode.__exit__(None, None, None)
+        self.entered = []
         _local.depth -= 1
         _put(self.buffers, self.after)
         self.after = []

@@ -25,6 +25,7 @@ from fxckpt.errors import ConfigError, FxckptError, PlanError
 from fxckpt.pipeline.build import PipelinedModule, build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
 from fxckpt.cost.annotate import annotate
+from fxckpt.cost.fused_attention import fused_attention, plans_fused
 from fxckpt.capture.captured import capture
 from fxckpt.planning.select import select
 from fxckpt.capture.captured import Captured
@@ -130,7 +131,8 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
     gm.training = training
     hooked = [model.get_submodule(p) for p in captured.hooked]
     # The user's hooks must not fire on annotate's fake tensors (nor FSDP's all-gathers).
-    with hooks_off(hooked), full_parameters(model):
+    fused = plans_fused(config.device_profile, _device_of(model))
+    with hooks_off(hooked), full_parameters(model), fused_attention(fused):
         annotate(gm, captured.graph_args(plan_args, plan_kwargs))
     # Hooked modules stay out of segments, but FSDP's: they gather their parameters again.
     never_recomputed = {p for p, m in zip(captured.hooked, hooked) if not recomputable(m)}
@@ -198,7 +200,8 @@ def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: 
             output = captured.call(gm, a, k)
             return output if probe is None else probe.saw(output)
 
-        with hooks_off(hooked, keep=weight_computing_hooks()):
+        with hooks_off(hooked, keep=weight_computing_hooks()), \
+                fused_attention(plans_fused(config.device_profile, device)):
             return fake_step_peak(gm, run, args, kwargs, loss_fn=config.loss_fn, device=device)
     return verify
 
