@@ -78,8 +78,10 @@ def transform(
             computes. A budget counts the loss's saved tensors too (cross-entropy over a large
             vocabulary keeps its log-probabilities); without it a stand-in loss is assumed.
         verify: run each training plan once on fake tensors (no memory) and record its verified
-            peak (``fxckpt.inspect(tm).plan.verified_peak``). ``None`` (default): budget plans
-            only, which are tightened until the verified peak fits.
+            peak (``fxckpt.inspect(tm).plan.verified_peak``). ``None`` (default) or ``True``:
+            every training plan (``every``, ``depth``, ``force``, ``budget``: one verified peak
+            whatever made the plan; budget plans are tightened until it fits). ``False``: the
+            simulator's figures only (faster planning).
         selective: with ``budget``, let the solver keep some outputs inside segments (matmuls,
             attention: costly to run again per byte) instead of recomputing every op of a
             segment (docs/budget.md, "Selective recompute"). ``False``: whole segments.

@@ -74,7 +74,8 @@ class TransformConfig:
 
     verify: Optional[bool] = None
     """Run each training plan on fake tensors to verify its peak (:mod:`fxckpt.verify`);
-    ``None``: plans made for a budget only."""
+    ``None`` (default): every training plan, whatever strategy made it (budget plans are also
+    tightened until the verified peak fits); ``False``: the simulator's figures only."""
 
     selective: bool = True
     """Budget plans may keep costly outputs inside segments (:mod:`fxckpt.solver.selective`)."""
@@ -111,7 +112,7 @@ class TransformConfig:
     @property
     def verifies(self) -> bool:
         """Are training plans of this config verified (never pipelined ones)?"""
-        wanted = self.budget is not None if self.verify is None else self.verify
+        wanted = self.verify is not False
         return wanted and not self.pipelined
 
     @classmethod

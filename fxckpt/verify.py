@@ -77,7 +77,10 @@ def fake_step_peak(
         # Segments a plan offloads keep their tensors on the device here (offload_suspended).
         # Fake and meta tensors draw nothing from torch's generators: no fork (a fork would
         # rewind another thread's draws, fxckpt.runtime.state).
-        with _swapped_state(root, fake), mode, offload_suspended():
+        # A user's saved_tensors_hooks around the call that plans (the first step) must not
+        # see the fake step: hooks of its own, innermost, stand in front of them.
+        with _swapped_state(root, fake), mode, offload_suspended(), \
+                torch.autograd.graph.saved_tensors_hooks(_same, _same):
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             _existing_grads(memo.values())
             with LiveTensorTracker(fake=True, scratch=call_scratch) as tracker:
@@ -101,6 +104,10 @@ def fake_step_peak(
     if device is None:
         return tracker.peak_bytes
     return tracker.peak_bytes_by_device.get(_normal(device), tracker.peak_bytes)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _normal(device: str) -> str:

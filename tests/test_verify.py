@@ -181,9 +181,17 @@ def test_verification_leaves_the_model_as_it_was() -> None:
     assert torch.equal(model.steps, torch.zeros(()))
 
 
-def test_plans_without_a_budget_are_verified_only_when_asked() -> None:
+def test_every_plan_is_verified_unless_told_not_to() -> None:
+    """One peak for every plan, whatever strategy made it: ``every=``, ``depth=`` and ``force=``
+    plans are verified too (reported, not changed); ``verify=False`` keeps the simulator's."""
     x = torch.randn(8, 32)
-    plain = fxckpt.inspect(fxckpt.transform(MLP(depth=4, width=32), every=2,
+    for options in ({"every": 2}, {"depth": 1}, {"force": {"layers.0": "recompute"}}):
+        plan = fxckpt.inspect(fxckpt.transform(MLP(depth=4, width=32), example_inputs=(x,),
+                                               **options)).plan
+        assert plan.verified_peak is not None and plan.peak_bytes == plan.verified_peak
+        assert plan.verified_eager_peak is not None
+        assert plan.eager_peak_bytes == plan.verified_eager_peak
+    plain = fxckpt.inspect(fxckpt.transform(MLP(depth=4, width=32), every=2, verify=False,
                                             example_inputs=(x,))).plan
     assert plain.verified_peak is None and plain.peak_bytes == plain.predicted_peak
     off = fxckpt.inspect(fxckpt.transform(MLP(depth=4, width=32), budget=0.8, verify=False,

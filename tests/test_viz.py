@@ -152,10 +152,13 @@ def test_plot_pareto_draws_the_curve_and_marked_plans(plain) -> None:
     mark = next(c for c in ax.collections if c.get_gid() == "mark:every=2")
     scale = 2 ** 10 if "(KiB)" in ax.get_xlabel() else 1  # same units as the curve
     x, y = mark.get_offsets()[0]
-    assert x == pytest.approx(plan.peak_bytes / scale)  # reserve included, as in the curve
+    assert x == pytest.approx(plan.predicted_peak / scale)  # reserve included, as the curve
     assert y == pytest.approx(100 * plan.recompute_share)
     assert f"recompute ~{y:.0f}% of a forward pass" in plan.summary()  # one unit everywhere
-    assert max(peaks) == pytest.approx(plan.eager_peak_bytes / scale)
+    assert max(peaks) == pytest.approx(plan.eager_peak / scale)
+    assert plan.verified_peak is not None  # every plan is verified, and marked there too
+    hollow = next(c for c in ax.collections if c.get_gid() == "verified:every=2")
+    assert hollow.get_offsets()[0][0] == pytest.approx(plan.verified_peak / scale)
 
 
 @pytest.mark.parametrize("mode, hatched", [("except_last", 2), ("always", 4), ("never", 0)])
@@ -253,8 +256,9 @@ def test_plot_memory_titles_the_plans_own_peaks(plain) -> None:
 
     plan = fxckpt.inspect(plain).plan
     ax = fxckpt.plot_memory(plain).axes[0]
-    assert (f"predicted peak {format_bytes(plan.peak_bytes)} vs "
+    assert plan.verified_peak is not None  # every plan is verified: its peak is the title's
+    assert (f"verified peak {format_bytes(plan.peak_bytes)} vs "
             f"{format_bytes(plan.eager_peak_bytes)} eager") in ax.get_title()
     line = next(line for line in ax.get_lines() if line.get_gid() == "predicted_peak")
     scale = 2 ** 10 if "(KiB)" in ax.get_ylabel() else 1
-    assert line.get_ydata()[0] == pytest.approx(plan.peak_bytes / scale)
+    assert line.get_ydata()[0] == pytest.approx(plan.predicted_peak / scale)

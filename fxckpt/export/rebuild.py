@@ -61,7 +61,7 @@ def build_tree(entries: list[dict[str, Any]], store: Verified, tensors: dict[str
     for e in entries:
         path = e["path"]
         if path:
-            check_name(path, "a module path")
+            check_name(path, "structure.json: a module path")
         if "same_as" in e:
             mod = modules[e["same_as"]]
         else:

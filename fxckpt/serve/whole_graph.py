@@ -157,7 +157,7 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
                    loosen=config.loss_fn is not None,
                    eager=eager_peak if verify is not None and probe is None else None,
                    offloader=offloader)
-    if verify is not None and config.loss_fn is None:
+    if verify is not None and config.loss_fn is None and config.budget is not None:
         plan = dataclasses.replace(plan, notes=plan.notes + (
             f"no loss_fn: verified with a stand-in loss that holds {STAND_IN}; pass "
             "loss_fn= to fit the plan to your loss",))
