@@ -24,8 +24,8 @@ the logits on that Llama at most budgets), and the slack the first plan leaves i
 it; a plan fitted to the stand-in's figure measured up to 8% over the budget.
 
 A fraction resolves against the verified peak of the unmodified step, so ``budget=0.3`` means
-0.3 of what the step really holds. Plans without a budget are verified when asked
-(``verify=True``) and only reported. When the step cannot run on fake tensors (a custom
+0.3 of what the step really holds. Plans without a budget are verified too (unless
+``verify=False``) and only reported. When the step cannot run on fake tensors (a custom
 ``autograd.Function`` that reads values, say), the plan keeps its simulated figures and says so.
 """
 

@@ -4,38 +4,25 @@ on fewer segments), and the budget search is never dearer than a start that fits
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from fxckpt.solver import BudgetInfeasible, Op, Problem, peak_bytes, simulate
+from fxckpt.solver import BudgetInfeasible, Problem, peak_bytes, simulate
 from fxckpt.solver.choose import min_peak_plan, solve_plan
 from fxckpt.solver.selective import Selection
 from fxckpt.solver.starts import Start, fit_start
-
-MB = 1 << 20
+from test_shared import stack
 
 
 def layers(count: int) -> tuple[Problem, list[tuple[int, int]]]:
-    """Per block: a norm, an expensive matmul with a wide output, a cheap wide activation, a
-    second expensive matmul and a residual add (too few blocks for the per-block solver)."""
-    ops = [Op(name="embed", out_bytes=MB, cost=1e6, grad_bytes=0)]
-    blocks = []
-    x = "embed"
-    for i in range(count):
-        start = len(ops)
-        ops += [
-            Op(name=f"norm{i}", out_bytes=MB, cost=1e6, inputs=(x,), saves=(x,)),
-            Op(name=f"up{i}", out_bytes=4 * MB, cost=8e8, inputs=(f"norm{i}",),
-               saves=(f"norm{i}",)),
-            Op(name=f"act{i}", out_bytes=4 * MB, cost=2e6, inputs=(f"up{i}",), saves=(f"up{i}",)),
-            Op(name=f"down{i}", out_bytes=MB, cost=8e8, inputs=(f"act{i}",),
-               saves=(f"act{i}",)),
-            Op(name=f"res{i}", out_bytes=MB, cost=1e6, inputs=(x, f"down{i}")),
-        ]
-        blocks.append((start, len(ops)))
-        x = f"res{i}"
-    ops.append(Op(name="head", out_bytes=2 * MB, cost=2e8, inputs=(x,), saves=(x,)))
-    return Problem(ops=tuple(ops), outputs=("head",), segment_overhead=3e5,
-                   keep_overhead=1e5), blocks
+    """:func:`test_shared.stack`'s chain with dearer matmuls and a cheap activation (too few
+    blocks for the per-block solver), keeping an op costing a little."""
+    problem, blocks = stack(count)
+    price = {"up": 8e8, "down": 8e8, "act": 2e6}
+    ops = tuple(dataclasses.replace(op, cost=price.get(op.name.rstrip("0123456789"), op.cost))
+                for op in problem.ops)
+    return dataclasses.replace(problem, ops=ops, keep_overhead=1e5), blocks
 
 
 def matmuls(problem: Problem) -> list[tuple[int, ...]]:
