@@ -162,9 +162,10 @@ def _loss(output: Any, loss_fn: Optional[LossFn], args: tuple,
     return stand_in_loss(output)
 
 
-STAND_IN = ("the output through backward and a cross-entropy over its last dimension in fp32 "
-            "(the log-softmax saved, a full-size gradient), which holds at least what "
-            "cross-entropy or F.mse_loss hold")
+STAND_IN = ("the output through backward and a cross-entropy over its last dimension in fp32, "
+            "times the output (the log-softmax and the fp32 output saved, full-size "
+            "gradients), which holds at least what cross-entropy, F.mse_loss or a reduction "
+            "of the output's square in fp32 hold")
 """What the stand-in loss holds (said in the notes of plans made without ``loss_fn``)."""
 
 
@@ -172,22 +173,24 @@ def stand_in_loss(output: Any) -> Optional[torch.Tensor]:
     """The loss assumed without ``loss_fn``: at least what the common losses hold.
 
     Cross-entropy over logits (``logits.float()``, the log-softmax saved, a full-size gradient
-    made while it is alive) and ``F.mse_loss`` (the input saved, a full-size gradient) are what
-    most steps end in, and the caller often keeps the output (``out = model(x); loss_fn(out,
+    made while it is alive), ``F.mse_loss`` (the input saved, a full-size gradient) and a
+    reduction of the output's square in fp32 (``logits.float().square().mean()``: the fp32 copy
+    saved, and in backward the gradient, ``2 * x`` and their product at once) are what most
+    steps end in, and the caller often keeps the output (``out = model(x); loss_fn(out,
     y).backward()``). So the caller (:func:`fake_step_peak`) keeps the output until backward
-    ends, and each differentiable output goes through ``log_softmax(out.float(), -1).mean()``:
-    three outputs' worth at the start of backward, what cross-entropy holds and more than
-    ``F.mse_loss`` does (``tests/test_stand_in.py``). A hand-written ``(out - y).square().mean()``
-    holds one or two outputs more (its difference and the square's temporaries); on the
-    measured models that stays within the budget (docs/standin.md). ``loss_fn=`` fits the plan
-    to the real loss instead.
+    ends, and each differentiable output ``w = out.float()`` goes through
+    ``(log_softmax(w, -1) * w).mean()``: at least what each of those holds, in fp32 and in
+    bf16 (``tests/test_stand_in.py``; the square of a bf16 output in fp32 holds eleven bf16
+    outputs' worth at its peak, cross-entropy seven). A hand-written ``(out - y).square().mean()``
+    in fp32 holds one output more (its difference); ``loss_fn=`` fits the plan to the real loss
+    instead.
     """
     leaves = [t for t in pytree.tree_leaves(output)
               if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
     terms = []
     for t in leaves:
         wide = t.float()
-        terms.append(torch.log_softmax(wide, dim=-1).mean() if wide.dim() else wide)
+        terms.append((torch.log_softmax(wide, dim=-1) * wide).mean() if wide.dim() else wide)
     return sum(terms, torch.zeros(())) if terms else None
 
 
