@@ -25,6 +25,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.torch_version import TorchVersion
 
 from fxckpt.cost.devices import PROFILES
 
@@ -39,8 +40,15 @@ _DEFAULTS: dict[str, Any] = {"attn_mask": None, "dropout_p": 0.0, "is_causal": F
 
 def plans_fused(profile: Optional[str], device: str) -> bool:
     """Is a plan for ``profile`` (a ``device_profile`` name) made on ``device`` one whose
-    attention should be the GPU's fused kernel? Only on the meta device, for a GPU profile."""
-    return device == "meta" and profile is not None and PROFILES.get(profile) is not None
+    attention should be the GPU's fused kernel? Only on the meta device, for a GPU profile, and
+    from torch 2.13 (:data:`SINCE`)."""
+    return (device == "meta" and profile is not None and PROFILES.get(profile) is not None
+            and bool(TorchVersion(torch.__version__) >= SINCE))  # type: ignore[operator]
+
+
+SINCE = (2, 13)
+"""On torch 2.11 a planning step of a meta Llama under this mode reached a ``Tensor.item()`` on a
+meta tensor (not yet traced to its op): there plans keep the math attention."""
 
 
 class _Fused(TorchFunctionMode):
