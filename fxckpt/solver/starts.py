@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from fxckpt.solver.problem import Index, Problem, Spans, check_segments
-from fxckpt.solver.selective import Choices, Selection, keep_within
+from fxckpt.solver.problem import Problem, Spans, check_segments
+from fxckpt.solver.selective import Choices, Selection, _density, _inside, keep_within
 from fxckpt.solver.simulate import peak_bytes
 
 __all__ = ["Start", "fit_start", "fit_starts"]
@@ -38,16 +38,6 @@ class Start:
     segments: Spans
     keep: Choices = ()
     """Groups of op positions (as :func:`keep_within`'s ``choices``) the plan keeps."""
-
-
-def _density(ix: Index, group: tuple[int, ...]) -> float:
-    size = sum(ix.out[j] for j in group)
-    gain = sum(ix.gain[j] for j in group)
-    return gain / size if size else float("inf")
-
-
-def _inside(ix: Index, segments: Spans, group: tuple[int, ...]) -> bool:
-    return all(any(s <= j < ix.recompute_end(s, e) for s, e in segments) for j in group)
 
 
 def _fits_down(problem: Problem, segments: Spans, keep: list[tuple[int, ...]], budget: int
@@ -90,8 +80,9 @@ def fit_start(problem: Problem, start: Start, budget: int, choices: Choices,
     ix = problem.index
     segments = check_segments(start.segments, ix.n)
     allowed = {tuple(g) for g in (*choices, *forced)}
+    recomputed = _inside(ix, segments)
     own = sorted((tuple(g) for g in start.keep if tuple(g) in allowed
-                  and _inside(ix, segments, tuple(g))), key=lambda g: -_density(ix, g))
+                  and set(g) <= recomputed), key=lambda g: -_density(ix, g))
     kept = _fits_down(problem, segments, own, budget)
     if kept is None:
         return None
