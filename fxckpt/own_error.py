@@ -7,6 +7,8 @@ when capture or planning failed.
 
 from __future__ import annotations
 
+import os
+import traceback
 from typing import Any, Optional
 
 import torch
@@ -38,8 +40,18 @@ def own_error(view: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Exce
     except _GaveUp:
         return None
     except Exception as e:  # the model's own: whatever it is, it is the answer
-        return e
+        return None if _meta_limit(e) else e
     return None
+
+
+def _meta_limit(error: Exception) -> bool:
+    """The probe stopped at what a meta tensor cannot do (``.item()``, a data-dependent shape),
+    not at the model's own refusal: a model planned on the meta device runs under tracing, where
+    those calls are recorded, and its capture or planning error is the answer."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return isinstance(error, (RuntimeError, NotImplementedError)) and (
+        "meta tensor" in str(error) or bool(frames) and frames[-1].filename.endswith(
+            f"torch{os.sep}_meta_registrations.py"))
 
 
 class _GaveUp(Exception):

@@ -176,3 +176,23 @@ print(params, grown, plan.eager_peak, len(plan.segments))
     params, grown, eager, segments = map(int, out.stdout.split())
     assert params > 1.5 * 2**30 and eager > 2**30 and segments > 0
     assert grown < 0.25 * params, (grown, params)
+
+
+class _Branches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h) if h.sum() > 0 else h  # data-dependent: no graph on meta
+
+
+def test_a_meta_model_fxckpt_cannot_capture_gets_fxckpts_error_not_the_meta_devices() -> None:
+    """The model's own error is asked for when capture fails; on meta its eager forward stops at
+    ``.item()``, which is the meta device's limit, not the model's refusal."""
+    with torch.device("meta"):
+        model = _Branches()
+    with pytest.raises(fxckpt.CaptureError, match="could not capture _Branches") as caught:
+        fxckpt.transform(model, every=1, example_inputs=(torch.empty(4, 8, device="meta"),))
+    assert "control flow" in str(caught.value) and "meta tensors" not in str(caught.value)
