@@ -36,7 +36,7 @@ import torch
 
 from fxckpt.errors import ConfigError
 
-__all__ = ["DeviceProfile", "PROFILES", "profile_for", "measure_profile"]
+__all__ = ["DeviceProfile", "PROFILES", "profile_for", "measure_profile", "offload_price"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,3 +131,18 @@ def _best(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> f
 
     fn()
     return min(timed(fn, device) for _ in range(repeats))
+
+
+def offload_price(profile: Optional[DeviceProfile], bandwidth: Optional[float],
+                  device: torch.device | str = "cpu", host: torch.device | str = "cpu") -> float:
+    """FLOP-equivalents of moving one saved byte out and back, in the units the plan is priced
+    in: with a device profile, its matmul rate over ``bandwidth`` (the profile's host link when
+    ``None``), so nothing is timed and a plan for a GPU can be made on the meta device; without
+    one, :func:`~fxckpt.cost.rates.offload_cost_per_byte` on the model's device (the CPU for a
+    meta model, whose plan is priced with the CPU's table)."""
+    from fxckpt.cost.rates import offload_cost_per_byte
+
+    if profile is not None:
+        return 2.0 * profile.unit / (bandwidth or profile.link)
+    device = torch.device(device)
+    return offload_cost_per_byte(bandwidth, "cpu" if device.type == "meta" else device, host)

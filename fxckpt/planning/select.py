@@ -22,13 +22,13 @@ from fxckpt.planning.actions import choose_actions
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
                                      without_mode_switches)
-from fxckpt.cost.devices import profile_for
+from fxckpt.cost.devices import offload_price, profile_for
 from fxckpt.cost.graph_view import problem_of
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
 from fxckpt.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import predict
-from fxckpt.cost.rates import device_of, offload_cost_per_byte
+from fxckpt.cost.rates import device_of
 from fxckpt.cost.runs import Run, kept_names, recomputed
 from fxckpt.planning.fit import Target
 from fxckpt.planning.strategies import choose
@@ -64,12 +64,8 @@ def select(
     problem = problem_of(gm, profile, loss_bytes)
     replay = config.strategy if isinstance(config.strategy, Replay) else None
     if config.offload == "auto" and replay is None:
-        if profile is not None and config.offload_bandwidth is None:
-            per_byte = 2 * profile.unit / profile.link  # out and back, over the profile's link
-        else:
-            per_byte = offload_cost_per_byte(
-                config.offload_bandwidth, device_of(gm), config.offload_device or "cpu"
-            )
+        per_byte = offload_price(profile, config.offload_bandwidth, device_of(gm),
+                                 config.offload_device or "cpu")
         problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
     modules = module_pins(config.force)
     offered, forced = choices(problem, order, config.force)

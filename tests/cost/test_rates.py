@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from fxckpt.cost import rates
+from fxckpt.cost.devices import PROFILES
+from fxckpt.cost.devices import offload_price
 from fxckpt.cost.rates import device_of, measure_rates, offload_cost_per_byte
+
+PROFILES_H100_UNIT = PROFILES["h100"].unit  # type: ignore[union-attr]
 
 
 def test_rates_are_plausible_for_any_cpu() -> None:
@@ -45,3 +49,49 @@ def test_a_model_computes_where_its_first_tensor_lives() -> None:
     assert device_of(torch.nn.ReLU()) == torch.device("cpu")  # nothing to look at
     bn = torch.nn.BatchNorm1d(2, affine=False, device="meta")  # buffers only
     assert device_of(bn) == torch.device("meta")
+
+
+def test_with_a_device_profile_the_price_is_its_rate_over_the_link_and_nothing_is_timed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxckpt.cost.devices import PROFILES
+
+    def refuse(*_: object) -> tuple[float, float]:
+        raise AssertionError("timed")
+
+    monkeypatch.setattr(rates, "measure_rates", refuse)
+    monkeypatch.setattr(rates, "_RATES", {})
+    h100 = PROFILES["h100"]
+    assert h100 is not None
+    assert offload_price(h100, None, "meta") == 2 * h100.unit / h100.link
+    assert offload_price(h100, 25e9, "meta") == 2 * h100.unit / 25e9  # the bandwidth asked for
+
+
+def test_a_meta_model_without_a_profile_is_priced_with_the_cpus_rates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[torch.device] = []
+
+    def measure(device: torch.device, host: torch.device) -> tuple[float, float]:
+        seen.append(device)
+        return 1e9, 1e9
+
+    monkeypatch.setattr(rates, "_RATES", {})
+    monkeypatch.setattr(rates, "measure_rates", measure)
+    assert offload_price(None, None, "meta") == 2.0
+    assert seen == [torch.device("cpu")]
+
+
+def test_offload_auto_plans_a_meta_model_for_a_gpu_at_the_bandwidth_asked_for() -> None:
+    """It used to time a matmul on the meta device ("Cannot copy out of meta tensor")."""
+    import fxckpt
+
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*(m for _ in range(6) for m in (
+            torch.nn.Linear(256, 256), torch.nn.GELU())))
+    x = torch.empty(2048, 256, device="meta")
+    tm = fxckpt.transform(model, budget=0.7, offload="auto", offload_device="cpu",
+                          offload_bandwidth=2e9, device_profile="h100", example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert plan.segments and plan.peak_bytes <= 0.7 * plan.eager_peak_bytes
+    per_byte = 2 * PROFILES_H100_UNIT / 2e9
+    assert any(f"moving a byte costs {per_byte:.3g} FLOP-equivalents" in n for n in plan.notes)
