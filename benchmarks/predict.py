@@ -19,7 +19,8 @@ verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.dev
   peer's peak.
 
 The predicted step is the forward, the backward (twice the forward: two matmuls per matmul),
-the recompute the plan states, and the profile's overheads per segment and kept node. These are
+the recompute the plan states (with the profile's price per kept node) and the profile's
+overhead per segment. These are
 predictions from a cost model, not measurements: ``docs/gpu.md`` keeps them apart from what
 ``scripts/gpu_check.sh`` measures.
 """
@@ -116,8 +117,9 @@ def predict(profile_name: str = "h100", layers: int = 32,
 
 def _row(method: str, plan: Any, forward: float, profile: Any) -> Predicted:
     kept = sum(len(s.keeps) for s in plan.segments)
-    step = forward * (3 + plan.recompute_share) + len(plan.segments) * profile.segment \
-        + kept * profile.keep
+    # The recompute share already holds each kept node's bookkeeping (a kept op saves its cost
+    # less the profile's keep price); the per-segment overhead is left out of it.
+    step = forward * (3 + plan.recompute_share) + len(plan.segments) * profile.segment
     peak = plan.peak_bytes if plan.segments else (plan.eager_peak_bytes or plan.peak_bytes)
     return Predicted(method, int(peak), step, plan.recompute_share, len(plan.segments), kept)
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from python_patterns import W, Body, Case, Tempered
 

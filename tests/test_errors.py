@@ -11,7 +11,7 @@ import torch
 
 import fxckpt
 from fxckpt.capture.captured import capture
-from models import MLP, DataDependent, Noisy
+from models import MLP, DataDependent
 from support import loss_of
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import gpu, predict
+from fxckpt.cost.devices import PROFILES
 
 MiB = 2**20
 
@@ -62,4 +63,13 @@ def test_predictions_on_meta_are_deterministic_and_priced_for_the_profile() -> N
     assert by["op policy"].kept > 0 and by["per-block"].kept == 0
     assert by["per-block"].step_seconds > by["unmodified"].step_seconds > 0
     assert facts["forward_seconds"] > 0
+    # a step is the unmodified step, the plan's recompute (kept nodes' bookkeeping included,
+    # counted once) and the segments' overhead
+    profile = PROFILES["h100"]
+    assert profile is not None
+    for r in rows[1:]:
+        extra = r.step_seconds - by["unmodified"].step_seconds - r.segments * profile.segment
+        assert extra == pytest.approx(r.recompute_share * facts["forward_seconds"])
+    policy = by["op policy"]
+    assert policy.recompute_share * facts["forward_seconds"] > policy.kept * profile.keep
     assert "| unmodified | 0 | 0 |" in predict.render(rows, facts)
