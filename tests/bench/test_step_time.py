@@ -1,0 +1,29 @@
+"""The CPU step-time check (benchmarks/step_time.py): predicted steps from the plans' own
+figures, measured steps paired by turns."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import step_time
+from fxckpt.cost.graph_view import SEGMENT_COST
+
+
+@pytest.mark.slow
+def test_each_plan_predicts_its_step_from_its_recompute_share_and_segments() -> None:
+    rows = step_time.measure("mlp", quick=True, turns=2, rate=1e10)
+    by = {r.method: r for r in rows}
+    assert list(by) == ["unmodified", "fxckpt 0.5", "fxckpt 0.75"]
+    base = by["unmodified"]
+    assert base.segments == 0 and base.recompute_share == 0.0
+    forward = base.predicted_s / 3  # seconds of one forward at the rate given
+    for r in rows:
+        assert r.measured_s > 0 and r.ratio == r.predicted_s / r.measured_s
+    half = by["fxckpt 0.5"]
+    assert half.segments > 0 and half.recompute_share > 0
+    for r in (half, by["fxckpt 0.75"]):  # the recompute, and each segment's fixed price
+        assert r.predicted_s - base.predicted_s == pytest.approx(
+            r.recompute_share * forward + r.segments * SEGMENT_COST / 1e10)
+    text = step_time.render(rows, {"seconds": 1.0, "rate": 1e10, "turns": 2, "threads": 1,
+                                   "torch": "x", "machine": "here"})
+    assert text.count("\n| mlp |") == 3 and "of 3 predicted steps are within 10%" in text
