@@ -10,10 +10,13 @@ runs, in the same units, and writes ``calibration.md``:
 
 * the **matmul rate** (a 1024 x 1024 fp32 matmul), the unit every other price is taken in;
 * the **call price**: a call on a one-element tensor;
-* the **price per byte written** of the table's ops, on 1 MiB float32 tensors;
+* the **price per byte written** of the table's ops, on 1 MiB float32 tensors read from memory,
+  not from the cache (:data:`COLD`);
 * the **segment overhead**: a step of 32 tiny ``Linear`` + ``Tanh`` blocks, each a segment
   (``every=1``), against the unmodified step, per segment;
-* the **keep overhead**: the same plan with one kept node per segment, against it, per keep.
+* the **keep overhead**: the same plan with one kept node per segment, against it, per keep;
+* the **saved-tensor price**: a step of 160 ``sin`` calls on 64 numbers in one segment, against
+  the unmodified step, per call, less the call itself (each ``sin`` saves one tensor).
 
 Medians of ``repeats`` runs after a warm-up. A ratio far from 1 says the constant is stale for
 this machine; the constants are estimates for ranking plans, and a plan's peak never depends on
@@ -74,8 +77,19 @@ OPS = tuple(_ops())
 """The ops whose price per byte is measured."""
 
 
-def _bound(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], object]:
-    return lambda: fn(x)
+COLD = 64
+"""1 MiB inputs an op's price is measured over, in turn: 64 MiB, more than a server CPU's cache
+holds for one core, so each call reads its input from memory as a model's op does (a price
+measured on one cached input was 2-4x too low against the steps of ``benchmarks.step_time``)."""
+
+
+def _cold(fn: Callable[[torch.Tensor], torch.Tensor], xs: list[torch.Tensor]
+          ) -> Callable[[], object]:
+    """One call of ``fn`` on each of ``xs`` in turn."""
+    def run() -> None:
+        for x in xs:
+            fn(x)
+    return run
 
 
 def _code_price(aten: str) -> float:
@@ -126,6 +140,35 @@ def _overheads(rate: float, repeats: int) -> tuple[Row, Row]:
     )
 
 
+class _Sines(torch.nn.Module):
+    """``calls`` ``sin`` calls in a row: each saves its input for backward."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__()
+        self.calls = calls
+        self.scale = torch.nn.Parameter(torch.ones(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.scale
+        for _ in range(self.calls):
+            x = torch.sin(x)
+        return x
+
+
+def _saved(rate: float, repeats: int) -> Row:
+    """Per saved tensor, in FLOP-equivalents at ``rate``."""
+    import fxckpt
+    from fxckpt.cost.graph_view import SAVED_COST
+
+    calls, x = 160, torch.randn(64)
+    eager = _step_seconds(_Sines(calls), x, repeats)
+    one = fxckpt.transform(_Sines(calls), every=10 * calls, example_inputs=(x,))
+    segmented = _step_seconds(one, x, repeats)
+    call = _median_seconds(lambda: torch.sin(x), repeats)
+    return Row("SAVED_COST", SAVED_COST, max(0.0, (segmented - eager) / calls - call) * rate,
+               f"{calls} sin calls in one segment against none, per call, less the call")
+
+
 def measure(repeats: int = 30) -> dict[str, Any]:
     """The matmul rate (FLOP/s) and a :class:`Row` per constant."""
     from fxckpt.cost.prices import CALL_PRICE
@@ -136,13 +179,13 @@ def measure(repeats: int = 30) -> dict[str, Any]:
     rows = [Row("CALL_PRICE", CALL_PRICE, _median_seconds(lambda: one + one, repeats) * rate,
                 "a call on a one-element tensor")]
     for name, (fn, aten) in _ops().items():
-        x = torch.rand(256, 1024) + 0.5  # 1 MiB of float32, positive (rsqrt, log)
-        seconds = _median_seconds(_bound(fn, x), repeats)
+        xs = [torch.rand(256, 1024) + 0.5 for _ in range(COLD)]  # 1 MiB each, positive
+        seconds = _median_seconds(_cold(fn, xs), repeats) / COLD
         price = max(0.0, seconds * rate - CALL_PRICE) / MiB
         label = "RANDOM_PRICE" if aten == "bernoulli" else (
             "GELU_TANH_PRICE" if aten == "gelu_tanh" else f"CPU_PRICES[{aten!r}]")
-        rows.append(Row(label, _code_price(aten), price, f"{name}, per byte written (1 MiB)"))
-    rows += _overheads(rate, repeats)
+        rows.append(Row(label, _code_price(aten), price, f"{name}, per byte written (1 MiB, from memory)"))
+    rows += [*_overheads(rate, repeats), _saved(rate, repeats)]
     return {"rate": rate, "rows": [dataclasses.asdict(r) for r in rows], "repeats": repeats}
 
 

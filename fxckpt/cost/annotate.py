@@ -88,6 +88,9 @@ class NodeInfo:
     moved: int = 0
     """Bytes the node's calls read and write (views excluded): the memory traffic a device
     profile prices (:mod:`fxckpt.cost.devices`)."""
+    saved_count: int = 0
+    """Tensors autograd saved for the node's backward (weights included): in a segment, each
+    goes through the checkpoint's saved-tensor hooks."""
 
 
 def has_info(node: torch.fx.Node) -> bool:
@@ -392,6 +395,7 @@ class _Annotator(torch.fx.Interpreter):
             writes_buffers=tuple(writes_buffers),
             saves=tuple(saves),
             saves_internal_bytes=internal,
+            saved_count=len(saved),
             random=rec.random,
             flops=self._int(flops),
             work=rec.work,

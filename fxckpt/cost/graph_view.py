@@ -40,7 +40,7 @@ from fxckpt.graphs import planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
 __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS", "SEGMENT_COST",
-           "KEEP_COST"]
+           "SAVED_COST", "KEEP_COST"]
 
 SYNTHETIC = "::saved"
 SEGMENT_COST = 3e7
@@ -53,6 +53,13 @@ on the benchmark machine (re-measured by ``python -m benchmarks.calibrate``): th
 dispatch mode around the node in forward and in the recompute (:mod:`fxckpt.runtime.selective`)
 took 30-40 us alone, and 120 us per kept node in a profiled Llama step. Keeping an op cheaper
 than this would slow the step down."""
+SAVED_COST = 1.5e6
+"""FLOP-equivalents of each tensor an op in a checkpointed segment saves: about 16 us per step
+on the benchmark machine (a segment of 160 ``sin`` calls against none, less the calls' own
+price; re-measured by ``python -m benchmarks.calibrate``): the checkpoint's pack hook in forward
+and in the recompute and its unpack hook in backward. A GPT-2 block saves about 50 tensors,
+0.8 ms a step: more than the segment's own overhead, and on the CPU bench models the larger
+part of what a plan that recomputes little adds to the step (``docs/step_time.md``)."""
 LOSS = "loss::assumed"
 
 
@@ -73,7 +80,7 @@ def to_networkx(gm: torch.fx.GraphModule,
             n.name, kind="op", position=position, out_bytes=i.new_bytes,
             cost=_cost(i, profile), saves=tuple(_root(nodes, s) for s in i.saves),
             internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
-            module_path=i.module_path, scratch=i.scratch,
+            module_path=i.module_path, scratch=i.scratch, saved_count=i.saved_count,
         )
         for a in n.all_input_nodes:
             root = _root(
@@ -133,7 +140,7 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
         inputs = tuple(dict.fromkeys(p for p in graph.predecessors(name) if p != name))
         ops.append(Op(name=name, out_bytes=d["out_bytes"], cost=d["cost"], inputs=inputs,
                       saves=tuple(dict.fromkeys(saves)), grad_bytes=d["grad"],
-                      scratch_bytes=d.get("scratch", 0)))
+                      scratch_bytes=d.get("scratch", 0), saved_tensors=d.get("saved_count", 0)))
     outputs = tuple(
         o for o in graph.graph["outputs"] if graph.nodes.get(o, {}).get("kind") == "op"
     )
@@ -149,11 +156,13 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
     ops.append(
         Op(name=LOSS, out_bytes=held, cost=0.0, inputs=outputs, saves=(LOSS,), grad_bytes=0)
     )
-    segment, keep = SEGMENT_COST, KEEP_COST
+    segment, keep, saved = SEGMENT_COST, KEEP_COST, SAVED_COST
     if profile is not None:
-        segment, keep = profile.segment * profile.unit, profile.keep * profile.unit
+        segment, keep, saved = (profile.segment * profile.unit, profile.keep * profile.unit,
+                                profile.saved * profile.unit)
     return Problem(ops=tuple(ops), outputs=(LOSS,), segment_overhead=segment,
-                   keep_overhead=keep, early_stop=True, reserve_bytes=reserve)
+                   keep_overhead=keep, saved_overhead=saved, early_stop=True,
+                   reserve_bytes=reserve)
 
 
 def problem_of(gm: torch.fx.GraphModule, profile: Optional[DeviceProfile] = None,

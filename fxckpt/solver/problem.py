@@ -79,6 +79,9 @@ class Op:
     hidden: bool = False
     """The op stands for tensors the *next* op's kernel makes and its backward keeps (a dropout
     mask): saving it, like saving one's own output, needs that kernel to have run."""
+    saved_tensors: int = 0
+    """Tensors autograd saves for its backward (weights included): inside a segment each passes
+    through the checkpoint's saved-tensor hooks (:attr:`Problem.saved_overhead`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -90,6 +93,7 @@ class Op:
             _check_names(f"Op {self.name!r}: {field}", getattr(self, field))
         _check_bytes(f"Op {self.name!r}: out_bytes", self.out_bytes)
         _check_bytes(f"Op {self.name!r}: scratch_bytes", self.scratch_bytes)
+        _check_bytes(f"Op {self.name!r}: saved_tensors", self.saved_tensors)
         if self.grad_bytes is not None:
             _check_bytes(f"Op {self.name!r}: grad_bytes", self.grad_bytes)
         cost = self.cost
@@ -124,6 +128,11 @@ class Problem:
     """Fixed cost of keeping one op's output inside a segment (selective recompute's bookkeeping in
     forward and recompute), in the units of ``Op.cost``: keeping an op saves its cost less this,
     so ops cheaper than it are not worth keeping."""
+    saved_overhead: float = 0.0
+    """Fixed cost of each tensor an op inside a segment saves (:attr:`Op.saved_tensors`): the
+    checkpoint's pack hook in forward and in the recompute and its unpack hook in backward, in
+    Python, whether the op is recomputed, kept or offloaded. It makes a segment of many small ops
+    dearer than its ops' own prices say."""
     offload_cost_per_byte: float | None = None
     """When set, a segment may instead keep its ops and move what they save to host memory and
     back, at this cost per byte; each segment then costs the cheaper of the two. Memory is the
@@ -144,7 +153,8 @@ class Problem:
             raise ValueError(f"Problem.ops must be a tuple of Op (got {self.ops!r})")
         _check_names("Problem.outputs", self.outputs)
         _validate_order(self.ops, self.outputs)
-        for field in ("segment_overhead", "keep_overhead", "offload_cost_per_byte"):
+        for field in ("segment_overhead", "keep_overhead", "saved_overhead",
+                      "offload_cost_per_byte"):
             value = getattr(self, field)
             if value is None and field == "offload_cost_per_byte":
                 continue
@@ -252,6 +262,8 @@ class Index:
     """:attr:`Problem.offload_cost_per_byte`."""
     overhead: float = 0.0
     """:attr:`Problem.segment_overhead`."""
+    cum_hooks: tuple[float, ...] = ()
+    """``cum_hooks[i]``: :attr:`Problem.saved_overhead` for every tensor ops ``0..i-1`` save."""
     reserve: int = 0
     """:attr:`Problem.reserve_bytes`."""
     stops: tuple[int, ...] = ()
@@ -289,9 +301,10 @@ class Index:
                     own = i in saves[i] or any(ops[j].hidden for j in saves[i])
                     stop = i + 1 if own else i
             stops[n] = stop
-        cum, saved = [0.0], [0]
+        cum, saved, hooks = [0.0], [0], [0.0]
         for i, op in enumerate(ops):
             cum.append(cum[-1] + float(op.cost))
+            hooks.append(hooks[-1] + problem.saved_overhead * op.saved_tensors)
             saved.append(saved[-1] + (op.out_bytes if savers[i] else 0))
         return Index(
             n=n,
@@ -311,6 +324,7 @@ class Index:
             cum_saved=tuple(saved),
             offload_per_byte=problem.offload_cost_per_byte,
             overhead=float(problem.segment_overhead),
+            cum_hooks=tuple(hooks),
             reserve=problem.reserve_bytes,
             stops=tuple(stops),
             gain=tuple(float(op.cost) - problem.keep_overhead if op.cost > 0 else 0.0
@@ -328,18 +342,23 @@ class Index:
         return sum(self.gain[j] for j in keep if j in runs)
 
     def segment_cost(self, start: int, end: int) -> float:
-        """Cost of segment ``start..end-1``: recomputing it once, or offloading it if cheaper."""
+        """Cost of segment ``start..end-1``: recomputing it once, or offloading it if cheaper,
+        with the segment's fixed overhead and its saved tensors' hooks."""
         recompute = self.cum_cost[self.recompute_end(start, end)] - self.cum_cost[start]
         if self.offload_per_byte is not None:
             recompute = min(
                 recompute, self.offload_per_byte * (self.cum_saved[end] - self.cum_saved[start])
             )
-        return recompute + self.overhead
+        return recompute + self.overhead + self.hooks(start, end)
+
+    def hooks(self, start: int, end: int) -> float:
+        """:attr:`Problem.saved_overhead` for the tensors segment ``start..end-1`` saves."""
+        return self.cum_hooks[end] - self.cum_hooks[start] if self.cum_hooks else 0.0
 
     def segment_offloads(self, start: int, end: int) -> bool:
         """True when offloading segment ``start..end-1`` costs less than recomputing it."""
         return (
-            self.segment_cost(start, end) - self.overhead
+            self.segment_cost(start, end) - self.overhead - self.hooks(start, end)
             < self.cum_cost[self.recompute_end(start, end)] - self.cum_cost[start]
         )
 

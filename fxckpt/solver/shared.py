@@ -54,7 +54,6 @@ Llama-style models (within 1%) in about twice the time."""
 
 FILLED = 6
 """The cheapest fitting plans (by segment cost) that are filled with kept ops and compared."""
-
 MIXED = 2
 """The cheapest fitting uniform plans that are also mixed with lighter points."""
 
@@ -74,8 +73,8 @@ Range = tuple[int, int]
 
 def structure(problem: Problem, block: Range) -> Hashable:
     """What makes two blocks the same for planning: per op, its bytes, cost, gradient bytes,
-    whether the model returns it, and what it reads and saves: ops of the block by their
-    offset in it, anything outside by its bytes."""
+    saved tensors, whether the model returns it, and what it reads and saves: ops of the block
+    by their offset in it, anything outside by its bytes."""
     s, e = block
     ops, ix = problem.ops, problem.index
     pos = ix.memo.get("position")
@@ -90,7 +89,7 @@ def structure(problem: Problem, block: Range) -> Hashable:
         return ("out", -1 if j is None else ix.out[j])
 
     return tuple(
-        (op.out_bytes, op.cost, op.gradient_bytes, ix.is_output[s + k],
+        (op.out_bytes, op.cost, op.gradient_bytes, op.saved_tensors, ix.is_output[s + k],
          tuple(map(ref, op.inputs)), tuple(map(ref, op.saves)))
         for k, op in enumerate(ops[s:e]))
 
@@ -122,6 +121,7 @@ def _block_problem(problem: Problem, block: Range) -> Problem:
         outputs = (ops[-1].name,)
     return Problem(ops=ops, outputs=outputs, segment_overhead=problem.segment_overhead,
                    keep_overhead=problem.keep_overhead, early_stop=problem.early_stop,
+                   saved_overhead=problem.saved_overhead,
                    offload_cost_per_byte=problem.offload_cost_per_byte)
 
 

@@ -8,15 +8,16 @@ import pytest
 
 from benchmarks.calibrate import OPS, main, measure, render
 from fxckpt.cost import prices
-from fxckpt.cost.graph_view import KEEP_COST, SEGMENT_COST
+from fxckpt.cost.graph_view import KEEP_COST, SAVED_COST, SEGMENT_COST
 
 
 def test_every_constant_is_measured_beside_its_value_in_the_code() -> None:
     result = measure(repeats=2)
     rows = {r["name"]: r for r in result["rows"]}
-    assert len(rows) == 1 + len(OPS) + 2
+    assert len(rows) == 1 + len(OPS) + 3
     assert rows["SEGMENT_COST"]["code"] == SEGMENT_COST
     assert rows["KEEP_COST"]["code"] == KEEP_COST
+    assert rows["SAVED_COST"]["code"] == SAVED_COST
     assert rows["CALL_PRICE"]["code"] == prices.CALL_PRICE
     assert rows["CPU_PRICES['gelu']"]["code"] == prices.CPU_PRICES["gelu"]
     assert rows["GELU_TANH_PRICE"]["code"] == prices.GELU_TANH_PRICE
@@ -25,6 +26,8 @@ def test_every_constant_is_measured_beside_its_value_in_the_code() -> None:
     # a 1 MiB tanh writes at a price between a copy's and a million FLOPs a byte
     assert 0.1 < rows["CPU_PRICES['tanh']"]["measured"] < 1e6
     assert rows["SEGMENT_COST"]["measured"] > 0  # 32 segments cost more than none
+    # 160 saved tensors' hooks: above a call's price, below a millisecond each
+    assert prices.CALL_PRICE < rows["SAVED_COST"]["measured"] < 1e-3 * result["rate"]
     text = render(result)
     assert "| `SEGMENT_COST` | 3e+07 |" in text and text.count("\n| `") == len(rows)
 

@@ -25,6 +25,7 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.cost.graph_view import (
     KEEP_COST,
+    SAVED_COST,
     LOSS,
     SEGMENT_COST,
     SYNTHETIC,
@@ -63,7 +64,7 @@ def view(gm: torch.fx.GraphModule) -> nx.DiGraph:
 
 
 def test_constants_are_the_documented_ones() -> None:
-    assert (SEGMENT_COST, KEEP_COST) == (3e7, 1e7)
+    assert (SEGMENT_COST, KEEP_COST, SAVED_COST) == (3e7, 1e7, 1.5e6)
     assert (SYNTHETIC, LOSS) == ("::saved", "loss::assumed")
 
 
@@ -103,22 +104,25 @@ def test_edges_follow_storage_owners(view: nx.DiGraph) -> None:
 def test_problem_has_one_op_per_node_a_synthetic_mask_and_the_loss(view: nx.DiGraph) -> None:
     problem = to_problem(view)
     assert problem == Problem(ops=(
+        # saved_tensors: what autograd's pack hook received for the node (x for the weight's
+        # gradient; mm: both operands; dropout: its mask)
         Op(name="fc", out_bytes=72, cost=144 + CALL, inputs=("x",), saves=("x",),
-           grad_bytes=72),
+           grad_bytes=72, saved_tensors=1),
         Op(name="view", out_bytes=0, cost=0.0, inputs=("fc",), grad_bytes=0),
         Op(name="t", out_bytes=0, cost=0.0, grad_bytes=0),
         Op(name="t_1", out_bytes=0, cost=0.0, grad_bytes=0),
         Op(name="matmul", out_bytes=48, cost=72 + CALL, inputs=("fc",), saves=("fc",),
-           grad_bytes=48),
+           grad_bytes=48, saved_tensors=2),
         Op(name="drop::saved", out_bytes=48, cost=0.0, grad_bytes=0, hidden=True),
         Op(name="drop", out_bytes=48, cost=4 * CALL + (RANDOM_PRICE + 2 * DEFAULT_PRICE) * 48,
-           inputs=("matmul",), saves=("drop::saved",), grad_bytes=48),
+           inputs=("matmul",), saves=("drop::saved",), grad_bytes=48, saved_tensors=1),
         Op(name="gt", out_bytes=12, cost=CALL + CPU_PRICES["gt"] * 12, inputs=("x",),
            grad_bytes=0),
         # as large as the floating outputs' gradients: drop's 48 bytes (gt is bool)
         Op(name=LOSS, out_bytes=48, cost=0.0, inputs=("drop", "gt"), saves=(LOSS,),
            grad_bytes=0),
-    ), outputs=(LOSS,), segment_overhead=SEGMENT_COST, keep_overhead=KEEP_COST, early_stop=True,
+    ), outputs=(LOSS,), segment_overhead=SEGMENT_COST, keep_overhead=KEEP_COST,
+        saved_overhead=SAVED_COST, early_stop=True,
         # the reserve for temporaries: the largest gradient (fc's 72 bytes; no kernel scratch)
         reserve_bytes=72)
     assert problem.graph_inputs == ("x",)

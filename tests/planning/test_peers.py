@@ -87,8 +87,8 @@ def test_at_each_policys_peak_the_budget_plan_recomputes_no_more(llama, profile:
 
 
 def test_a_start_is_named_where_it_wins_and_the_plan_trains_exactly() -> None:
-    """A 2-layer GPT-2 at 0.65 of its peak: the per-block start, keeping GELU's tanh, is the
-    cheapest plan; the step's gradients equal the unmodified model's bit for bit (dropout on)."""
+    """A 2-layer GPT-2 at 0.6 of its peak: the per-block start is the cheapest plan; the step's
+    gradients equal the unmodified model's bit for bit (dropout on)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -96,10 +96,9 @@ def test_a_start_is_named_where_it_wins_and_the_plan_trains_exactly() -> None:
                      bos_token_id=0, eos_token_id=0, use_cache=False)
     model, x = GPT2LMHeadModel(cfg).train(), torch.randint(128, (4, 64))
     eager = copy.deepcopy(model)
-    tm = fxckpt.transform(model, budget=0.65, example_inputs=(x,))
+    tm = fxckpt.transform(model, budget=0.6, example_inputs=(x,))
     plan = fxckpt.inspect(tm).plan
     assert any("fitted from the per-block plan" in n for n in plan.notes), plan.notes
-    assert any(s.keeps for s in plan.segments)
     assert plan.verified_peak is not None and plan.verified_peak <= plan.budget
     torch.manual_seed(1)  # dropout draws the same masks in both steps
     tm(x).logits.float().square().mean().backward()
