@@ -184,7 +184,8 @@ def measure(repeats: int = 30) -> dict[str, Any]:
         price = max(0.0, seconds * rate - CALL_PRICE) / MiB
         label = "RANDOM_PRICE" if aten == "bernoulli" else (
             "GELU_TANH_PRICE" if aten == "gelu_tanh" else f"CPU_PRICES[{aten!r}]")
-        rows.append(Row(label, _code_price(aten), price, f"{name}, per byte written (1 MiB, from memory)"))
+        rows.append(Row(label, _code_price(aten), price,
+                        f"{name}, per byte written (1 MiB, from memory)"))
     rows += [*_overheads(rate, repeats), _saved(rate, repeats)]
     return {"rate": rate, "rows": [dataclasses.asdict(r) for r in rows], "repeats": repeats}
 

@@ -144,9 +144,9 @@ def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
 
 def test_importing_runs_a_chain_of_at_most_eleven_modules() -> None:
     """The deepest chain of imports that run at import time (serve.whole_graph -> planning ->
-    cost -> runtime) is 11 modules; issue 35 counted 17 layers before the layout by stages. Imports
-    inside functions (the CLI and inspect reaching the whole stack lazily) make a chain of 20
-    and are not counted: they run only when that function is called."""
+    cost -> runtime) is 11 modules. Imports inside functions (the CLI and inspect reaching the
+    whole stack lazily) make a chain of 20 and are not counted: they run only when that function
+    is called."""
     graph = _graph(at_import=True)
     # only inside functions
     assert not graph.has_edge("fxckpt.serve.dispatch", "fxckpt.serve.whole_graph")

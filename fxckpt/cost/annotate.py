@@ -110,7 +110,7 @@ def info(node: torch.fx.Node) -> NodeInfo:
 
 def module_path_of(node: torch.fx.Node) -> str:
     """The dotted module path a node came from, for symbolic and exported graphs alike."""
-    target = str(node.meta.get("fxckpt_path", node.target))  # see passes.tracer.to_graph_module
+    target = str(node.meta.get("fxckpt_path", node.target))  # see capture.tracer.to_graph_module
     if node.op == "call_module":
         return target
     if node.op == "get_attr":

@@ -1,9 +1,10 @@
 """What a loaded export may call or build: an explicit table, never a path walked by name.
 
 Loading must run no code that the export supplies, so an export never names a Python object
-by an importable path (``{"from": "torch", "name": "serialization.os.system"}`` was one way
-to reach ``os.system``). Every object a rebuilt graph or module refers to comes from a table
-built here from torch's and fxckpt's own namespaces, and is found by its exact name:
+by an importable path: such a path reaches whatever the named module imports
+(``serialization.os.system`` under ``torch`` is ``os.system``). Every object a rebuilt graph or
+module refers to comes from a table built here from torch's and fxckpt's own namespaces, and is
+found by its exact name:
 
 * functions (``call_function`` targets, and function-valued attributes such as
   ``TransformerEncoderLayer.activation``): the tensor functions torch.fx records, which are

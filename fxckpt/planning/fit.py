@@ -44,7 +44,7 @@ from fxckpt.plan import Plan, format_bytes
 from fxckpt.runtime.segment import Offloading
 from fxckpt.verify import VerifyError
 
-__all__ = ["fit", "Target", "ATTEMPTS", "LOOSEN_FROM"]
+__all__ = ["fit", "infeasible", "Target", "ATTEMPTS", "LOOSEN_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -226,17 +226,27 @@ def _smallest(choose: Choose, check: Check,
     assert plan.budget is not None and plan.verified_peak is not None
     if plan.verified_peak <= plan.budget:
         return _note(plan, "tightened to the plan with the smallest peak to fit the budget"), gm
-    eager, least_peak = target.eager_bytes, plan.verified_peak
-    raise BudgetInfeasibleError(
-        plan.budget,
-        least_peak,
-        f"budget {format_bytes(plan.budget)} ({plan.budget} bytes) cannot be met: the smallest "
-        f"peak activation memory any plan reaches for this model and input is "
-        f"{format_bytes(least_peak)} ({least_peak} bytes, verified by running the plan on fake "
-        f"tensors; {least_peak / eager:.3f} of the unmodified step's {format_bytes(eager)}). "
-        f"Give budget >= {least_peak} (bytes; a fraction >= {least_peak / eager:.3f}), or, for a "
-        "budget in bytes, a smaller batch (a fraction of a smaller step is harder to meet: "
-        "weight gradients and the loss do not shrink with it)",
+    raise infeasible(plan.budget, plan.verified_peak, target.eager_bytes, verified=True)
+
+
+def infeasible(budget: int, least: int, eager: int, *, asked: str = "",
+               verified: bool = False) -> BudgetInfeasibleError:
+    """The error for a budget of ``budget`` bytes that no plan meets, whose smallest peak is
+    ``least`` bytes against the unmodified step's ``eager``: its message is built here only.
+    ``asked``: the budget as the user gave it, when that was not bytes (``0.5 of the eager
+    peak``); ``verified``: ``least`` was measured by running the plan on fake tensors."""
+    shown = f"{asked} = {format_bytes(budget)}" if asked else format_bytes(budget)
+    how = ", verified by running the plan on fake tensors" if verified else ""
+    share = (f"; {least / eager:.3f} of the unmodified step's {format_bytes(eager)}"
+             if eager else "")
+    fraction = f"; a fraction >= {least / eager:.3f}" if eager else ""
+    return BudgetInfeasibleError(
+        budget, least,
+        f"budget {shown} ({budget} bytes) cannot be met: the smallest peak activation memory any "
+        f"plan reaches for this model and input is {format_bytes(least)} ({least} bytes{how}"
+        f"{share}). Give budget >= {least} (bytes{fraction}), or, for a budget in bytes, a "
+        "smaller batch (a fraction of a smaller step is harder to meet: weight gradients and the "
+        "loss do not shrink with it)",
     )
 
 

@@ -27,13 +27,13 @@ from typing import Optional, Sequence
 
 import torch.fx
 
-from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.budget import Budget
 from fxckpt.errors import PlanError
 from fxckpt.planning.anchors import remap
 from fxckpt.cost.annotate import info
 from fxckpt.planning.blocks import block_ranges
 from fxckpt.planning.cleanup import apply_force, frees_memory, opaque_modules, safe
-from fxckpt.planning.fit import Target
+from fxckpt.planning.fit import Target, infeasible
 from fxckpt.planning.keeps import Groups
 from fxckpt.planning.peers import peer_starts
 from fxckpt.cost.runs import Run, kept_names, to_runs
@@ -191,12 +191,12 @@ def budgeted(
                                "budget: nothing is recomputed",)
     aim = target.aim(limit, simulated)
     if aim <= 0:
-        raise _infeasible(budget, limit, min_peak_plan(problem, blocks, starts)[1] + aside,
-                          eager)
+        raise infeasible(limit, min_peak_plan(problem, blocks, starts)[1] + aside, eager,
+                         asked=str(budget))
     try:
         solution = solve_plan(problem, aim, blocks, offered, forced, starts)
     except BudgetInfeasible as e:
-        raise _infeasible(budget, limit, e.min_budget + aside, eager) from e
+        raise infeasible(limit, e.min_budget + aside, eager, asked=str(budget)) from e
     log.info(
         "budget %s (%s): %d segment(s), %d kept op(s), predicted peak %s, recompute cost %.3g",
         budget,
@@ -214,25 +214,6 @@ def budgeted(
         notes += (f"solver: fitted from the {solution.origin} plan, the cheapest found for "
                   "this budget",)
     return runs, limit, kept_names(problem, solution.keep), notes
-
-
-def _infeasible(budget: Budget, limit: int, minimum: int, eager: int) -> BudgetInfeasibleError:
-    fraction = f" ({minimum / eager:.3f} of the eager peak)" if eager else ""
-    return BudgetInfeasibleError(
-        limit,
-        minimum,
-        f"budget {budget} = {format_bytes(limit)} ({limit} bytes) cannot be met: the smallest "
-        f"peak activation memory any plan reaches for this model and input is "
-        f"{format_bytes(minimum)} "
-        f"({minimum} bytes){fraction}; the unmodified model's is {format_bytes(eager)}. Give "
-        f"budget >= {minimum} (bytes{_as_fraction(minimum, eager)}), or, for a budget in bytes, "
-        "a smaller batch (a fraction of a smaller step is harder to meet: weight gradients and "
-        "the loss do not shrink with it)",
-    )
-
-
-def _as_fraction(minimum: int, eager: int) -> str:
-    return f"; a fraction >= {minimum / eager:.3f}" if eager else ""
 
 
 def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], list[str]]:

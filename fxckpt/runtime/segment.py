@@ -6,7 +6,7 @@ runs a segment under the hooks of the offloader its owner attached. Those facts 
 of the module the runtime is handed, set by whoever builds it:
 
     Recomputable            name, restores          a module checkpointed as a whole
-    ├── Segment             + offloader             a lowered ``segment_N`` GraphModule
+    ├── SegmentModule       + offloader             a lowered ``segment_N`` GraphModule
     ├── pipeline._Stage                             one stage of the local pipeline
     └── distributed._Recomputed                     a stage of a distributed pipeline
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fxckpt.budget import BudgetInfeasibleError, parse_budget
-from fxckpt.planning.fit import ATTEMPTS, Target, fit
+from fxckpt.planning.fit import ATTEMPTS, Target, fit, infeasible
 from fxckpt.plan import Plan
 from fxckpt.verify import VerifyError
 from handmade import Tiny, plan, segment, traced
@@ -138,3 +138,22 @@ def test_a_plan_well_under_its_prediction_is_solved_again_with_the_aim_raised() 
     s = Loose([2000, 700, 1080])  # the looser plan does not fit: the first one stays
     got, _ = fit(_base(), s.choose, s.verify, loosen=True)
     assert got.verified_peak == 700 and got.notes == ()
+
+
+def test_the_message_names_the_budget_the_smallest_peak_and_the_fixes() -> None:
+    err = infeasible(1000, 1500, 4000, asked="0.25 of the eager peak", verified=True)
+    assert isinstance(err, BudgetInfeasibleError)
+    assert (err.budget, err.min_budget) == (1000, 1500)
+    assert str(err) == (
+        "budget 0.25 of the eager peak = 1000 B (1000 bytes) cannot be met: the smallest peak "
+        "activation memory any plan reaches for this model and input is 1.5 KiB (1500 bytes, "
+        "verified by running the plan on fake tensors; 0.375 of the unmodified step's 3.9 KiB). "
+        "Give budget >= 1500 (bytes; a fraction >= 0.375), or, for a budget in bytes, a smaller "
+        "batch (a fraction of a smaller step is harder to meet: weight gradients and the loss do "
+        "not shrink with it)")
+
+
+def test_without_an_eager_peak_no_fraction_is_offered() -> None:
+    text = str(infeasible(1000, 1500, 0))
+    assert text.startswith("budget 1000 B (1000 bytes) cannot be met")
+    assert "fraction >=" not in text and "unmodified step" not in text
