@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from fxckpt.measure import time_step
 
-__all__ = ["Row", "measure", "render", "main", "OPS"]
+__all__ = ["Row", "matmul_rate", "measure", "render", "main", "OPS"]
 
 MiB = 1 << 20
 
@@ -169,12 +169,17 @@ def _saved(rate: float, repeats: int) -> Row:
                f"{calls} sin calls in one segment against none, per call, less the call")
 
 
+def matmul_rate(repeats: int = 30) -> float:
+    """FLOP/s of a 1024 x 1024 fp32 matmul here: the unit every CPU price is taken in."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    return 2 * 1024 ** 3 / _median_seconds(lambda: a @ b, repeats)
+
+
 def measure(repeats: int = 30) -> dict[str, Any]:
     """The matmul rate (FLOP/s) and a :class:`Row` per constant."""
     from fxckpt.cost.prices import CALL_PRICE
 
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    rate = 2 * 1024 ** 3 / _median_seconds(lambda: a @ b, repeats)
+    rate = matmul_rate(repeats)
     one = torch.ones(1)
     rows = [Row("CALL_PRICE", CALL_PRICE, _median_seconds(lambda: one + one, repeats) * rate,
                 "a call on a one-element tensor")]

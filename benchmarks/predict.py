@@ -20,9 +20,8 @@ verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.dev
 
 The predicted step is the forward, the backward (twice the forward: two matmuls per matmul),
 the recompute the plan states (with the profile's price per kept node) and the profile's
-overhead per segment. These are
-predictions from a cost model, not measurements: ``docs/gpu.md`` keeps them apart from what
-``scripts/gpu_check.sh`` measures.
+overhead per segment. These are predictions from a cost model, not measurements:
+``docs/gpu.md`` keeps them apart from what ``scripts/gpu_check.sh`` measures.
 """
 
 from __future__ import annotations

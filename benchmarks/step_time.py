@@ -33,10 +33,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from benchmarks.calibrate import matmul_rate
 from benchmarks.models import MODEL_NAMES, spec_for
 from benchmarks.report import machine_info
 
-__all__ = ["Row", "matmul_rate", "measure", "render", "main"]
+__all__ = ["Row", "measure", "render", "main"]
 
 BUDGETS = (0.5, 0.75)
 
@@ -55,18 +56,6 @@ class Row:
     def ratio(self) -> float:
         """Predicted over measured."""
         return self.predicted_s / self.measured_s
-
-
-def matmul_rate(repeats: int = 15) -> float:
-    """FLOP/s of a 1024 x 1024 fp32 matmul here: the CPU table's unit."""
-    a = torch.randn(1024, 1024)
-    a @ a
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - start)
-    return 2 * 1024**3 / statistics.median(times)
 
 
 def _forward_cost(tm: torch.nn.Module) -> tuple[float, float]:

@@ -57,9 +57,8 @@ SAVED_COST = 1.5e6
 """FLOP-equivalents of each tensor an op in a checkpointed segment saves: about 16 us per step
 on the benchmark machine (a segment of 160 ``sin`` calls against none, less the calls' own
 price; re-measured by ``python -m benchmarks.calibrate``): the checkpoint's pack hook in forward
-and in the recompute and its unpack hook in backward. A GPT-2 block saves about 50 tensors,
-0.8 ms a step: more than the segment's own overhead, and on the CPU bench models the larger
-part of what a plan that recomputes little adds to the step (``docs/step_time.md``)."""
+and in the recompute and its unpack hook in backward. On the bench GPT-2's plan at 0.75 of its
+peak it raised the predicted recompute from 5% to 7% of a forward (``docs/step_time.md``)."""
 LOSS = "loss::assumed"
 
 
