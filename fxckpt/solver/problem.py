@@ -337,8 +337,10 @@ class Index:
 
     def kept_gain(self, segments: Sequence[tuple[int, int]], keep: Iterable[int]) -> float:
         """What keeping ``keep`` inside ``segments`` saves: the gain of each kept op that the
-        recompute would have run (one past its segment's early stop saves nothing)."""
-        runs = {i for s, e in segments for i in range(s, self.recompute_end(s, e))}
+        recompute would have run (one past its segment's early stop saves nothing, and one in
+        a segment that is offloaded instead of recomputed saves nothing either)."""
+        runs = {i for s, e in segments if not self.segment_offloads(s, e)
+                for i in range(s, self.recompute_end(s, e))}
         return sum(self.gain[j] for j in keep if j in runs)
 
     def segment_cost(self, start: int, end: int) -> float:
