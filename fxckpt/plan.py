@@ -201,6 +201,10 @@ class Plan:
     :mod:`fxckpt.cost.graph_view`), so a dropout or GELU recomputed counts though it does few
     FLOPs; the fixed per-segment overhead is left out. The one recompute percentage every view
     shows (summary, HTML, Pareto chart)."""
+    recompute_floor: float | None = None
+    """No plan whose predicted peak is this plan's recomputes less than this share of a forward
+    pass (a lower bound, :mod:`fxckpt.solver.floor`, whatever strategy made the plan): the
+    certificate :attr:`gap` is measured against."""
     budget: int | None = None
     """The budget the plan was solved for (bytes), if any."""
     pipeline: PipelineView | None = None
@@ -224,6 +228,15 @@ class Plan:
         if self.verified_peak is not None and self.verified_eager_peak is not None:
             return self.verified_eager_peak
         return self.eager_peak
+
+    @property
+    def gap(self) -> float | None:
+        """The share of its recompute this plan might still save: ``(share - floor) / share``
+        (0 for a plan that recomputes nothing or meets its floor; ``None`` without a floor)."""
+        share, floor = self.recompute_share, self.recompute_floor
+        if share is None or floor is None:
+            return None
+        return (share - floor) / share if share > floor and share > 0 else 0.0
 
     @property
     def micro_batched(self) -> bool:
@@ -275,6 +288,8 @@ class Plan:
         share = self.recompute_share
         work = (f"recompute ~{share:.0%} of a forward pass" if share is not None
                 else f"recompute {self.recompute_flops:,} FLOPs")
+        if share and self.recompute_floor is not None:
+            work += f" (any plan at this peak: at least {self.recompute_floor:.0%})"
         return (
             f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
             f"saves {format_bytes(self.saved_bytes)} of segment inputs{self._kept_text()}, frees "

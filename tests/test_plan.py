@@ -230,3 +230,26 @@ def test_no_strategy_with_chunks_says_the_pipeline_still_recomputes() -> None:
 def test_the_old_name_of_a_plan_segment_still_resolves_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match="fxckpt.Segment is now fxckpt.SegmentSpec"):
         assert fxckpt.Segment is fxckpt.SegmentSpec
+
+
+@pytest.mark.parametrize("options", [{"every": 1}, {"depth": 2}, {"budget": 0.7},
+                                     {"budget": 0.8}])
+def test_every_plan_states_a_floor_no_plan_at_its_peak_goes_under(options: dict) -> None:
+    """Whatever strategy made it, a plan carries the recompute floor at its predicted peak
+    (:mod:`fxckpt.solver.floor`), its gap to it, and says both in its summary."""
+    plan = _plan(**options)
+    assert plan.recompute_share is not None and plan.recompute_floor is not None
+    assert 0 < plan.recompute_floor <= plan.recompute_share
+    assert plan.gap == pytest.approx(1 - plan.recompute_floor / plan.recompute_share)
+    assert (f"(any plan at this peak: at least {plan.recompute_floor:.0%})"
+            in plan.summary())
+    again = fxckpt.Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.recompute_floor == plan.recompute_floor
+
+
+def test_a_plan_saved_before_floors_loads_without_one() -> None:
+    d = _plan(every=2).to_dict()
+    del d["recompute_floor"]
+    old = fxckpt.Plan.from_dict(d)
+    assert old.recompute_floor is None and old.gap is None
+    assert "any plan at this peak" not in old.summary()

@@ -19,8 +19,9 @@ from typing import Sequence
 
 from fxckpt.cost.runs import Run, keep_positions, to_ranges
 from fxckpt.solver import Problem, Spans, held_at_backward, simulate
+from fxckpt.solver.floor import recompute_floor
 
-__all__ = ["Prediction", "predict", "predict_ranges", "recompute_share"]
+__all__ = ["Prediction", "predict", "predict_ranges", "recompute_share", "floor_share"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,18 @@ def recompute_share(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -
     work = sum(ix.segment_cost(a, b) - ix.overhead for a, b in ranges)
     work -= ix.kept_gain(ranges, keep)
     return work / forward if forward else 0.0
+
+
+def floor_share(problem: Problem, peak: int) -> float:
+    """The least :func:`recompute_share` any plan whose simulated peak is at most ``peak``
+    could have (:func:`fxckpt.solver.floor.recompute_floor`, its one segment overhead left out
+    as the share leaves it out): what a plan's share is compared with."""
+    ix = problem.index
+    floor = recompute_floor(problem, peak)
+    forward = ix.cum_cost[-1]
+    if floor <= 0 or not forward:
+        return 0.0
+    return max(0.0, floor - ix.overhead) / forward
 
 
 def predict(problem: Problem, runs: Sequence[Run], keeps: Sequence[str] = ()) -> Prediction:

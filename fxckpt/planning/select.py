@@ -27,7 +27,7 @@ from fxckpt.cost.graph_view import problem_of
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
 from fxckpt.graphs import outermost, planned_nodes
-from fxckpt.cost.prediction import predict
+from fxckpt.cost.prediction import floor_share, predict
 from fxckpt.cost.rates import device_of
 from fxckpt.cost.runs import Run, kept_names, recomputed
 from fxckpt.planning.fit import Target
@@ -115,6 +115,7 @@ def select(
         predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute,
         recompute_share=prediction.share,
+        recompute_floor=floor_share(problem, prediction.peak),
         budget=chosen.budget,
     )
     log.info("fxckpt plan: %s", plan.summary())

@@ -90,8 +90,16 @@ def _oracle(problem: Problem, budget: int, choices: list[tuple[int, ...]]) -> Op
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_within_five_percent_of_the_exhaustive_oracle(seed: int) -> None:
-    p = random_dag(7, seed)
+def test_within_two_percent_of_the_exhaustive_oracle(seed: int) -> None:
+    _agrees(random_dag(7, seed))
+
+
+@pytest.mark.parametrize("seed", range(12, 60))
+def test_within_two_percent_of_the_exhaustive_oracle_on_more_graphs(seed: int) -> None:
+    _agrees(random_dag(7 + seed % 2, seed, skip=0.15 * (seed % 4)))
+
+
+def _agrees(p: Problem) -> None:
     # matmul-like ops (they save their inputs) may be kept, as the bridge offers matmuls
     choices = [(i,) for i, op in enumerate(p.ops) if op.saves == op.inputs and op.cost > 0]
     high = peak_bytes(p)
@@ -103,7 +111,7 @@ def test_within_five_percent_of_the_exhaustive_oracle(seed: int) -> None:
         best = _oracle(p, budget, choices)
         assert best is not None and got.predicted_peak <= budget
         assert simulate(p, got.segments, got.keep).recompute_cost == got.recompute_cost
-        assert got.recompute_cost <= best * 1.05 + 1e-9, (budget, got, best)
+        assert got.recompute_cost <= best * 1.02 + 1e-9, (budget, got, best)
         # never worse than whole-segment recompute
         assert got.recompute_cost <= solve(p, budget).recompute_cost
 
