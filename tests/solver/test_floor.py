@@ -45,7 +45,8 @@ def test_the_floor_of_a_chain_is_the_cheapest_bytes_dropped_first() -> None:
 def test_the_floor_counts_hooks_and_the_offload_price_per_dropped_op() -> None:
     hooks = Problem(ops=tuple(dataclasses.replace(op, saved_tensors=2) for op in _chain().ops),
                     outputs=("d",), saved_overhead=1.5)
-    assert recompute_floor(hooks, 400) == 2.0 + 3.0
+    # b's 2 and its hooks, and c's hooks: c saves b, so it is in b's segment (kept, at best)
+    assert recompute_floor(hooks, 400) == 2.0 + 3.0 + 3.0
     # offloading a's 100 bytes costs 10, less than recomputing it (50): half of it plus all of b
     offload = dataclasses.replace(_chain(), offload_cost_per_byte=0.1)
     assert recompute_floor(offload, 350) == 2.0 + 5.0
@@ -70,6 +71,8 @@ PRICINGS = {
     "overheads": {"segment_overhead": 7.0, "saved_overhead": 0.5, "keep_overhead": 3.0},
     "early stop": {"early_stop": True},
     "offload": {"offload_cost_per_byte": 0.02},
+    "all": {"segment_overhead": 7.0, "saved_overhead": 0.5, "keep_overhead": 3.0,
+            "early_stop": True, "offload_cost_per_byte": 0.05},
 }
 
 
