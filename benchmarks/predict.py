@@ -51,6 +51,10 @@ class Predicted:
     recompute_share: float
     segments: int
     kept: int
+    floor: float = 0.0
+    """The plan's recompute floor (``Plan.recompute_floor``): no plan at its peak goes under."""
+    floor_step: float = 0.0
+    """The step at that floor, with one segment's overhead: no plan at this peak is faster."""
 
 
 def _model(layers: int) -> torch.nn.Module:
@@ -120,7 +124,10 @@ def _row(method: str, plan: Any, forward: float, profile: Any) -> Predicted:
     # less the profile's keep price); the per-segment overhead is left out of it.
     step = forward * (3 + plan.recompute_share) + len(plan.segments) * profile.segment
     peak = plan.peak_bytes if plan.segments else (plan.eager_peak_bytes or plan.peak_bytes)
-    return Predicted(method, int(peak), step, plan.recompute_share, len(plan.segments), kept)
+    floor = plan.recompute_floor or 0.0
+    floor_step = forward * (3 + floor) + (profile.segment if floor else 0.0)
+    return Predicted(method, int(peak), step, plan.recompute_share, len(plan.segments), kept,
+                     floor, floor_step)
 
 
 def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
@@ -135,14 +142,16 @@ def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
         f"predicted at {facts['forward_seconds'] * 1e3:.0f} ms; a step is the forward, twice "
         "that for the backward, the plan's recompute and its overheads.",
         "",
-        "| method | segments | kept outputs | peak | recompute | predicted step | vs unmodified |",
-        "|---|---|---|---|---|---|---|",
+        "| method | segments | kept outputs | peak | recompute | predicted step | vs unmodified "
+        "| floor | step at the floor |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.method} | {r.segments} | {r.kept} | {r.peak_bytes / 2**30:.1f} GiB "
             f"({r.peak_bytes / base.peak_bytes:.2f}) | {r.recompute_share:.0%} | "
-            f"{r.step_seconds * 1e3:.0f} ms | {r.step_seconds / base.step_seconds:.3f}x |")
+            f"{r.step_seconds * 1e3:.0f} ms | {r.step_seconds / base.step_seconds:.3f}x | "
+            f"{r.floor:.0%} | {r.floor_step / base.step_seconds:.3f}x |")
     by = {r.method: r for r in rows}
     lines += ["", "At each peer's peak, fxckpt's predicted step against the peer's:", ""]
     for peer in ("per-block", "op policy", "Megatron selective"):

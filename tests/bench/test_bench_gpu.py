@@ -73,3 +73,6 @@ def test_predictions_on_meta_are_deterministic_and_priced_for_the_profile() -> N
     policy = by["op policy"]
     assert policy.recompute_share * facts["forward_seconds"] > policy.kept * profile.keep
     assert "| unmodified | 0 | 0 |" in predict.render(rows, facts)
+    # every plan's floor lies under its recompute, and no step under the floor's
+    for r in rows[1:]:
+        assert 0 < r.floor <= r.recompute_share and r.floor_step <= r.step_seconds
