@@ -120,9 +120,9 @@ def test_selective_false_recomputes_whole_segments_and_costs_more() -> None:
     cfg = GPT2Config(n_layer=2, n_embd=128, n_head=2, n_positions=64, vocab_size=128,
                      bos_token_id=0, eos_token_id=0, use_cache=False)
     model, x = GPT2LMHeadModel(cfg).train(), torch.randint(128, (4, 64))
-    on = fxckpt.inspect(fxckpt.transform(model, budget=0.7, example_inputs=(x,))).plan
+    on = fxckpt.inspect(fxckpt.transform(model, budget=0.65, example_inputs=(x,))).plan
     off = fxckpt.inspect(
-        fxckpt.transform(model, budget=0.7, selective=False, example_inputs=(x,))).plan
+        fxckpt.transform(model, budget=0.65, selective=False, example_inputs=(x,))).plan
     assert not any(s.keeps for s in off.segments) and any(s.keeps for s in on.segments)
     # the solver's objective: recompute and each segment's overhead (a segment keeping the tanh
     # against one recomputing everything)

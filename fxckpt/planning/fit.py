@@ -10,7 +10,10 @@ promise about what the step holds, so a budget plan whose verified peak is over 
 solved again with the solver's target lowered by the overshoot, a few times; then the plan with
 the smallest simulated peak is tried, and when even that one's verified peak is over, the budget
 is refused with :class:`~fxckpt.budget.BudgetInfeasibleError` whose ``min_budget`` is that
-verified figure (a budget of ``min_budget`` then fits).
+verified figure (a budget of ``min_budget`` then fits). Each step lowers the target by at least
+the overshoot, so the first plan that fits may sit far under the budget; targets between the
+last one over and the one that fits are then tried (:data:`BISECTIONS`), and the cheapest plan
+that fits is taken.
 
 The simulator errs the other way too: it sets aside the largest gradient for backward
 temporaries wherever the peak falls, and a plan whose peak sits where those are small holds less
@@ -44,7 +47,7 @@ from fxckpt.plan import Plan, format_bytes
 from fxckpt.runtime.segment import Offloading
 from fxckpt.verify import VerifyError
 
-__all__ = ["fit", "infeasible", "Target", "ATTEMPTS", "LOOSEN_FROM"]
+__all__ = ["fit", "infeasible", "Target", "ATTEMPTS", "LOOSEN_FROM", "BISECTIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,8 @@ ATTEMPTS = 4
 """Solves (the first included) before the smallest plan is tried."""
 LOOSEN_FROM = 0.02
 """Over-prediction (share of the budget) worth solving again for."""
+BISECTIONS = 3
+"""Targets tried between one whose plan was over the budget and one whose plan fits."""
 
 
 
@@ -151,7 +156,7 @@ def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
 
 def _tightened(choose: Choose, check: Check, eager: int,
                loosen: bool) -> tuple[Plan, torch.fx.GraphModule]:
-    target = Target(eager_bytes=eager)
+    target, over = Target(eager_bytes=eager), None
     for attempt in range(ATTEMPTS):
         try:
             plan, gm = check(choose(target))
@@ -160,14 +165,49 @@ def _tightened(choose: Choose, check: Check, eager: int,
         budget = plan.budget
         assert plan.verified_peak is not None
         if budget is None or plan.verified_peak <= budget:
+            if over is not None:
+                plan, gm, target = _between(choose, check, over, target, plan, gm)
             fitted = _tighten_note(plan, attempt, target.lowered)
             if loosen and budget is not None:
                 return _loosened(choose, check, target, fitted, gm)
             return fitted, gm
         log.info("fxckpt: plan verified at %s, over the budget %s; solving again",
                  format_bytes(plan.verified_peak), format_bytes(budget))
+        over = target
         target = dataclasses.replace(target, lowered=_next_lowered(plan, target, attempt))
     return _smallest(choose, check, target)
+
+
+def _between(choose: Choose, check: Check, over: Target, fits: Target, plan: Plan,
+             gm: torch.fx.GraphModule) -> tuple[Plan, torch.fx.GraphModule, Target]:
+    """The cheapest plan that fits, from targets bisected between ``over`` (its plan was
+    verified over the budget) and ``fits`` (``plan``, which fits).
+
+    Each tightening step lowers the target by at least the overshoot, doubled at every attempt,
+    so the plan that fits may sit far under the budget and recompute more than a plan for a
+    target in between: a budget raised by 3% then gave a plan 15% further under it at 1.5x the
+    recompute. While the fitting plan leaves more than :data:`LOOSEN_FROM` of the budget unused,
+    up to :data:`BISECTIONS` targets in between are tried.
+    """
+    assert plan.budget is not None
+    for _ in range(BISECTIONS):
+        assert plan.verified_peak is not None
+        if plan.budget - plan.verified_peak <= plan.budget * LOOSEN_FROM \
+                or fits.lowered - over.lowered <= plan.budget * LOOSEN_FROM:
+            break
+        middle = dataclasses.replace(fits, lowered=(over.lowered + fits.lowered) // 2)
+        try:
+            tried, tried_gm = check(choose(middle))
+        except BudgetInfeasibleError:
+            break
+        assert tried.verified_peak is not None
+        if tried.verified_peak > plan.budget:
+            over = middle
+        else:
+            fits = middle
+            if _recomputes_less(tried, plan):
+                plan, gm = tried, tried_gm
+    return plan, gm, fits
 
 
 def _next_lowered(plan: Plan, target: Target, attempt: int) -> int:

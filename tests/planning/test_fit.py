@@ -140,6 +140,25 @@ def test_a_plan_well_under_its_prediction_is_solved_again_with_the_aim_raised() 
     assert got.verified_peak == 700 and got.notes == ()
 
 
+def test_a_plan_that_fits_far_under_after_an_overshoot_is_bisected_towards_the_budget() -> None:
+    """The second target may drop far below the budget (it lowers by the overshoot or the
+    plan's own gap); targets in between are tried, and the cheapest plan that fits is taken."""
+    class Shares(Scripted):
+        def choose(self, target: Target) -> Plan:
+            chosen = super().choose(target)
+            return dataclasses.replace(chosen, recompute_share=0.2 + target.lowered / 1000)
+
+    s = Shares([2000, 1100, 800, 950, 1050, 1010])
+    got, _ = fit(_base(), s.choose, s.verify)
+    # over at 0, fits at 200 (200 unused), then 100 fits (cheaper), 50 and 75 are over
+    assert [t.lowered for t in s.targets] == [0, 200, 100, 50, 75]
+    assert got.verified_peak == 950 and got.recompute_share == pytest.approx(0.3)
+    assert "lowered by 100 B" in got.notes[-1]
+    s = Shares([2000, 1100, 990])  # fits within 2% of the budget: nothing to bisect
+    got, _ = fit(_base(), s.choose, s.verify)
+    assert [t.lowered for t in s.targets] == [0, 200] and got.verified_peak == 990
+
+
 def test_the_message_names_the_budget_the_smallest_peak_and_the_fixes() -> None:
     err = infeasible(1000, 1500, 4000, asked="0.25 of the eager peak", verified=True)
     assert isinstance(err, BudgetInfeasibleError)
