@@ -165,12 +165,13 @@ def _tightened(choose: Choose, check: Check, eager: int,
         budget = plan.budget
         assert plan.verified_peak is not None
         if budget is None or plan.verified_peak <= budget:
+            best, best_gm = plan, gm
             if over is not None:
-                plan, gm, target = _between(choose, check, over, target, plan, gm)
-            fitted = _tighten_note(plan, attempt, target.lowered)
+                best, best_gm, target = _between(choose, check, over, target, plan, gm)
+            fitted = _tighten_note(best, attempt, target.lowered)
             if loosen and budget is not None:
-                return _loosened(choose, check, target, fitted, gm)
-            return fitted, gm
+                return _loosened(choose, check, target, fitted, best_gm)
+            return fitted, best_gm
         log.info("fxckpt: plan verified at %s, over the budget %s; solving again",
                  format_bytes(plan.verified_peak), format_bytes(budget))
         over = target
