@@ -18,7 +18,7 @@ import bisect
 import dataclasses
 from typing import Iterator
 
-from fxckpt.solver.problem import Index
+from fxckpt.solver.problem import Index, Key
 from fxckpt.solver.tables import Profiles, SegmentFacts, SegmentWalker, anchors
 
 __all__ = ["Space", "Moves", "moves", "profiles"]
@@ -48,10 +48,7 @@ class Space:
 
 def profiles(ix: Index) -> Profiles:
     """The problem's :class:`Profiles`, cached on its index."""
-    prof = ix.memo.get("profiles")
-    if prof is None:
-        prof = ix.memo["profiles"] = Profiles.build(ix)
-    return prof  # type: ignore[return-value]
+    return ix.memo.get(Key[Profiles]("profiles"), lambda: Profiles.build(ix))
 
 
 def _is_null(ix: Index, k: int) -> bool:
@@ -119,8 +116,4 @@ class Moves:
 def moves(ix: Index, space: Space) -> Moves:
     """The cached :class:`Moves` of ``space`` for this problem."""
     space = dataclasses.replace(space, hull=False, ratio=0.0, grain=0.0, keep=0)
-    key = ("moves", space)
-    table = ix.memo.get(key)
-    if table is None:
-        table = ix.memo[key] = Moves(ix, profiles(ix), space)
-    return table  # type: ignore[return-value]
+    return ix.memo.get(Key[Moves]("moves", space), lambda: Moves(ix, profiles(ix), space))

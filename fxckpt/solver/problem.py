@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Iterable, Optional, Sequence
+from typing import Any, Callable, Generic, Hashable, Iterable, Optional, Sequence, TypeVar, cast
 
-__all__ = ["Op", "Problem", "Index", "Spans", "BudgetInfeasible", "check_segments"]
+__all__ = ["Op", "Problem", "Index", "Spans", "BudgetInfeasible", "check_segments", "Key", "Memo"]
 
 Spans = tuple[tuple[int, int], ...]
 """A plan: sorted, non-overlapping half-open ``(start, end)`` ranges over the op order."""
@@ -222,6 +222,39 @@ def check_segments(segments: object, n: int) -> Spans:
     return tuple(pairs)
 
 
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key(Generic[T]):
+    """The name of one solver cache entry, typed: ``Key[Moves]("moves", space)`` holds a
+    ``Moves``. Two keys are the same entry when their name and arguments are equal."""
+
+    name: str
+    args: Hashable = ()
+
+
+class Memo:
+    """The solver's caches on one problem's :class:`Index`: facts that depend only on the
+    problem (profiles, move tables, block families, curves), each under a typed :class:`Key`."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Key[Any], Any] = {}
+
+    def get(self, key: Key[T], make: Callable[[], T]) -> T:
+        """The entry ``key``, made by ``make()`` the first time it is asked for."""
+        if key not in self._entries:
+            self._entries[key] = make()
+        return cast(T, self._entries[key])
+
+    def find(self, key: Key[T]) -> Optional[T]:
+        """The entry ``key`` when it was made, else ``None``."""
+        return cast(Optional[T], self._entries.get(key))
+
+    def put(self, key: Key[T], value: T) -> None:
+        self._entries[key] = value
+
+
 @dataclasses.dataclass(frozen=True)
 class Index:
     """Per-op integer facts, by position ``i`` in ``Problem.ops`` (``n`` = number of ops).
@@ -274,8 +307,8 @@ class Index:
     gain: tuple[float, ...] = ()
     """What keeping each op saves: its cost less :attr:`Problem.keep_overhead` (0 for an op that
     costs nothing, such as the synthetic op of a node's hidden saved tensors, kept with it)."""
-    memo: dict[object, object] = dataclasses.field(
-        default_factory=dict, compare=False, hash=False, repr=False)
+    memo: Memo = dataclasses.field(
+        default_factory=Memo, compare=False, hash=False, repr=False)
     """Solver caches that depend only on the problem (profiles, segment facts)."""
 
     @staticmethod

@@ -41,7 +41,7 @@ from fxckpt.solver.bounds import (
     LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, pareto_front, relax,
 )
 from fxckpt.solver.moves import Moves, Space, moves, profiles
-from fxckpt.solver.problem import Index, Spans
+from fxckpt.solver.problem import Index, Key, Spans
 from fxckpt.solver.tables import local_peak
 
 __all__ = ["Found", "search", "lower_bound", "gave_up"]
@@ -294,8 +294,11 @@ def _segments_of(entry: Optional[_Entry]) -> Spans:
 
 def gave_up(ix: Index, space: Space, limits: Limits = LIMITS) -> Optional[GaveUp]:
     """Where the exact pass of ``space`` gave up on this problem (``None``: it never did)."""
-    got = ix.memo.get(("gave up", space, limits))
-    return got if isinstance(got, GaveUp) else None
+    return ix.memo.find(_gave_up_key(space, limits))
+
+
+def _gave_up_key(space: Space, limits: Limits) -> Key[GaveUp]:
+    return Key[GaveUp]("gave up", (space, limits))
 
 
 def search(ix: Index, space: Space, budget: float, *, by_peak: bool = False,
@@ -320,7 +323,7 @@ def _search(ix: Index, space: Space, budget: float, by_peak: bool, cost_cap: flo
             try:
                 return _Search(ix, space, budget, by_peak, cost_cap, limits).run()
             except Exhausted as e:
-                ix.memo[("gave up", space, limits)] = e.where
+                ix.memo.put(_gave_up_key(space, limits), e.where)
         found = []
         sizes = sorted(limits.kept)
         if by_peak:  # the smallest peak (feasibility, not cost): one pass, the middle size

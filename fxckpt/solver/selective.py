@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 from typing import Optional, Sequence
 
-from fxckpt.solver.problem import Index, Problem, Spans, check_segments
+from fxckpt.solver.problem import Index, Key, Problem, Spans, check_segments
 from fxckpt.solver.simulate import kept_span, peak_bytes, profile
 from fxckpt.solver.solve import (Bound, Mode, bound_for, heuristic, min_feasible_peak,
                                  min_peak_segments, solve)
@@ -201,31 +201,25 @@ def _free_keeps(problem: Problem, choices: Choices) -> Problem:
     """``problem`` with the keepable ops' cost cut to almost nothing: the search then puts them
     in segments freely, as a plan that keeps them would (their memory is put back by
     :func:`keep_within`)."""
-    key = ("free keeps", tuple(choices))
-    memo = problem.index.memo
-    if key not in memo:  # cached with its own index (and that index's solver caches)
+    def make() -> Problem:  # cached with its own index (and that index's solver caches)
         keepable = {j for g in choices for j in g}
         ops = tuple(dataclasses.replace(op, cost=op.cost * DISCOUNT) if j in keepable else op
                     for j, op in enumerate(problem.ops))
-        memo[key] = dataclasses.replace(problem, ops=ops)
-    free = memo[key]
-    assert isinstance(free, Problem)
-    return free
+        return dataclasses.replace(problem, ops=ops)
+
+    return problem.index.memo.get(Key[Problem]("free keeps", tuple(choices)), make)
 
 
 def _cheapest_keeps(problem: Problem, choices: Choices) -> Problem:
     """``problem`` with each keepable op costing what is left of it when it is kept."""
-    key = ("cheapest keeps", tuple(choices))
-    memo = problem.index.memo
-    if key not in memo:
+    def make() -> Problem:
         ix = problem.index
         keepable = {j for g in choices for j in g}
         ops = tuple(dataclasses.replace(op, cost=op.cost - max(0.0, ix.gain[j]))
                     if j in keepable else op for j, op in enumerate(problem.ops))
-        memo[key] = dataclasses.replace(problem, ops=ops)
-    cheapest = memo[key]
-    assert isinstance(cheapest, Problem)
-    return cheapest
+        return dataclasses.replace(problem, ops=ops)
+
+    return problem.index.memo.get(Key[Problem]("cheapest keeps", tuple(choices)), make)
 
 
 def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,

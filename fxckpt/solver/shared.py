@@ -27,10 +27,10 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Hashable, Optional, Sequence
 
-from fxckpt.solver.problem import BudgetInfeasible, Problem, Spans
+from fxckpt.solver.problem import BudgetInfeasible, Key, Problem, Spans
 from fxckpt.solver.selective import Choices, Selection, keep_within
 from fxckpt.solver.simulate import peak_bytes
-from fxckpt.solver.solve import pareto
+from fxckpt.solver.solve import ParetoPoint, pareto
 
 __all__ = ["families", "structure", "solve_shared", "min_peak_shared", "SHARED_FROM", "ALONE_FROM",
            "MIN_COPIES", "POINTS"]
@@ -77,10 +77,8 @@ def structure(problem: Problem, block: Range) -> Hashable:
     by their offset in it, anything outside by its bytes."""
     s, e = block
     ops, ix = problem.ops, problem.index
-    pos = ix.memo.get("position")
-    if pos is None:
-        pos = ix.memo["position"] = {op.name: i for i, op in enumerate(ops)}
-    assert isinstance(pos, dict)
+    pos = ix.memo.get(Key[dict[str, int]]("position"),
+                      lambda: {op.name: i for i, op in enumerate(ops)})
 
     def ref(name: str) -> tuple[str, int]:
         j = pos.get(name)
@@ -97,17 +95,15 @@ def structure(problem: Problem, block: Range) -> Hashable:
 def families(problem: Problem, blocks: Sequence[Range]) -> list[list[Range]]:
     """The candidate ``blocks`` (disjoint op ranges) grouped by :func:`structure`, groups of at
     least :data:`MIN_COPIES` only, in the order of their first block."""
-    key = ("families", tuple(blocks))
-    memo = problem.index.memo
-    if key in memo:
-        return memo[key]  # type: ignore[return-value]
-    groups: dict[Hashable, list[Range]] = {}
-    for block in sorted(blocks):
-        s, e = block
-        if 0 <= s < e <= problem.index.n:
-            groups.setdefault(structure(problem, block), []).append(block)
-    found = memo[key] = [g for g in groups.values() if len(g) >= MIN_COPIES]
-    return found
+    def make() -> list[list[Range]]:
+        groups: dict[Hashable, list[Range]] = {}
+        for block in sorted(blocks):
+            s, e = block
+            if 0 <= s < e <= problem.index.n:
+                groups.setdefault(structure(problem, block), []).append(block)
+        return [g for g in groups.values() if len(g) >= MIN_COPIES]
+
+    return problem.index.memo.get(Key[list[list[Range]]]("families", tuple(blocks)), make)
 
 
 def _block_problem(problem: Problem, block: Range) -> Problem:
@@ -133,12 +129,11 @@ def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[
     """For each point of the trade-off curve of ``window`` (ops solved as a problem of their
     own, once per window) and each of ``blocks`` (relative to the window's start), the segments
     starting in that block, relative to its start (a segment may run on into the next block)."""
-    memo = problem.index.memo
-    key = ("window points", window)
-    if key not in memo:
-        memo[key] = pareto(_block_problem(problem, window), POINTS, refine=False)
+    points = problem.index.memo.get(
+        Key[list[ParetoPoint]]("window points", window),
+        lambda: pareto(_block_problem(problem, window), POINTS, refine=False))
     out: list[Spans] = []
-    for point in memo[key]:  # type: ignore[attr-defined]
+    for point in points:
         for lo, hi in blocks:
             local = tuple((a - lo, b - lo) for a, b in point.segments if lo <= a < hi)
             if local not in out:
@@ -154,9 +149,7 @@ def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
 
     With ``period=2`` a family's blocks are pairs of layers (:func:`pairs`): its local plans are
     the parts of the same one-layer windows' plans that start in their first two layers."""
-    key = ("shared curves", tuple(tuple(f) for f in fams), period)
-    memo = problem.index.memo
-    if key not in memo:
+    def make() -> list[list[Spans]]:
         curves = []
         for fam in fams:
             s, e = fam[0]
@@ -176,8 +169,10 @@ def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
             seen.sort(key=lambda local: -sum(ix.segment_cost(s + a, min(s + b, ix.n))
                                              for a, b in local))  # most recompute first
             curves.append(seen)
-        memo[key] = curves
-    return memo[key]  # type: ignore[return-value]
+        return curves
+
+    key = Key[list[list[Spans]]]("shared curves", (tuple(tuple(f) for f in fams), period))
+    return problem.index.memo.get(key, make)
 
 
 def _copies(fam: list[Range], local: Spans, tail: int, n: int) -> list[Range]:
@@ -213,8 +208,7 @@ def _segments(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Spa
 
 def _peak(problem: Problem, segs: Spans) -> int:
     """The simulated peak of ``segs``, each plan simulated once."""
-    peaks = problem.index.memo.setdefault("shared peaks", {})
-    assert isinstance(peaks, dict)
+    peaks = problem.index.memo.get(Key[dict[Spans, int]]("shared peaks"), dict)
     if segs not in peaks:
         peaks[segs] = peak_bytes(problem, segs)
     return peaks[segs]
@@ -226,9 +220,7 @@ def _point(curve: list[Spans], k: int, steps: int) -> Spans:
 
 def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list[_Plan]:
     """Every uniform whole-model plan the curves give, cheapest first (not yet simulated)."""
-    key = ("shared plans", tuple(tuple(f) for f in fams), period)
-    memo = problem.index.memo
-    if key not in memo:
+    def make() -> list[_Plan]:
         curves = _curves(problem, fams, period)
         steps = max(len(c) for c in curves)
         plans: dict[Spans, _Plan] = {}
@@ -237,8 +229,10 @@ def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list
                 locals_ = [(_point(c, k, steps),) * len(f) for f, c in zip(fams, curves)]
                 segs, cost = _segments(problem, fams, locals_, tail)
                 plans.setdefault(segs, (segs, cost, k, tail))
-        memo[key] = sorted(plans.values(), key=lambda p: p[1])
-    return memo[key]  # type: ignore[return-value]
+        return sorted(plans.values(), key=lambda p: p[1])
+
+    key = Key[list[_Plan]]("shared plans", (tuple(tuple(f) for f in fams), period))
+    return problem.index.memo.get(key, make)
 
 
 def _mixed(problem: Problem, fams: list[list[Range]], budget: int,

@@ -34,7 +34,7 @@ import math
 from typing import Literal, NamedTuple, Optional
 
 from fxckpt.solver.moves import Space
-from fxckpt.solver.problem import BudgetInfeasible, Problem, Spans
+from fxckpt.solver.problem import BudgetInfeasible, Key, Problem, Spans
 from fxckpt.solver.search import Found, gave_up, lower_bound, search
 from fxckpt.solver.simulate import peak_bytes
 
@@ -222,13 +222,13 @@ def bound_for(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
 
 def _min_peak_plan(problem: Problem, mode: str) -> tuple[Spans, int]:
     space = _space(problem, mode)
-    key = ("min_peak", space)
-    memo = problem.index.memo
-    if key not in memo:
+
+    def make() -> tuple[Spans, int]:
         found = search(problem.index, space, math.inf, by_peak=True)
         segs = found.segments if found is not None else ()
-        memo[key] = (segs, peak_bytes(problem, segs))
-    return memo[key]  # type: ignore[return-value]
+        return segs, peak_bytes(problem, segs)
+
+    return problem.index.memo.get(Key[tuple[Spans, int]]("min_peak", space), make)
 
 
 def min_feasible_peak(problem: Problem, *, mode: Mode = "auto") -> int:

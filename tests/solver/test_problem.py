@@ -50,3 +50,35 @@ def test_a_bad_saved_overhead_is_refused(bad: object) -> None:
 def test_a_negative_saved_tensor_count_is_refused() -> None:
     with pytest.raises(ValueError, match="saved_tensors"):
         Op(name="a", out_bytes=1, cost=1.0, saved_tensors=-1)
+
+
+def test_the_solver_caches_are_typed_entries_made_once() -> None:
+    from fxckpt.solver.problem import Key, Memo
+
+    memo, made = Memo(), []
+
+    def make() -> list[int]:
+        made.append(1)
+        return [1, 2]
+
+    key = Key[list[int]]("numbers", ("a", 1))
+    assert memo.find(key) is None
+    assert memo.get(key, make) == [1, 2] and memo.get(key, make) is memo.get(key, make)
+    assert made == [1]  # made the first time only
+    assert memo.find(Key[list[int]]("numbers", ("a", 1))) == [1, 2]  # equal keys, one entry
+    assert memo.find(Key[list[int]]("numbers", ("a", 2))) is None
+    memo.put(Key[str]("name"), "x")
+    assert memo.get(Key[str]("name"), lambda: "y") == "x"
+
+
+def test_no_solver_cache_is_read_through_an_untyped_key() -> None:
+    """Every cache on an index goes through a typed key: no ``# type: ignore`` on a read."""
+    import pathlib
+
+    import fxckpt.solver
+
+    root = pathlib.Path(fxckpt.solver.__file__).parent
+    found = [f"{p.name}:{i}" for p in sorted(root.glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "memo" in line and "type: ignore" in line]
+    assert not found
