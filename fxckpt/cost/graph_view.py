@@ -29,13 +29,15 @@ Two modelling choices live here:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import networkx as nx
 import torch.fx
 
 from fxckpt.cost.annotate import NodeInfo, has_info, info
-from fxckpt.cost.devices import DeviceProfile
+from fxckpt.cost.devices import DeviceProfile, offload_price, profile_for
+from fxckpt.cost.rates import device_of
 from fxckpt.graphs import planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
@@ -168,3 +170,18 @@ def problem_of(gm: torch.fx.GraphModule, profile: Optional[DeviceProfile] = None
                loss_bytes: Optional[int] = None) -> Problem:
     """``to_problem(to_networkx(gm, profile), profile, loss_bytes)``."""
     return to_problem(to_networkx(gm, profile), profile, loss_bytes)
+
+
+def priced_problem(gm: torch.fx.GraphModule, device_profile: Optional[str] = None,
+                   loss_bytes: Optional[int] = None, *, offload: bool = False,
+                   bandwidth: Optional[float] = None, host: str = "cpu") -> Problem:
+    """The annotated ``gm`` as the solver's problem, priced for the device it plans for: the
+    profile ``device_profile`` names (``None``: the device's own, see
+    :func:`~fxckpt.cost.devices.profile_for`), and with ``offload`` the price of a byte moved
+    to ``host`` and back at ``bandwidth`` (:func:`~fxckpt.cost.devices.offload_price`)."""
+    profile = profile_for(device_profile, device_of(gm))
+    problem = problem_of(gm, profile, loss_bytes)
+    if not offload:
+        return problem
+    per_byte = offload_price(profile, bandwidth, device_of(gm), host)
+    return dataclasses.replace(problem, offload_cost_per_byte=per_byte)

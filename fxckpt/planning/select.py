@@ -22,13 +22,11 @@ from fxckpt.planning.actions import choose_actions
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
                                      without_mode_switches)
-from fxckpt.cost.devices import offload_price, profile_for
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.graph_view import priced_problem
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
 from fxckpt.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import floor_share, predict
-from fxckpt.cost.rates import device_of
 from fxckpt.cost.runs import Run, kept_names, recomputed
 from fxckpt.planning.fit import Target
 from fxckpt.planning.strategies import choose
@@ -60,74 +58,68 @@ def select(
     loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
     """
     order = planned_nodes(gm.graph)
-    profile = profile_for(config.device_profile, device_of(gm))
-    problem = problem_of(gm, profile, loss_bytes)
     replay = config.strategy if isinstance(config.strategy, Replay) else None
-    if config.offload == "auto" and replay is None:
-        per_byte = offload_price(profile, config.offload_bandwidth, device_of(gm),
-                                 config.offload_device or "cpu")
-        problem = dataclasses.replace(problem, offload_cost_per_byte=per_byte)
+    auto = config.offload == "auto" and replay is None
+    problem = priced_problem(gm, config.device_profile, loss_bytes, offload=auto,
+                             bandwidth=config.offload_bandwidth,
+                             host=config.offload_device or "cpu")
     modules = module_pins(config.force)
     offered, forced = choices(problem, order, config.force)
-    keepable = (offered if config.selective else [], forced)
-    chosen = choose(config.strategy, order, problem, modules, target, keepable)
+    chosen = choose(config.strategy, order, problem, modules, target,
+                    (offered if config.selective else [], forced))
     runs, hooked_notes = without_hooked(order, list(chosen.runs), hooked)
     runs = without_mode_switches(order, runs)
-    notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules)]
     again = recomputed(problem, runs)
     kept = _kept(problem, again, chosen.keeps, forced, replay)
     prediction = predict(problem, runs, kept)
-    # A target raised past the budget (fit's loosening) is over it on purpose.
-    allowed = None if chosen.budget is None else target.allowed(chosen.budget)
-    if allowed is not None and replay is None and prediction.peak > allowed:
-        notes.append(
-            f"clean-up moved segments; predicted peak {prediction.peak} B is over the budget "
-            f"{chosen.budget} B"
-        )
-    if config.pipelined and chosen.budget is not None:
+    notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules),
+             *_budget_notes(config, chosen.budget, target, prediction.peak, replay)]
+    prefix, anchors = _segment_prefix(gm, len(runs)), anchors_of(order)
+    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
+                     for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
+    if auto:
+        segments, note = choose_actions(problem, segments, runs)
+        notes.append(note)
+    elif replay is not None:
+        segments = tuple(dataclasses.replace(s, action=r.action)
+                         for s, r in zip(segments, replay.plan.segments))
+    if not segments:
+        notes.append(_why_none(config, chosen.why_none, training))
+    plan = Plan(
+        strategy=config.strategy_name, options=config.to_dict(), capture=capture,
+        training=training, signature=signature, segments=segments, node_count=len(order),
+        total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
+        eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
+        predicted_recompute=prediction.recompute, recompute_share=prediction.share,
+        recompute_floor=floor_share(problem, prediction.peak), budget=chosen.budget,
+    )
+    _log(plan)
+    return plan
+
+
+def _budget_notes(config: TransformConfig, budget: Optional[int], target: Target, peak: int,
+                  replay: Optional[Replay]) -> list[str]:
+    """What the plan says about its budget: a predicted peak the clean-up moved over it (a
+    target raised past the budget by fit's loosening is over it on purpose), and a pipelined
+    budget bounding one micro-batch."""
+    notes = []
+    allowed = None if budget is None else target.allowed(budget)
+    if allowed is not None and replay is None and peak > allowed:
+        notes.append(f"clean-up moved segments; predicted peak {peak} B is over the budget "
+                     f"{budget} B")
+    if config.pipelined and budget is not None:
         notes.append(
             f"the budget bounds one micro-batch's step (chunks={config.chunks or 1}): a pipelined "
             "step also holds what each stage keeps for the other micro-batches (docs/pipelines.md)"
         )
-    prefix = _segment_prefix(gm, len(runs))
-    anchors = anchors_of(order)
-    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
-                     for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
-    if config.offload == "auto" and replay is None:
-        segments, note = choose_actions(problem, segments, runs)
-        notes.append(note)
-    elif replay is not None:
-        actions = [s.action for s in replay.plan.segments]
-        segments = tuple(dataclasses.replace(s, action=a) for s, a in zip(segments, actions))
-    if not segments:
-        notes.append(_why_none(config, chosen.why_none, training))
-    plan = Plan(
-        strategy=config.strategy_name,
-        options=config.to_dict(),
-        capture=capture,
-        training=training,
-        signature=signature,
-        segments=segments,
-        node_count=len(order),
-        total_flops=sum(info(n).flops for n in order),
-        notes=tuple(notes),
-        eager_peak=prediction.eager_peak,
-        predicted_peak=prediction.peak,
-        predicted_recompute=prediction.recompute,
-        recompute_share=prediction.share,
-        recompute_floor=floor_share(problem, prediction.peak),
-        budget=chosen.budget,
-    )
+    return notes
+
+
+def _log(plan: Plan) -> None:
     log.info("fxckpt plan: %s", plan.summary())
-    for seg in segments:
-        log.info(
-            "  %s: %s (%d nodes, %s)",
-            seg.name,
-            ", ".join(seg.module_paths) or "-",
-            len(seg.nodes),
-            seg.reason,
-        )
-    return plan
+    for seg in plan.segments:
+        log.info("  %s: %s (%d nodes, %s)", seg.name, ", ".join(seg.module_paths) or "-",
+                 len(seg.nodes), seg.reason)
 
 
 def _why_none(config: TransformConfig, why: Optional[str], training: bool) -> str:
