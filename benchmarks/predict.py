@@ -1,10 +1,11 @@
 """Predicted GPU step times, planned on the CPU: fxckpt against hand-placed checkpointing.
 
-    python -m benchmarks.predict [--profile h100] [--layers 32] [--out docs]
+    python -m benchmarks.predict [--model llama3-8b] [--profile h100] [--layers 32] [--out docs]
 
 Llama-3-8B (hidden 4096, 32 layers, 32 heads and 8 key/value heads, intermediate 14336, vocab
-128256), sequence 4096, batch 1, bf16, built on the ``meta`` device: nothing is allocated and
-every number is deterministic. Each method is an fxckpt plan of the same captured graph,
+128256), sequence 4096, batch 1, or Llama-3.2-1B (hidden 2048, 16 layers, 32 and 8 heads,
+intermediate 8192, tied embeddings), sequence 2048, batch 4 (torchtitan's memory-policy run),
+bf16, built on the ``meta`` device: nothing is allocated and every number is deterministic. Each method is an fxckpt plan of the same captured graph,
 verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.devices`):
 
 * *unmodified*: no segment;
@@ -15,8 +16,8 @@ verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.dev
   runs, :mod:`fxckpt.cost.fused_attention`);
 * *Megatron selective*: each layer a segment keeping every linear output, recomputing the
   attention core and the pointwise ops;
-* *fxckpt 0.5*: the solver at half the unmodified peak; *fxckpt @peer*: the solver at each
-  peer's peak.
+* *fxckpt 0.5* (*fxckpt 0.66* for the 1B): the solver at that share of the unmodified peak;
+  *fxckpt @peer*: the solver at each peer's peak.
 
 The predicted step is the forward, the backward (twice the forward: two matmuls per matmul),
 the recompute the plan states (with the profile's price per kept node) and the profile's
@@ -35,11 +36,35 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["LLAMA3_8B", "Predicted", "predict", "render", "main"]
+__all__ = ["LLAMA3_8B", "LLAMA3_1B", "MODELS", "Predicted", "predict", "render", "main"]
 
 LLAMA3_8B: dict[str, Any] = {
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+}
+
+
+LLAMA3_1B: dict[str, Any] = {
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "tie_word_embeddings": True,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One predicted model: its config, the input it is planned for and the budget asked."""
+
+    title: str
+    config: dict[str, Any]
+    batch: int
+    seq: int
+    fraction: float
+
+
+MODELS = {
+    "llama3-8b": Setup("Llama-3-8B", LLAMA3_8B, 1, 4096, 0.5),
+    "llama3-1b": Setup("Llama-3.2-1B", LLAMA3_1B, 4, 2048, 0.66),
 }
 
 
@@ -57,19 +82,20 @@ class Predicted:
     """The step at that floor, with one segment's overhead: no plan at this peak is faster."""
 
 
-def _model(layers: int) -> torch.nn.Module:
+def _model(config: dict[str, Any], layers: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    options: dict[str, Any] = dict(LLAMA3_8B, num_hidden_layers=layers, use_cache=False,
-                                   tie_word_embeddings=False, attn_implementation="sdpa")
+    options: dict[str, Any] = dict({"tie_word_embeddings": False}, **config)
+    options.update(num_hidden_layers=layers, use_cache=False, attn_implementation="sdpa")
     cfg = LlamaConfig(**options)
     with torch.device("meta"):
         model: torch.nn.Module = LlamaForCausalLM(cfg)
         return model.to(torch.bfloat16).train()
 
 
-def predict(profile_name: str = "h100", layers: int = 32,
-            seq: int = 4096) -> tuple[list[Predicted], dict[str, Any]]:
+def predict(profile_name: str = "h100", layers: Optional[int] = None,
+            seq: Optional[int] = None, model: str = "llama3-8b"
+            ) -> tuple[list[Predicted], dict[str, Any]]:
     """Every method's predicted peak and step time (see the module docstring)."""
     import fxckpt
     from fxckpt.module import dispatcher_of
@@ -79,16 +105,19 @@ def predict(profile_name: str = "h100", layers: int = 32,
 
     profile = PROFILES[profile_name]
     assert profile is not None, "a GPU profile"
-    model = _model(layers)
-    ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+    setup = MODELS[model]
+    layers = setup.config["num_hidden_layers"] if layers is None else layers
+    seq = setup.seq if seq is None else seq
+    built = _model(setup.config, layers)
+    ids = torch.zeros(setup.batch, seq, dtype=torch.long, device="meta")
     start = time.perf_counter()
 
     def plan(**options: Any) -> Any:
         try:
-            tm = fxckpt.transform(model, example_inputs=(ids,), device_profile=profile_name,
+            tm = fxckpt.transform(built, example_inputs=(ids,), device_profile=profile_name,
                                   verify=True, **options)
         except fxckpt.BudgetInfeasibleError as e:  # a small config: its smallest feasible peak
-            tm = fxckpt.transform(model, example_inputs=(ids,), device_profile=profile_name,
+            tm = fxckpt.transform(built, example_inputs=(ids,), device_profile=profile_name,
                                   verify=True, **dict(options, budget=e.min_budget))
         return dispatcher_of(tm).last
 
@@ -104,7 +133,7 @@ def predict(profile_name: str = "h100", layers: int = 32,
         "per-block": {"depth": 3},
         "op policy": {"depth": 3, "force": dict(linear, **{f"op:{a}": "save" for a in attention})},
         "Megatron selective": {"depth": 3, "force": linear},
-        "fxckpt 0.5": {"budget": 0.5},
+        f"fxckpt {setup.fraction:g}": {"budget": setup.fraction},
     }
     rows = [_row("unmodified", base.plan, forward, profile)]
     for name, options in methods.items():
@@ -112,7 +141,8 @@ def predict(profile_name: str = "h100", layers: int = 32,
     for peer in [r for r in rows if r.method in ("per-block", "op policy", "Megatron selective")]:
         rows.append(_row(f"fxckpt @{peer.method}", plan(budget=peer.peak_bytes).plan, forward,
                          profile))
-    facts = {"profile": profile_name, "layers": layers, "seq": seq,
+    facts = {"profile": profile_name, "layers": layers, "seq": seq, "model": model,
+             "title": setup.title, "batch": setup.batch,
              "forward_seconds": forward, "seconds": time.perf_counter() - start,
              "attention_ops": attention}
     return rows, facts
@@ -133,11 +163,13 @@ def _row(method: str, plan: Any, forward: float, profile: Any) -> Predicted:
 def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
     base = rows[0]
     lines = [
-        f"### Predicted on an {facts['profile'].upper()} (planned on the CPU, not measured)",
+        f"### {facts['title']} predicted on an {facts['profile'].upper()} (planned on the CPU, "
+        "not measured)",
         "",
-        f"*Generated by `python -m benchmarks.predict --profile {facts['profile']}` "
-        f"in {facts['seconds']:.0f} s.* Llama-3-8B ({facts['layers']} layers), sequence "
-        f"{facts['seq']}, batch 1, bf16, on the meta device; every plan verified on fake "
+        f"*Generated by `python -m benchmarks.predict --profile {facts['profile']} "
+        f"--model {facts['model']}` in {facts['seconds']:.0f} s.* {facts['title']} "
+        f"({facts['layers']} layers), sequence {facts['seq']}, batch {facts['batch']}, bf16, on "
+        "the meta device; every plan verified on fake "
         f"tensors and priced with the `{facts['profile']}` profile. The forward alone is "
         f"predicted at {facts['forward_seconds'] * 1e3:.0f} ms; a step is the forward, twice "
         "that for the backward, the plan's recompute and its overheads.",
@@ -167,16 +199,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.predict",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="h100", choices=("h100", "h200", "a100"))
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--model", default="llama3-8b", choices=tuple(MODELS))
+    p.add_argument("--layers", type=int, default=None, help="default: the model's")
+    p.add_argument("--seq", type=int, default=None, help="default: the model's")
     p.add_argument("--out", type=Path, default=None,
-                   help="write predictions_<profile>.md there (default: print only)")
+                   help="write predictions_<model>_<profile>.md there (default: print only)")
     args = p.parse_args(argv)
-    rows, facts = predict(args.profile, args.layers, args.seq)
+    rows, facts = predict(args.profile, args.layers, args.seq, args.model)
     text = render(rows, facts)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"predictions_{args.profile}.md").write_text(text)
+        (args.out / f"predictions_{args.model}_{args.profile}.md").write_text(text)
     print(text)
     return 0
 
