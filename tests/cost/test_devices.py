@@ -87,3 +87,24 @@ def test_the_cli_prices_a_meta_plan_for_a_gpu(tmp_path: Path) -> None:
     assert plans["h100"]["options"]["device_profile"] == "h100"
     assert plans["cpu"]["options"]["device_profile"] == "cpu"
     assert plans["h100"]["predicted_recompute"] != plans["cpu"]["predicted_recompute"]
+
+
+def test_a_meta_model_planned_for_a_gpu_may_offload_on_a_machine_without_one() -> None:
+    """Planning for a named GPU runs nothing on this machine's devices: ``offload='auto'``
+    needs no ``offload_device``; without a profile it still asks for one. (Not verified:
+    verification keeps offloaded tensors on the device, so it would count them.)"""
+    import fxckpt
+    from models import MLP
+
+    with torch.device("meta"):
+        model = MLP(depth=6, width=256)
+    x = torch.zeros(512, 256, device="meta")
+    tm = fxckpt.transform(model, budget=0.5, device_profile="h100", offload="auto",
+                          offload_bandwidth=1e15, verify=False, example_inputs=(x,))
+    plan = fxckpt.inspect(tm).plan
+    assert plan.segments and "offload" in {s.action for s in plan.segments}
+    if not torch.cuda.is_available():
+        with pytest.raises(fxckpt.ConfigError,
+                           match="this machine has no CUDA device; pass offload_device='cpu'"
+                                 " .* or device_profile= to plan for a GPU"):
+            fxckpt.transform(MLP(), budget=0.5, offload="auto")
