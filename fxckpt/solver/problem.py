@@ -23,28 +23,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
-__all__ = ["Op", "Problem", "Index", "Spans", "BudgetInfeasible", "check_segments"]
+__all__ = ["Op", "Problem", "Index", "Spans", "check_segments"]
 
 Spans = tuple[tuple[int, int], ...]
 """A plan: sorted, non-overlapping half-open ``(start, end)`` ranges over the op order."""
-
-
-class BudgetInfeasible(ValueError):
-    """No plan's predicted peak fits the budget; ``min_budget`` is the smallest that fits.
-
-    The one infeasible-budget exception: ``fxckpt.BudgetInfeasibleError`` is this class made an
-    ``FxckptError`` (the solver imports nothing of fxckpt), raised with the user's budget terms.
-    """
-
-    def __init__(self, budget: int, min_budget: int, message: Optional[str] = None) -> None:
-        super().__init__(message or (
-            f"no checkpoint plan keeps the predicted peak activation memory under {budget} bytes; "
-            f"the smallest budget any plan meets is {min_budget} bytes"
-        ))
-        self.budget = budget
-        self.min_budget = min_budget
 
 
 def _check_bytes(what: str, value: object) -> None:

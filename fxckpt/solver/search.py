@@ -37,8 +37,9 @@ import math
 import operator
 from typing import Iterator, Optional
 
+from fxckpt.errors import Exhausted
 from fxckpt.solver.bounds import (
-    LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, pareto_front, relax,
+    LIMITS, GaveUp, Limits, State as _State, limit, pareto_front, relax,
 )
 from fxckpt.solver.moves import Moves, Space, moves, profiles
 from fxckpt.solver.problem import Index, Spans
