@@ -5,8 +5,9 @@
 Llama-3-8B (hidden 4096, 32 layers, 32 heads and 8 key/value heads, intermediate 14336, vocab
 128256), sequence 4096, batch 1, or Llama-3.2-1B (hidden 2048, 16 layers, 32 and 8 heads,
 intermediate 8192, tied embeddings), sequence 2048, batch 4 (torchtitan's memory-policy run),
-bf16, built on the ``meta`` device: nothing is allocated and every number is deterministic. Each method is an fxckpt plan of the same captured graph,
-verified on fake tensors and priced with a device profile (:mod:`fxckpt.cost.devices`):
+bf16, built on the ``meta`` device: nothing is allocated and every number is deterministic.
+Each method is an fxckpt plan of the same captured graph, verified on fake tensors and priced
+with a device profile (:mod:`fxckpt.cost.devices`):
 
 * *unmodified*: no segment;
 * *per-block*: each decoder layer one segment (``depth=3``), as ``torch.utils.checkpoint``

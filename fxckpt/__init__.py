@@ -10,10 +10,10 @@
 from typing import Any
 
 from fxckpt.api import pareto, transform
-from fxckpt.budget import BudgetInfeasibleError
 from fxckpt.config import TransformConfig
 from fxckpt.export import load, save
 from fxckpt.errors import (
+    BudgetInfeasibleError,
     CaptureError,
     ConfigError,
     ConfigTypeError,

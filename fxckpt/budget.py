@@ -26,8 +26,8 @@ import math
 import re
 from typing import Union
 
-from fxckpt.errors import ConfigError, FxckptError
-from fxckpt.solver.problem import BudgetInfeasible
+from fxckpt.errors import ConfigError
+from fxckpt.errors import BudgetInfeasibleError  # re-exported: its home before errors.py
 
 __all__ = ["Budget", "BudgetInfeasibleError", "parse_budget", "UNITS"]
 
@@ -41,16 +41,6 @@ UNITS = {
 _PATTERN = re.compile(
     r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE
 )
-
-
-class BudgetInfeasibleError(FxckptError, BudgetInfeasible):
-    """No plan keeps the peak activation memory under the budget.
-
-    ``budget`` is the budget in bytes and ``min_budget`` the smallest peak (in bytes) any plan
-    reaches for this model and input. The solver's :class:`~fxckpt.solver.BudgetInfeasible`
-    with fxckpt's error base: ``BudgetInfeasibleError(budget, min_budget, message)``. Either
-    class catches both.
-    """
 
 
 @dataclasses.dataclass(frozen=True)

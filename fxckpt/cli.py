@@ -27,6 +27,8 @@ from typing import Any, NoReturn, Optional, Sequence
 
 import torch
 
+from fxckpt.errors import CliError  # re-exported: the command line's error
+
 __all__ = ["main", "build_parser", "CliError", "OneLineParser", "add_plan_command",
            "add_demo_command", "positive_int", "parse_shape", "make_inputs"]
 
@@ -43,10 +45,6 @@ budgets: a fraction of the unmodified model's peak activation memory (0.4, 1.0),
 bytes (2000000000) or a size with a unit (800MB, 1.5GiB); 1 is refused as ambiguous. With
 --chunks the plan is made for one micro-batch, and its budget and peaks are per micro-batch
 (see docs/pipelines.md)."""
-
-
-class CliError(Exception):
-    """A mistake on the command line; printed as one line, exit code 2."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -208,8 +206,7 @@ def add_plan_command(commands: Any) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """The ``plan`` subcommand; returns the exit code."""
-    from fxckpt.errors import FxckptError
-    from fxckpt.model_source import SourceError
+    from fxckpt.errors import FxckptError, SourceError
 
     try:
         return _plan(args)

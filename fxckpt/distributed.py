@@ -43,6 +43,7 @@ from fxckpt.capture.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.pipeline import check_device
 from fxckpt.runtime.segment import Recomputable, SegmentModule
+from fxckpt.runtime.state import values_kept
 
 __all__ = ["build_stage", "schedule", "stage_state", "StageModule", "SCHEDULES"]
 
@@ -195,13 +196,8 @@ def _pipeline_stage_class() -> type:
 
 def _keeping_buffers(method: Callable) -> Callable:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        saved = [(b, b.detach().clone()) for b in self.submod.buffers()]
-        try:
+        with values_kept(self.submod.buffers()):
             return method(self, *args, **kwargs)
-        finally:
-            with torch.no_grad():
-                for b, value in saved:
-                    b.copy_(value)
 
     run.__name__ = method.__name__
     return run

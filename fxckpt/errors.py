@@ -1,12 +1,22 @@
-"""Errors fxckpt raises.
+"""Errors fxckpt raises: every error class of the package is defined here (only a private
+signal that one module raises and catches itself stays in that module).
 
-Every error says what was wrong, the value that was seen and how to fix it. They all derive from
-:class:`FxckptError` so callers can catch fxckpt's own failures in one place; the ones about bad
-arguments also derive from ``ValueError`` / ``TypeError`` so ordinary argument checking code
-keeps working.
+Every error says what was wrong, the value that was seen and how to fix it. The public ones all
+derive from :class:`FxckptError` so callers can catch fxckpt's own failures in one place; the
+ones about bad arguments also derive from ``ValueError`` / ``TypeError`` so ordinary argument
+checking code keeps working.
+
+``__all__`` lists the errors of the public API (each is on the top level, ``fxckpt.CaptureError``).
+The rest belong to one part of fxckpt, which imports them from here and is where users name them:
+the solver's :class:`BudgetInfeasible` (``fxckpt.solver``, pure data: no ``FxckptError``) and its
+:class:`Exhausted` signal, the export codec's :class:`Unencodable`, the command line's
+:class:`CliError` and :class:`SourceError`, Dynamo planning's :class:`AfterBreakInfeasible`.
+This module imports nothing of fxckpt, so every part can import it.
 """
 
 from __future__ import annotations
+
+from typing import Optional, Protocol
 
 __all__ = [
     "FxckptError",
@@ -19,6 +29,7 @@ __all__ = [
     "VerifyError",
     "MeasureError",
     "ExportError",
+    "BudgetInfeasibleError",
 ]
 
 
@@ -64,3 +75,70 @@ class MeasureError(FxckptError, RuntimeError):
 
 class ExportError(FxckptError, RuntimeError):
     """A module cannot be saved, or a directory is not a valid, intact fxckpt export."""
+
+
+class BudgetInfeasible(ValueError):
+    """No plan's predicted peak fits the budget; ``min_budget`` is the smallest that fits.
+
+    The one infeasible-budget exception: :class:`BudgetInfeasibleError` is this class made an
+    ``FxckptError`` (the solver works on plain data and raises this one), raised with the user's
+    budget terms.
+    """
+
+    def __init__(self, budget: int, min_budget: int, message: Optional[str] = None) -> None:
+        super().__init__(message or (
+            f"no checkpoint plan keeps the predicted peak activation memory under {budget} bytes; "
+            f"the smallest budget any plan meets is {min_budget} bytes"
+        ))
+        self.budget = budget
+        self.min_budget = min_budget
+
+
+class BudgetInfeasibleError(FxckptError, BudgetInfeasible):
+    """No plan keeps the peak activation memory under the budget.
+
+    ``budget`` is the budget in bytes and ``min_budget`` the smallest peak (in bytes) any plan
+    reaches for this model and input. The solver's :class:`BudgetInfeasible` with fxckpt's error
+    base: ``BudgetInfeasibleError(budget, min_budget, message)``. Either class catches both.
+    """
+
+
+class AfterBreakInfeasible(BudgetInfeasibleError):
+    """A graph after a break cannot fit beside what earlier graphs of the step keep.
+    ``graph_peak``: its own smallest step peak, which the earlier graphs may leave room for."""
+
+    def __init__(self, budget: int, min_budget: int, message: str, graph_peak: int) -> None:
+        super().__init__(budget, min_budget, message)
+        self.graph_peak = graph_peak
+
+
+class Unencodable(ExportError, TypeError):
+    """A value has no JSON form (the message names where it was found)."""
+
+
+class CliError(Exception):
+    """A mistake on the command line; printed as one line, exit code 2."""
+
+
+class SourceError(Exception):
+    """The command line's target model cannot be built; the message says why (one line)."""
+
+
+class _Where(Protocol):
+    """Where the solver's exact pass stopped (``fxckpt.solver.bounds.GaveUp``)."""
+
+    @property
+    def work(self) -> int: ...
+
+    @property
+    def states(self) -> int: ...
+
+
+class Exhausted(Exception):
+    """The solver's exact pass went past its limits (caught by the solver, which falls back to
+    its bounded pass); ``where`` says where it stopped."""
+
+    def __init__(self, where: _Where) -> None:
+        super().__init__(f"exact search gave up after {where.work} steps "
+                         f"({where.states} states at a cut)")
+        self.where = where

@@ -22,13 +22,10 @@ from typing import Any, Optional
 
 import torch
 
+from fxckpt.errors import SourceError  # re-exported
 from fxckpt.integrations import hf
 
 __all__ = ["SourceError", "build_model", "load_target", "hf_config_path"]
-
-
-class SourceError(Exception):
-    """The target cannot be built; the message says why (one line)."""
 
 
 def build_model(target: str, *, meta: bool = False,

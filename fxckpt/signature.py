@@ -28,6 +28,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import InputError
 from fxckpt.integrations import hf
+from fxckpt.runtime.state import autocast_state
 
 __all__ = [
     "CallKey",
@@ -164,11 +165,7 @@ def _exact(value: Any) -> Hashable:
 
 
 def _autocast_state() -> tuple[Hashable, ...]:
-    return (
-        torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
-        torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-        torch.get_default_dtype(),
-    )
+    return (*autocast_state().flat(), torch.get_default_dtype())
 
 
 def _leaf_path(spec: pytree.TreeSpec, index: int) -> str:

@@ -21,7 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.measure import LiveTensorTracker
-from fxckpt.runtime.state import torch_random_kept
+from fxckpt.runtime.state import torch_random_kept, values_kept
 
 __all__ = ["OpTimeline", "MeasuredStep", "measure_step", "default_loss"]
 
@@ -90,8 +90,8 @@ def measure_step(module: torch.nn.Module, args: tuple, kwargs: Optional[dict] = 
 def _state_kept(module: torch.nn.Module) -> Iterator[None]:
     params = list(module.parameters())
     grads = [p.grad for p in params]
-    buffers = [(b, b.detach().clone()) for b in module.buffers()]
-    with torch_random_kept():  # a real step: its draws are undone unless another thread draws
+    # a real step: its draws are undone unless another thread draws
+    with values_kept(module.buffers()), torch_random_kept():
         try:
             for p in params:
                 p.grad = None
@@ -99,6 +99,3 @@ def _state_kept(module: torch.nn.Module) -> Iterator[None]:
         finally:
             for p, g in zip(params, grads):
                 p.grad = g
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import fxckpt
+import fxckpt.budget
+import fxckpt.errors
 from fxckpt.capture.captured import capture
 from models import MLP, DataDependent
 from support import loss_of
@@ -281,3 +283,82 @@ def test_every_error_class_fxckpt_defines_is_on_the_top_level() -> None:
     assert fxckpt.VerifyError is fxckpt.verify.VerifyError
     assert fxckpt.MeasureError is fxckpt.measure.MeasureError
     assert issubclass(fxckpt.BudgetInfeasibleError, fxckpt.FxckptError)
+    assert fxckpt.BudgetInfeasibleError is fxckpt.budget.BudgetInfeasibleError
+
+
+PACKAGE = Path(fxckpt.__file__).resolve().parent
+
+
+def _exception_classes_outside_errors(package: Path) -> list[str]:
+    """``path:line Name`` of each class deriving from an exception that is defined outside
+    ``errors.py``, except a private signal (``_Name``) its own module raises and catches."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where == "errors.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exceptions = {n for n, v in vars(builtins).items()
+                      if isinstance(v, type) and issubclass(v, BaseException)}
+        exceptions |= {n for n, v in vars(fxckpt.errors).items()
+                       if isinstance(v, type) and issubclass(v, BaseException)}
+        raised = {ast.unparse(n.exc).split("(")[0] for n in ast.walk(tree)
+                  if isinstance(n, ast.Raise) and n.exc is not None}
+        caught = {ast.unparse(n.type) for n in ast.walk(tree)
+                  if isinstance(n, ast.ExceptHandler) and n.type is not None}
+        for node in ast.walk(tree):  # in source order enough: a local base is defined first
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
+            if not bases & exceptions and not any(
+                    b.endswith(("Error", "Exception", "Warning")) for b in bases):
+                continue
+            exceptions.add(node.name)
+            signal = node.name.startswith("_") and node.name in raised and node.name in caught
+            if not signal:
+                found.append(f"fxckpt/{where}:{node.lineno} {node.name}")
+    return found
+
+
+def test_every_exception_class_is_defined_in_errors_py() -> None:
+    """One home for every error (issue 45): other modules import theirs from ``fxckpt.errors``
+    (and re-export it where users or tests name it there). Allowed elsewhere: a private signal
+    that never leaves its module (raised and caught there, e.g. cli's ``_IdsFound`` stopping a
+    model at its first embedding lookup)."""
+    assert _exception_classes_outside_errors(PACKAGE) == []
+
+
+def test_the_exception_scan_finds_classes_defined_elsewhere(tmp_path: Path) -> None:
+    (tmp_path / "errors.py").write_text("class FxckptError(Exception):\n    pass\n")
+    (tmp_path / "a.py").write_text(
+        "from fxckpt.errors import ExportError\n"
+        "class Bad(ExportError):\n    pass\n"
+        "class Worse(Bad):\n    pass\n"
+        "class OwnError(RuntimeError):\n    pass\n"
+        "class _Signal(Exception):\n    pass\n"
+        "class _Leaks(Exception):\n    pass\n"
+        "class Plain:\n    pass\n"
+        "def f():\n    try:\n        raise _Signal()\n    except _Signal:\n        pass\n"
+        "    raise _Leaks()\n")
+    assert _exception_classes_outside_errors(tmp_path) == [
+        "fxckpt/a.py:2 Bad", "fxckpt/a.py:4 Worse", "fxckpt/a.py:6 OwnError",
+        "fxckpt/a.py:10 _Leaks"]
+
+
+def test_the_errors_that_moved_keep_their_old_import_paths() -> None:
+    import fxckpt.cli
+    import fxckpt.errors as errors
+    import fxckpt.export.codec
+    import fxckpt.model_source
+    import fxckpt.solver
+
+    assert fxckpt.solver.BudgetInfeasible is errors.BudgetInfeasible
+    assert fxckpt.export.codec.Unencodable is errors.Unencodable
+    assert fxckpt.cli.CliError is errors.CliError
+    assert fxckpt.model_source.SourceError is errors.SourceError
+    assert issubclass(errors.AfterBreakInfeasible, fxckpt.BudgetInfeasibleError)
+    assert issubclass(fxckpt.BudgetInfeasibleError, errors.BudgetInfeasible)
+    assert "exact search gave up after 7 steps (2 states at a cut)" in str(
+        errors.Exhausted(fxckpt.solver.bounds.GaveUp(work=7, states=2)))

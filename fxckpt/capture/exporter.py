@@ -37,6 +37,7 @@ from fxckpt.errors import CaptureError
 from fxckpt.capture.opaque import function_callers, recording, swapped
 from fxckpt.capture.simplify import simplify
 from fxckpt.signature import Binder, Shapes
+from fxckpt.runtime.state import autocast_state
 
 __all__ = ["ShapeRule", "Exported", "export_graph"]
 
@@ -169,7 +170,7 @@ class _GradUnderAutocast(TorchFunctionMode):
 
     def __enter__(self) -> "_GradUnderAutocast":
         self.seen: list[str] = []
-        self.autocast = _autocast_state()
+        self.autocast = autocast_state().devices
         self.grad = torch.is_grad_enabled()
         self.last: Optional[bool] = None
         self.tensor_hooks = 0
@@ -179,7 +180,7 @@ class _GradUnderAutocast(TorchFunctionMode):
                            kwargs: Optional[dict] = None) -> Any:
         if func is torch._C._set_grad_enabled and _called_by_model():
             self.last = bool(args[0])
-            if _autocast_state() != self.autocast:
+            if autocast_state().devices != self.autocast:
                 self.seen.append(f"torch.set_grad_enabled({args[0]}) under autocast")
         elif func is torch.Tensor.register_hook and _called_by_model():
             self.tensor_hooks += 1  # registered on a traced tensor: the graph has no trace of it
@@ -206,11 +207,6 @@ def _called_by_model() -> bool:
     while frame is not None and _library(frame.f_code.co_filename):
         frame = frame.f_back  # type: ignore[assignment]
     return frame is not None and not frame.f_code.co_filename.startswith(_FXCKPT_DIR)
-
-
-def _autocast_state() -> tuple:
-    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                 for d in ("cpu", "cuda"))
 
 
 def _export_program(model: torch.nn.Module, args: tuple, kwargs: dict,

@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import CaptureError
 from fxckpt.graphs import subgraph
+from fxckpt.runtime.state import TensorValues
 
 __all__ = ["StateRecorder", "outline_regions", "RANDOM_FACTORIES", "is_region_marker"]
 
@@ -122,7 +123,7 @@ class _RealOps(TorchDispatchMode):
         self.state = {_storage(t) for t in state} - {None, 0}
         self.seen: list[str] = []
         self.wrote: list[str] = []
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved = TensorValues()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
@@ -136,14 +137,12 @@ class _RealOps(TorchDispatchMode):
             for t in pytree.tree_leaves(value):
                 if isinstance(t, torch.Tensor) and _storage(t) in self.state:
                     self.wrote.append(str(func.overloadpacket.__name__))
-                    self.saved.setdefault(id(t), (t, t.detach().clone()))
+                    self.saved.add([t])
         return func(*args, **kwargs)
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
-        with torch.no_grad():
-            for t, value in self.saved.values():
-                t.copy_(value)
+        self.saved.restore()
 
 
 def _storage(t: torch.Tensor) -> Optional[int]:

@@ -40,9 +40,15 @@ import torch
 
 from fxckpt.capture import generators
 from fxckpt.capture.caches import caches_kept
-from fxckpt.runtime.state import alone, set_torch_states, torch_states
+from fxckpt.runtime.state import (
+    alone,
+    autocast_kept,
+    set_torch_states,
+    torch_states,
+    values_kept,
+)
 
-__all__ = ["StateGuard", "hooks_off", "preserved_tensors"]
+__all__ = ["StateGuard", "hooks_off"]
 
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
@@ -75,11 +81,11 @@ class StateGuard:
         self._torch = torch_states()
         self._grad = torch.is_grad_enabled()
         self._stack.enter_context(torch.set_grad_enabled(self._grad))  # restored on exit
-        self._stack.enter_context(_autocast_kept())
+        self._stack.enter_context(autocast_kept())
         # buffers, and tensors kept as plain attributes (torch.export writes those for real)
         plain = [v for m in self.model.modules() for v in vars(m).values()
                  if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
-        self._stack.enter_context(preserved_tensors([*self.model.buffers(), *plain]))
+        self._stack.enter_context(values_kept([*self.model.buffers(), *plain]))
         self._stack.enter_context(hooks_off(self.quiet))
         self.draws: list[str] = []
         self._stack.enter_context(_recording_draws(self.draws))
@@ -253,18 +259,6 @@ def weight_computing_hooks() -> tuple[type, ...]:
 
 
 @contextlib.contextmanager
-def preserved_tensors(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
-    """Put the values of ``tensors`` back on exit (buffers a forward writes in place)."""
-    saved = [(t, t.detach().clone()) for t in tensors]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for t, value in saved:
-                t.copy_(value)
-
-
-@contextlib.contextmanager
 def hooks_off(modules: Iterable[torch.nn.Module],
               keep: tuple[type, ...] = ()) -> Iterator[None]:
     """Switch off the modules' own hooks for the duration (they are put back on exit), except
@@ -343,21 +337,6 @@ def _noting(fn: Any, own: Any, label: str, draws: list[str], thread: int) -> Any
         return own(*args, **kwargs)
 
     return call
-
-
-@contextlib.contextmanager
-def _autocast_kept() -> Iterator[None]:
-    """Put the autocast state back on exit (a forward that enters autocast and fails)."""
-    devices = ("cpu", "cuda")
-    saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
-    cache = torch.is_autocast_cache_enabled()
-    try:
-        yield
-    finally:
-        for device, enabled, dtype in saved:
-            torch.set_autocast_enabled(device, enabled)
-            torch.set_autocast_dtype(device, dtype)
-        torch.set_autocast_cache_enabled(cache)
 
 
 def _file(path: str) -> str:

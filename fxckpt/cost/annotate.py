@@ -30,6 +30,7 @@ from fxckpt.cost.flops import counter as flop_counter
 from fxckpt.cost.fused_attention import no_dropout
 from fxckpt.cost.prices import call_price, traffic
 from fxckpt.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
+from fxckpt.runtime.state import values_kept
 from fxckpt.scratch import backward_scratch, call_scratch
 
 __all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of",
@@ -181,15 +182,13 @@ def faking(gm: torch.fx.GraphModule) -> Iterator[FakeTensorMode]:
 def _kept_state(gm: torch.fx.GraphModule) -> Iterator[None]:
     """``gm``'s buffers as they were, whatever runs inside (fake tensors draw nothing from torch's
     generators, so they need no fork: fxckpt.runtime.state)."""
-    saved = [b.detach().clone() for b in gm.buffers()]
-    try:
-        yield
-    finally:
-        # Under a user's autocast region, autocast caches casts of parameters: drop the fake ones.
-        torch.clear_autocast_cache()
-        with torch.no_grad():
-            for b, s in zip(gm.buffers(), saved):
-                b.copy_(s)
+    with values_kept(gm.buffers()):
+        try:
+            yield
+        finally:
+            # Under a user's autocast region, autocast caches casts of parameters: drop the fake
+            # ones.
+            torch.clear_autocast_cache()
 
 
 _SAC_IGNORED = getattr(

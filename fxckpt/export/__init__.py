@@ -39,9 +39,8 @@ from fxckpt.export.bound import check_saved
 from fxckpt.export.files import (MAX_JSON_BYTES, as_key, verify, versions, write_atomically,
                                  write_export)
 from fxckpt.export.loaded import LoadedModule, Variant
-from fxckpt.errors import ConfigError
+from fxckpt.errors import ConfigError, ExportError  # ExportError re-exported
 from fxckpt.integrations import hf
-from fxckpt.export.targets import ExportError
 
 __all__ = ["save", "load", "ExportError", "LoadedModule"]
 

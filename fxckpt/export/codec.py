@@ -23,7 +23,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, ExportError, lookup, table_name
+from fxckpt.errors import ExportError, Unencodable  # re-exported: tests name them here
+from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, lookup, table_name
 from fxckpt.integrations import hf
 
 __all__ = ["ExportError", "Unencodable", "encode", "decode", "dump_spec", "load_spec"]
@@ -36,10 +37,6 @@ _SPEC_TYPES = frozenset({
 })
 """Pytree node types an export may use besides Hugging Face outputs (not ``defaultdict``: torch
 reads its factory by importing a module the data names)."""
-
-
-class Unencodable(ExportError, TypeError):
-    """A value has no JSON form (the message names where it was found)."""
 
 
 NodeNamer = Callable[[torch.fx.Node], str]

@@ -33,7 +33,8 @@ import torch.utils._pytree as pytree
 from fxckpt.export.allowlist import names_used, outside, refusal
 from fxckpt.export.codec import dump_spec, encode
 from fxckpt.export.program import check_part, describe_graph
-from fxckpt.export.targets import ExportError, module_class_path
+from fxckpt.errors import ExportError
+from fxckpt.export.targets import module_class_path
 from fxckpt.export.views import view_to_json
 from fxckpt.runtime.segment import SegmentModule
 

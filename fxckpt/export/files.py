@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from fxckpt.export.targets import ExportError
+from fxckpt.errors import ExportError
 from fxckpt.export.weights import read_weights, sha256_bytes, weights_bytes
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "write_atomically", "write_export", "Verified", "verify",

@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fxckpt.export.codec import ExportError, decode
+from fxckpt.errors import ExportError
+from fxckpt.export.codec import decode
 from fxckpt.export.rebuild import Slot, check_name, put
 from fxckpt.plan import Plan
 from fxckpt.signature import signature_key

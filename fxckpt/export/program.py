@@ -31,7 +31,8 @@ from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 
 from fxckpt.export.bound import EXAMPLE, example_from, example_of
 from fxckpt.export.codec import decode, dump_spec, encode, load_spec
-from fxckpt.export.targets import (GETATTR_NAMES, METHODS, ExportError, function_name,
+from fxckpt.errors import ExportError
+from fxckpt.export.targets import (GETATTR_NAMES, METHODS, function_name,
                                    resolve_function, table_name)
 
 __all__ = ["describe_graph", "build_graph", "install", "check_part"]

@@ -25,7 +25,8 @@ import torch.fx
 from fxckpt.export.codec import decode, load_spec
 from fxckpt.export.files import Verified
 from fxckpt.export.program import build_graph, check_part, install
-from fxckpt.export.targets import ExportError, resolve_module_class
+from fxckpt.errors import ExportError
+from fxckpt.export.targets import resolve_module_class
 from fxckpt.runtime.segment import SegmentModule
 
 __all__ = ["Slot", "build_tree", "check_name", "put"]

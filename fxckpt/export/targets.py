@@ -39,7 +39,7 @@ from fxckpt.export.allowlist import (CHECKED, PROPERTIES, UNCHECKED_WHY, permits
                                      unchecked)
 
 __all__ = [
-    "ExportError", "function_name", "table_name", "resolve_function", "METHODS", "GETATTR_NAMES",
+    "function_name", "table_name", "resolve_function", "METHODS", "GETATTR_NAMES",
     "resolve_attribute_function",
     "module_class_path", "resolve_module_class", "DTYPES", "MEMORY_FORMATS", "LAYOUTS",
 ]

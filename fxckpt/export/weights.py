@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import torch
 
-from fxckpt.export.targets import ExportError
+from fxckpt.errors import ExportError
 
 __all__ = ["SAFETENSORS", "LEGACY", "weights_bytes", "read_weights", "DTYPES", "MAX_HEADER"]
 

@@ -9,7 +9,7 @@ The simulator plans; execution on fake tensors (:mod:`fxckpt.verify`) checks. A 
 promise about what the step holds, so a budget plan whose verified peak is over the budget is
 solved again with the solver's target lowered by the overshoot, a few times; then the plan with
 the smallest simulated peak is tried, and when even that one's verified peak is over, the budget
-is refused with :class:`~fxckpt.budget.BudgetInfeasibleError` whose ``min_budget`` is that
+is refused with :class:`~fxckpt.errors.BudgetInfeasibleError` whose ``min_budget`` is that
 verified figure (a budget of ``min_budget`` then fits). Each step lowers the target by at least
 the overshoot, so the first plan that fits may sit far under the budget; targets between the
 last one over and the one that fits are then tried (:data:`BISECTIONS`), and the cheapest plan
@@ -40,12 +40,12 @@ from typing import Callable, Optional
 
 import torch.fx
 
-from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.budget import Budget
+from fxckpt.errors import BudgetInfeasibleError, VerifyError
 from fxckpt.graphs import copy_graph_module
 from fxckpt.passes.lower import lower
 from fxckpt.plan import Plan, format_bytes
 from fxckpt.runtime.segment import Offloading
-from fxckpt.verify import VerifyError
 
 __all__ = ["fit", "infeasible", "Target", "ATTEMPTS", "LOOSEN_FROM", "BISECTIONS"]
 

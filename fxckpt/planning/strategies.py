@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import torch.fx
 
 from fxckpt.budget import Budget
-from fxckpt.errors import PlanError
+from fxckpt.errors import BudgetInfeasible, PlanError
 from fxckpt.planning.anchors import remap
 from fxckpt.cost.annotate import info
 from fxckpt.planning.blocks import block_ranges
@@ -38,7 +38,7 @@ from fxckpt.planning.keeps import Groups
 from fxckpt.planning.peers import peer_starts
 from fxckpt.cost.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
-from fxckpt.solver import BudgetInfeasible, Problem, simulate
+from fxckpt.solver import Problem, simulate
 from fxckpt.solver.choose import min_peak_plan, solve_plan
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 

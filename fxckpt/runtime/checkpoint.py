@@ -44,6 +44,13 @@ from torch.overrides import _get_current_function_mode_stack
 
 from fxckpt.runtime.segment import Recomputable
 from fxckpt.runtime.selective import Keeper
+from fxckpt.runtime.state import (
+    TensorValues,
+    copies,
+    generator_states,
+    put,
+    set_generator_states,
+)
 
 
 __all__ = ["checkpoint", "is_recomputing"]
@@ -128,10 +135,10 @@ def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
     eager-only: the compiled recompute is part of the graph.
     """
     buffers = _restored(segment)
-    before = [b.detach().clone() for b in buffers]
+    before = copies(buffers)  # plain functions: Dynamo traces them
 
     def run(*args: Any) -> Any:
-        _put(buffers, before)
+        put(buffers, before)
         return segment(*args)
 
     return torch_checkpoint.checkpoint(run, *inputs, use_reentrant=False, preserve_rng_state=True)
@@ -166,8 +173,8 @@ class _FirstRun(_Named):
         super().__enter__()
         self.call.modes = [m for m in _get_current_function_mode_stack()
                            if getattr(m, REPLAYED, False)]
-        self.call.before = [b.detach().clone() for b in self.call.buffers]
-        self.call.drawn_from = [g.get_state() for g in self.call.generators]
+        self.call.before = TensorValues(self.call.buffers)
+        self.call.drawn_from = generator_states(self.call.generators)
         if self.call.keeper is not None:
             self.call.keeper.enter("forward")
 
@@ -191,8 +198,8 @@ class _SegmentCall:
         self.name = segment.name if isinstance(segment, Recomputable) else type(segment).__name__
         self.buffers = _restored(segment) + [
             inputs[i] for i in getattr(segment, "restored_inputs", ())]
-        self.before: list[torch.Tensor] = []
-        self.after: list[torch.Tensor] = []
+        self.before = TensorValues()
+        self.after = TensorValues()
         self.generators: tuple[torch.Generator, ...] = getattr(segment, "generators", ())
         self.drawn_from: list[torch.Tensor] = []
         """The generators' states when the first run began (replayed by the recompute)."""
@@ -207,11 +214,10 @@ class _SegmentCall:
 
     def __enter__(self) -> None:
         log.debug("recomputing %s", self.name)
-        self.after = [b.detach().clone() for b in self.buffers]
-        _put(self.buffers, self.before)  # the recompute reads what the first run read
-        self.states_now = [g.get_state() for g in self.generators]
-        for g, state in zip(self.generators, self.drawn_from):  # and draws what it drew
-            g.set_state(state)
+        self.after = TensorValues(self.buffers)
+        self.before.restore()  # the recompute reads what the first run read
+        self.states_now = generator_states(self.generators)
+        set_generator_states(self.generators, self.drawn_from)  # and draws what it drew
         _local.depth = getattr(_local, "depth", 0) + 1
         # Left set on exit: torch compares the recomputed tensors' metadata right after this.
         _local.segment = self.name
@@ -230,18 +236,11 @@ class _SegmentCall:
             mode.__exit__(None, None, None)
         self.entered = []
         _local.depth -= 1
-        _put(self.buffers, self.after)
-        self.after = []
-        for g, state in zip(self.generators, self.states_now):
-            g.set_state(state)
+        self.after.restore()
+        self.after = TensorValues()
+        set_generator_states(self.generators, self.states_now)
 
 
 def _restored(segment: torch.nn.Module) -> list[torch.Tensor]:
     """The buffers to restore around a recompute: a plain module names none."""
     return segment.restored_buffers() if isinstance(segment, Recomputable) else []
-
-
-def _put(buffers: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for b, value in zip(buffers, values):
-            b.copy_(value)

@@ -42,6 +42,7 @@ from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
 from fxckpt.runtime.checkpoint import is_recomputing
 from fxckpt.runtime.microbatch import gather, scatter
 from fxckpt.runtime.segment import Recomputable
+from fxckpt.runtime.state import TensorValues
 from fxckpt.runtime.schedule import (
     checkpoint_stop as _checkpoint_stop,
     clock_cycles,
@@ -256,14 +257,14 @@ class Pipeline(nn.Module):
         stop = self.checkpoint_stop(len(micro))
         defer = self.training and len(micro) > 1 and self.norms.active
         self.recomputed.clear()
-        saved = self._snapshot() if self.training else []
+        saved = TensorValues(self.buffers() if self.training else ())
         if defer:
             self.norms.begin()
         try:
             outputs = self._run(micro, stop, defer)
         except BaseException:
             self.norms.abort()
-            self._restore(saved)
+            saved.restore()
             raise
         if defer:
             self.norms.commit()
@@ -310,27 +311,11 @@ class Pipeline(nn.Module):
             )
             raise
 
-    def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(b, b.detach().clone()) for b in _unique(self.buffers())]
-
-    @staticmethod
-    def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        with torch.no_grad():
-            for b, value in saved:
-                b.copy_(value)
-
     def extra_repr(self) -> str:
         return (
             f"chunks={self.chunks}, checkpoint={self.checkpoint!r}, "
             f"devices={[str(d) for d in self.devices]}"
         )
-
-
-def _unique(tensors: Any) -> list[torch.Tensor]:
-    seen: dict[int, torch.Tensor] = {}
-    for t in tensors:
-        seen.setdefault(id(t), t)
-    return list(seen.values())
 
 
 def _check_shared_state(stages: Sequence[nn.Module], devices: Sequence[torch.device]) -> None:

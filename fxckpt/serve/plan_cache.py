@@ -40,7 +40,8 @@ import contextlib
 import logging
 from typing import Generic, Iterator, Optional, Protocol, TypeVar
 
-from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.budget import Budget
+from fxckpt.errors import BudgetInfeasibleError
 from fxckpt.plan import Plan
 from fxckpt.serve.sizes import JUMP, JUMP_SHARE, Growth, grown_dims, scaled, volume
 from fxckpt.signature import Shapes, dominates

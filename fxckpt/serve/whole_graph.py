@@ -107,7 +107,7 @@ def peak_at(compiled: Compiled, config: TransformConfig, args: tuple, kwargs: di
             model: torch.nn.Module) -> Optional[int]:
     """The verified peak of ``compiled``'s plan for calls like these (``None`` when the step
     cannot run on fake tensors): what lets a plan serve larger calls without planning again."""
-    from fxckpt.verify import VerifyError
+    from fxckpt.errors import VerifyError
 
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     hooked = [model.get_submodule(p) for p in compiled.captured.hooked]

@@ -25,7 +25,8 @@ from fxckpt.solver.solve import (
     pareto,
     solve,
 )
-from fxckpt.solver.problem import BudgetInfeasible, Op, Problem, Spans, check_segments
+from fxckpt.errors import BudgetInfeasible
+from fxckpt.solver.problem import Op, Problem, Spans, check_segments
 from fxckpt.solver.simulate import Simulation, held_at_backward, peak_bytes, simulate
 
 __all__ = [

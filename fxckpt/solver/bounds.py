@@ -43,7 +43,7 @@ from typing import Sequence
 from fxckpt.solver.problem import Index
 
 __all__ = [
-    "Limits", "LIMITS", "GaveUp", "Exhausted", "State", "limit", "relax", "cap", "pareto_front",
+    "Limits", "LIMITS", "GaveUp", "State", "limit", "relax", "cap", "pareto_front",
 ]
 
 Entry = tuple
@@ -94,15 +94,6 @@ class GaveUp:
     """Entries it had extended (plus one per state and move)."""
     states: int
     """States at the cut where it stopped."""
-
-
-class Exhausted(Exception):
-    """The exact pass went past its :class:`Limits`."""
-
-    def __init__(self, where: GaveUp) -> None:
-        super().__init__(f"exact search gave up after {where.work} steps "
-                         f"({where.states} states at a cut)")
-        self.where = where
 
 
 @dataclasses.dataclass

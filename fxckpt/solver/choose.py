@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from fxckpt.solver.problem import BudgetInfeasible, Problem, Spans
+from fxckpt.errors import BudgetInfeasible
+from fxckpt.solver.problem import Problem, Spans
 from fxckpt.solver.selective import Choices, Selection, solve_selective
 from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM, families, min_peak_shared, solve_shared
 from fxckpt.solver.simulate import peak_bytes

@@ -25,26 +25,10 @@ import functools
 import math
 from typing import Any, Callable, Generic, Hashable, Iterable, Optional, Sequence, TypeVar, cast
 
-__all__ = ["Op", "Problem", "Index", "Spans", "BudgetInfeasible", "check_segments", "Key", "Memo"]
+__all__ = ["Op", "Problem", "Index", "Spans", "check_segments", "Key", "Memo"]
 
 Spans = tuple[tuple[int, int], ...]
 """A plan: sorted, non-overlapping half-open ``(start, end)`` ranges over the op order."""
-
-
-class BudgetInfeasible(ValueError):
-    """No plan's predicted peak fits the budget; ``min_budget`` is the smallest that fits.
-
-    The one infeasible-budget exception: ``fxckpt.BudgetInfeasibleError`` is this class made an
-    ``FxckptError`` (the solver imports nothing of fxckpt), raised with the user's budget terms.
-    """
-
-    def __init__(self, budget: int, min_budget: int, message: Optional[str] = None) -> None:
-        super().__init__(message or (
-            f"no checkpoint plan keeps the predicted peak activation memory under {budget} bytes; "
-            f"the smallest budget any plan meets is {min_budget} bytes"
-        ))
-        self.budget = budget
-        self.min_budget = min_budget
 
 
 def _check_bytes(what: str, value: object) -> None:

@@ -37,8 +37,9 @@ import math
 import operator
 from typing import Iterator, Optional
 
+from fxckpt.errors import Exhausted
 from fxckpt.solver.bounds import (
-    LIMITS, Exhausted, GaveUp, Limits, State as _State, limit, pareto_front, relax,
+    LIMITS, GaveUp, Limits, State as _State, limit, pareto_front, relax,
 )
 from fxckpt.solver.moves import Moves, Space, moves, profiles
 from fxckpt.solver.problem import Index, Key, Spans
@@ -323,6 +324,7 @@ def _search(ix: Index, space: Space, budget: float, by_peak: bool, cost_cap: flo
             try:
                 return _Search(ix, space, budget, by_peak, cost_cap, limits).run()
             except Exhausted as e:
+                assert isinstance(e.where, GaveUp)
                 ix.memo.put(_gave_up_key(space, limits), e.where)
         found = []
         sizes = sorted(limits.kept)

@@ -229,7 +229,7 @@ def solve_selective(problem: Problem, budget_bytes: int, choices: Choices,
 
     Candidates: the segment-only plan for the budget, and the plans for the budget and tighter
     ones of the problem where keeping is free (:func:`_free_keeps`), each filled with kept ops
-    by :func:`keep_within`. Raises :class:`~fxckpt.solver.problem.BudgetInfeasible` as
+    by :func:`keep_within`. Raises :class:`~fxckpt.solver.BudgetInfeasible` as
     :func:`~fxckpt.solver.solve` does (keeping ops never lowers a peak).
     """
     first = solve(problem, budget_bytes, mode=mode, bound=False)

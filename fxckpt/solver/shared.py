@@ -27,7 +27,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Hashable, Optional, Sequence
 
-from fxckpt.solver.problem import BudgetInfeasible, Key, Problem, Spans
+from fxckpt.errors import BudgetInfeasible
+from fxckpt.solver.problem import Key, Problem, Spans
 from fxckpt.solver.selective import Choices, Selection, keep_within
 from fxckpt.solver.simulate import peak_bytes
 from fxckpt.solver.solve import ParetoPoint, pareto
@@ -363,9 +364,8 @@ def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
     for cut, period in _periods(problem, blocks):
         try:
             sel = _solve_period(problem, budget_bytes, cut, period, choices, forced)
-        except BudgetInfeasible as e:
-            if smallest is None or e.min_budget < smallest.min_budget:
-                smallest = e
+        except BudgetInfeasible as e:  # the first of the smallest
+            smallest = min(smallest or e, e, key=lambda x: x.min_budget)
             continue
         if sel is not None:
             found.append(sel)

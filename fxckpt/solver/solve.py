@@ -34,7 +34,8 @@ import math
 from typing import Literal, NamedTuple, Optional
 
 from fxckpt.solver.moves import Space
-from fxckpt.solver.problem import BudgetInfeasible, Key, Problem, Spans
+from fxckpt.errors import BudgetInfeasible
+from fxckpt.solver.problem import Key, Problem, Spans
 from fxckpt.solver.search import Found, gave_up, lower_bound, search
 from fxckpt.solver.simulate import peak_bytes
 
@@ -162,7 +163,7 @@ def solve(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
     skips the relaxed search that bounds a heuristic plan's cost (``Solution.bound`` is then
     None).
 
-    Raises :class:`~fxckpt.solver.problem.BudgetInfeasible` (a ``ValueError``) with the smallest
+    Raises :class:`~fxckpt.solver.BudgetInfeasible` (a ``ValueError``) with the smallest
     feasible budget when no plan fits.
     """
     budget = _check_budget(budget_bytes)

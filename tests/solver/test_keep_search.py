@@ -10,7 +10,7 @@ import pytest
 from solver_oracle import _segmentations, random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, min_feasible_peak, peak_bytes, simulate, solve
-from fxckpt.solver.problem import BudgetInfeasible
+from fxckpt.solver import BudgetInfeasible
 from fxckpt.solver.selective import keep_within, solve_selective
 
 

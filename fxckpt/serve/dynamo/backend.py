@@ -27,16 +27,16 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 import torch.fx
 
-from fxckpt.budget import Budget, BudgetInfeasibleError
+from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.cost.annotate import annotate, has_info, info
-from fxckpt.errors import PlanError
+from fxckpt.errors import AfterBreakInfeasible, BudgetInfeasibleError, PlanError
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.segment import Offloading, SegmentModule
 from fxckpt.strategy import Budgeted
 
-__all__ = ["AfterBreakInfeasible", "GraphRecord", "GraphRunner", "at_smallest", "concrete",
+__all__ = ["GraphRecord", "GraphRunner", "at_smallest", "concrete",
            "graph_peak", "plan_graph", "state_name"]
 
 log = logging.getLogger(__name__)
@@ -99,15 +99,6 @@ def state_name(node: torch.fx.Node) -> Optional[str]:
         return None
     parts = [p.split("'")[1] for p in name.split("[") if p.count("'") >= 2]
     return ".".join(parts[1:])  # the first is the compiled frame's local: the module itself
-
-
-class AfterBreakInfeasible(BudgetInfeasibleError):
-    """A graph after a break cannot fit beside what earlier graphs of the step keep.
-    ``graph_peak``: its own smallest step peak, which the earlier graphs may leave room for."""
-
-    def __init__(self, budget: int, min_budget: int, message: str, graph_peak: int) -> None:
-        super().__init__(budget, min_budget, message)
-        self.graph_peak = graph_peak
 
 
 def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformConfig, *,

@@ -34,9 +34,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.capture import generators
-from fxckpt.errors import FxckptError
+from fxckpt.errors import AfterBreakInfeasible, FxckptError
 from fxckpt.serve.dynamo.backend import (
-    AfterBreakInfeasible, GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
+    GraphRecord, GraphRunner, at_smallest, concrete, held_at_end,
     plan_graph,
 )
 from fxckpt.serve.dynamo.cache import SharedGraph, backend, running

@@ -114,7 +114,7 @@ class GraphPlanner:
                                     budget=budget, eager=eager, placeholder=placeholder)
 
     def peak_at(self, planned: GraphRecord, args: tuple, kwargs: dict) -> Optional[int]:
-        from fxckpt.verify import VerifyError
+        from fxckpt.errors import VerifyError
 
         start = time.perf_counter()
         try:
