@@ -273,11 +273,11 @@ def test_every_error_class_fxckpt_defines_is_on_the_top_level() -> None:
     import fxckpt.errors
     import fxckpt.export
     import fxckpt.measure
-    import fxckpt.verify
+    import fxckpt.measure.verify
 
     for name in fxckpt.errors.__all__:
         assert getattr(fxckpt, name) is getattr(fxckpt.errors, name), name
     assert fxckpt.ExportError is fxckpt.export.ExportError  # the old home still works
-    assert fxckpt.VerifyError is fxckpt.verify.VerifyError
+    assert fxckpt.VerifyError is fxckpt.measure.verify.VerifyError
     assert fxckpt.MeasureError is fxckpt.measure.MeasureError
     assert issubclass(fxckpt.BudgetInfeasibleError, fxckpt.FxckptError)

@@ -26,7 +26,7 @@ from fxckpt.cost.devices import offload_price, profile_for
 from fxckpt.cost.graph_view import problem_of
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
-from fxckpt.graphs import outermost, planned_nodes
+from fxckpt.capture.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import predict
 from fxckpt.cost.rates import device_of
 from fxckpt.cost.runs import Run, kept_names, recomputed
@@ -57,7 +57,8 @@ def select(
     ``hooked`` maps nodes that must never be recomputed (calls of modules with hooks, which would
     fire again) to their module paths; they are taken out of every segment. ``target`` is where
     verification steers a budget (:mod:`fxckpt.planning.fit`). ``loss_bytes``: what the user's
-    loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
+    loss was measured holding (:func:`fxckpt.measure.loss_probe.fake_loss_peak`; ``None``:
+    assumed).
     """
     order = planned_nodes(gm.graph)
     profile = profile_for(config.device_profile, device_of(gm))

@@ -106,7 +106,7 @@ class GraphPlanner:
 
     def build(self, args: tuple, kwargs: dict, budget: Optional[Budget] = None,
               eager: Optional[int] = None) -> GraphRecord:
-        from fxckpt.graphs import copy_graph_module
+        from fxckpt.capture.graphs import copy_graph_module
 
         placeholder = any(isinstance(a, FakeTensor) for a in args)
         with _disable_current_modes():  # planning runs no user mode, as at compile time
@@ -114,7 +114,7 @@ class GraphPlanner:
                                     budget=budget, eager=eager, placeholder=placeholder)
 
     def peak_at(self, planned: GraphRecord, args: tuple, kwargs: dict) -> Optional[int]:
-        from fxckpt.verify import VerifyError
+        from fxckpt.measure.verify import VerifyError
 
         start = time.perf_counter()
         try:
