@@ -116,7 +116,7 @@ def _peak(step: Callable[[], None], device: torch.device) -> tuple[int, Optional
         torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - before,
                 torch.cuda.max_memory_reserved(device) - reserved)
-    from fxckpt.tracker import LiveTensorTracker
+    from fxckpt.measure.tracker import LiveTensorTracker
 
     with LiveTensorTracker() as tracker:
         step()

@@ -8,8 +8,8 @@ residual blocks, 32 channels, 64 x 64 images, batch 32. Every row reports three 
 training step (forward, the model's loss, backward into existing gradients):
 
 * **simulated**: the plan's figure from the simulator (fxckpt rows only);
-* **verified**: the step run on fake tensors under the live-storage tracker (:mod:`fxckpt.verify`),
-  for every row, peers included;
+* **verified**: the step run on fake tensors under the live-storage tracker
+  (:mod:`fxckpt.measure.verify`), for every row, peers included;
 * **measured**: the RSS protocol (:mod:`fxckpt.measure`), median of the steps after a warm-up,
   one subprocess per row with ``MALLOC_MMAP_THRESHOLD_`` set.
 
@@ -50,7 +50,7 @@ def measure_row(model: str, method: str, budget: Optional[Any], repeats: int = 2
     from benchmarks.methods import prepare
     from benchmarks.models import spec_for
     from fxckpt.measure import step_memory, training_step
-    from fxckpt.verify import fake_step_peak
+    from fxckpt.measure.verify import fake_step_peak
 
     torch.manual_seed(0)
     spec = spec_for(model)

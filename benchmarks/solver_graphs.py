@@ -128,7 +128,7 @@ def _maker(graph: str) -> Callable[[], tuple[Problem, Any, Any]]:
     from fxckpt.capture.captured import capture
     from fxckpt.planning.blocks import block_ranges
     from fxckpt.cost.graph_view import problem_of
-    from fxckpt.graphs import planned_nodes
+    from fxckpt.capture.graphs import planned_nodes
     from fxckpt.planning.keeps import choices
 
     model, inputs = _model(kind, int(size))

@@ -4,7 +4,8 @@
     loss = loss_fn(tm(x), y); loss.backward() # same gradients, less memory
     info = fxckpt.inspect(tm); print(info.plan); print(info.code)
 
-``fxckpt.distributed`` (stages for ``torch.distributed.pipelining``) is imported on first use.
+``fxckpt.distributed`` (stages for ``torch.distributed.pipelining``, in
+``fxckpt/pipeline/distributed.py``) is imported on first use.
 """
 
 from typing import Any
@@ -25,7 +26,7 @@ from fxckpt.errors import (
     PlanError,
     VerifyError,
 )
-from fxckpt.inspection import Inspection, inspect
+from fxckpt.viz.inspection import Inspection, inspect
 from fxckpt.module import TransformedModule
 from fxckpt.plan import PipelineView, Plan, SegmentSpec, StageView
 from fxckpt.runtime.checkpoint import checkpoint
@@ -71,7 +72,7 @@ def __getattr__(name: str) -> Any:
     if name == "distributed":
         import importlib
 
-        return importlib.import_module("fxckpt.distributed")
+        return importlib.import_module("fxckpt.pipeline.distributed")
     if name == "Segment":  # the plan's segment type before it was named SegmentSpec
         import warnings
 

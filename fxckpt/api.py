@@ -8,7 +8,7 @@ import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError, ConfigTypeError
-from fxckpt.pareto import pareto
+from fxckpt.planning.pareto import pareto
 from fxckpt.module import TransformedModule, dispatcher_of, is_transformed, make_transformed
 from fxckpt.plan import Plan
 

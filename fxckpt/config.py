@@ -73,7 +73,7 @@ class TransformConfig:
     toward the peak); ``None``: a stand-in that makes a full-size gradient per output."""
 
     verify: Optional[bool] = None
-    """Run each training plan on fake tensors to verify its peak (:mod:`fxckpt.verify`);
+    """Run each training plan on fake tensors to verify its peak (:mod:`fxckpt.measure.verify`);
     ``None`` (default): every training plan, whatever strategy made it (budget plans are also
     tightened until the verified peak fits); ``False``: the simulator's figures only."""
 

@@ -15,7 +15,7 @@ import torch.fx
 import torch.nn as nn
 
 from fxckpt.capture.captured import capture
-from fxckpt.graphs import copy_graph_module
+from fxckpt.capture.graphs import copy_graph_module
 from fxckpt.plan import PipelineView, Plan, SegmentSpec
 
 __all__ = ["Tiny", "segment", "plan", "traced"]

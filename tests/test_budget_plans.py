@@ -16,7 +16,7 @@ import torch
 
 import fxckpt
 from fxckpt.measure import step_peak_tracked
-from fxckpt.scratch import call_scratch
+from fxckpt.cost.scratch import call_scratch
 from models import MLP, ResNet, gpt2
 from support import assert_steps_equal, loss_of, run_step
 

@@ -1,4 +1,4 @@
-"""Tests for fxckpt/demo.py and the ``fxckpt`` command line."""
+"""Tests for fxckpt/cli/demo.py and the ``fxckpt`` command line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fxckpt
 from fxckpt.__main__ import main
-from fxckpt.demo import GPT, QUICK, STRATEGIES, budget_lines, format_table
+from fxckpt.cli.demo import GPT, QUICK, STRATEGIES, budget_lines, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

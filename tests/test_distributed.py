@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import fxckpt
-import fxckpt.distributed as fd
+import fxckpt.pipeline.distributed as fd
 import gloo
 from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
@@ -219,7 +219,7 @@ def test_stage_modules_use_the_model_names() -> None:
 
 
 def test_fxckpt_distributed_is_reached_from_import_fxckpt() -> None:
-    code = ("import sys, fxckpt; assert 'fxckpt.distributed' not in sys.modules; "
+    code = ("import sys, fxckpt; assert 'fxckpt.pipeline.distributed' not in sys.modules; "
             "assert 'torch.distributed.pipelining' not in sys.modules; "
             "assert callable(fxckpt.distributed.build_stage); "
             "assert 'distributed' in fxckpt.__all__")

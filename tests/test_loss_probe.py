@@ -7,7 +7,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from fxckpt.loss_probe import LossProbe, fake_loss_peak, output_layout
+from fxckpt.measure.loss_probe import LossProbe, fake_loss_peak, output_layout
 
 LOGITS = (4, 16, 256)
 MIB = 4 * 16 * 256 * 4  # bytes of the float32 logits

@@ -1,4 +1,5 @@
-"""Tests for fxckpt/measure.py: both memory measures against hand-computed bytes and each other."""
+"""Tests for fxckpt/measure/protocol.py: both memory measures against hand-computed bytes and
+each other."""
 
 from __future__ import annotations
 

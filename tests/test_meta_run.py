@@ -1,6 +1,6 @@
 """Meta models are annotated and verified on their meta tensors, not on fake tensors wrapping them
-(:mod:`fxckpt.meta_run`): the same records and peaks, the model left as it was, and fake tensors
-wherever meta tensors cannot run the step."""
+(:mod:`fxckpt.measure.meta_run`): the same records and peaks, the model left as it was, and fake
+tensors wherever meta tensors cannot run the step."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import is_fake
 
 import fxckpt
-from fxckpt.meta_run import meta_twin, on_meta
+from fxckpt.measure.meta_run import meta_twin, on_meta
 from fxckpt.capture.captured import capture
-from fxckpt.graphs import copy_graph_module
-from fxckpt.tracker import _tensor_leaves
-from fxckpt.verify import VerifyError, fake_step_peak
+from fxckpt.capture.graphs import copy_graph_module
+from fxckpt.measure.tracker import _tensor_leaves
+from fxckpt.measure.verify import VerifyError, fake_step_peak
 
 annotation = importlib.import_module("fxckpt.cost.annotate")
 
@@ -91,7 +91,7 @@ def test_a_meta_plan_is_the_plan_made_on_fake_tensors(monkeypatch: pytest.Monkey
     model = meta_net()
     plan = fxckpt.inspect(fxckpt.transform(model, budget=0.5, example_inputs=(X,))).plan
     monkeypatch.setattr(annotation, "on_meta", lambda *_: False)
-    monkeypatch.setattr("fxckpt.verify.on_meta", lambda *_: False)
+    monkeypatch.setattr("fxckpt.measure.verify.on_meta", lambda *_: False)
     faked = fxckpt.inspect(fxckpt.transform(meta_net(), budget=0.5, example_inputs=(X,))).plan
     assert plan.verified_peak is not None
     assert plan.to_dict() == faked.to_dict()
@@ -123,7 +123,7 @@ def test_a_step_meta_tensors_cannot_run_is_faked(caplog: pytest.LogCaptureFixtur
         return out.square().mean()
 
     run = lambda a, k: model(*a, **k)  # noqa: E731
-    with caplog.at_level("DEBUG", logger="fxckpt.verify"):
+    with caplog.at_level("DEBUG", logger="fxckpt.measure.verify"):
         peak = fake_step_peak(model, run, (X,), {}, loss_fn=loss_fn)
     assert "faking them" in caplog.text
     assert peak == fake_step_peak(model, run, (X,), {}, loss_fn=loss_fn, meta=False) > 0

@@ -153,7 +153,7 @@ def test_graphs_specialised_to_one_batch_size_need_an_even_split() -> None:
 @pytest.mark.parametrize("every", [None, 1])
 def test_stage_table_names_the_modules_each_stage_runs_in_order(every: int | None) -> None:
     """Blocks called out of order (layers.3 first), with and without lowered segments."""
-    from fxckpt.graphs import outermost
+    from fxckpt.capture.graphs import outermost
 
     options = {} if every is None else {"every": every}
     tm = fxckpt.transform(Shuffled(), **options, chunks=2, devices=["cpu", "cpu"])

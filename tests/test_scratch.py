@@ -1,5 +1,6 @@
-"""Kernel scratch (fxckpt/scratch.py): the bytes a CPU convolution allocates for itself, measured
-against resident memory, and counted by verification so a CNN's budget holds in RSS terms."""
+"""Kernel scratch (fxckpt/cost/scratch.py): the bytes a CPU convolution allocates for itself,
+measured against resident memory, and counted by verification so a CNN's budget holds in RSS
+terms."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.cost.graph_view import problem_of
-from fxckpt.scratch import backward_scratch, call_scratch
+from fxckpt.cost.scratch import backward_scratch, call_scratch
 from fxckpt.solver import Op
 
 MIB = 2**20

@@ -13,7 +13,7 @@ from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import info
 from fxckpt.planning.blocks import block_of, block_ranges
 from fxckpt.cost.graph_view import problem_of
-from fxckpt.graphs import planned_nodes
+from fxckpt.capture.graphs import planned_nodes
 from fxckpt.planning.keeps import choices
 from fxckpt.solver import simulate
 from fxckpt.solver.selective import solve_selective

@@ -5,7 +5,8 @@ checkpointing (each decoder layer under ``torch.utils.checkpoint``) must not rea
 Llama-style model with a squared loss it did: the simulator assumed the loss held two logits
 where it holds five, so the plan with the smallest simulated peak kept much until the loss and
 peaked there (issue 33: 73.4 MiB against per-block's 62.3 MiB measured). The loss is now
-measured (:mod:`fxckpt.loss_probe`), and the per-block plan is verified beside the smallest one.
+measured (:mod:`fxckpt.measure.loss_probe`), and the per-block plan is verified beside the
+smallest one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import fxckpt
 from benchmarks.methods import prepare
 from benchmarks.models import MODELS, llama_config
 from fxckpt.measure import step_peak_tracked
-from fxckpt.scratch import call_scratch
+from fxckpt.cost.scratch import call_scratch
 
 SIZES = {"vocab": 256, "width": 64, "ffn": 176, "layers": 2, "heads": 4, "kv_heads": 2,
          "seq": 64, "batch": 4}

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxckpt
-from fxckpt.verify import fake_step_peak
+from fxckpt.measure.verify import fake_step_peak
 
 
 def _head(dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor]:

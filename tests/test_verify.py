@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fxckpt
 from fxckpt.measure import step_peak_tracked
-from fxckpt.verify import fake_step_peak
+from fxckpt.measure.verify import fake_step_peak
 from models import MLP
 
 
@@ -129,10 +129,10 @@ def test_a_plan_verified_well_under_its_prediction_is_solved_again_with_the_gap(
     aside for backward temporaries, but at half the eager peak the peak falls mid-backward,
     where they are small, so the first plan leaves memory unused. The user's loss is given, so
     the verified figure is the real one. Its memory is assumed, not measured (as when the output
-    cannot be laid out again, :mod:`fxckpt.loss_probe`): measured, it brings this first plan's
-    prediction within 13 KB of its verified peak, and there is nothing to give back."""
+    cannot be laid out again, :mod:`fxckpt.measure.loss_probe`): measured, it brings this first
+    plan's prediction within 13 KB of its verified peak, and there is nothing to give back."""
     from benchmarks.models import spec_for
-    from fxckpt.loss_probe import LossProbe
+    from fxckpt.measure.loss_probe import LossProbe
     from fxckpt.planning import fit
 
     monkeypatch.setattr(LossProbe, "peak", lambda self, root: None)

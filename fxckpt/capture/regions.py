@@ -42,7 +42,7 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import CaptureError
-from fxckpt.graphs import subgraph
+from fxckpt.capture.graphs import subgraph
 from fxckpt.runtime.state import TensorValues
 
 __all__ = ["StateRecorder", "outline_regions", "RANDOM_FACTORIES", "is_region_marker"]

@@ -25,13 +25,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.errors import PlanError
-from fxckpt.meta_run import fake_twin, on_meta
+from fxckpt.measure.meta_run import fake_twin, on_meta
 from fxckpt.cost.flops import counter as flop_counter
 from fxckpt.cost.fused_attention import no_dropout
 from fxckpt.cost.prices import call_price, traffic
-from fxckpt.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
+from fxckpt.capture.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
+from fxckpt.cost.scratch import backward_scratch, call_scratch
 from fxckpt.runtime.state import values_kept
-from fxckpt.scratch import backward_scratch, call_scratch
 
 __all__ = ["META_KEY", "NodeInfo", "annotate", "faking", "info", "has_info", "module_path_of",
            "compute_nodes", "is_guard", "planned_nodes"]
@@ -85,7 +85,7 @@ class NodeInfo:
     match (:mod:`fxckpt.planning.keeps`) and the plan tables name."""
     scratch: int = 0
     """Most bytes one of the node's kernels, or its backward, allocates for itself while it runs
-    (a CPU convolution's reorder buffers: :mod:`fxckpt.scratch`)."""
+    (a CPU convolution's reorder buffers: :mod:`fxckpt.cost.scratch`)."""
     moved: int = 0
     """Bytes the node's calls read and write (views excluded): the memory traffic a device
     profile prices (:mod:`fxckpt.cost.devices`)."""
@@ -147,7 +147,7 @@ def annotate(gm: torch.fx.GraphModule, placeholder_values: list,
     ``state``: placeholders that are parameters or buffers (a Dynamo graph's), not inputs.
 
     A graph whose tensors are all on ``meta`` already runs on them as they are, which fake
-    tensors would only wrap (:mod:`fxckpt.meta_run`); on fake tensors if that fails."""
+    tensors would only wrap (:mod:`fxckpt.measure.meta_run`); on fake tensors if that fails."""
     if on_meta(gm, tuple(placeholder_values), {}):
         try:
             with _kept_state(gm):

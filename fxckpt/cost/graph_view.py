@@ -23,7 +23,7 @@ Two modelling choices live here:
   ``loss::assumed`` keeps one tensor as large as the model's floating outputs, as cross-entropy
   keeps its log-softmax and a squared error its difference, and its backward makes their gradients.
   With the user's ``loss_fn``, what that loss was measured holding instead
-  (:func:`fxckpt.loss_probe.fake_loss_peak`): ``logits.float().square().mean()`` holds five
+  (:func:`fxckpt.measure.loss_probe.fake_loss_peak`): ``logits.float().square().mean()`` holds five
   times the logits in its backward, and a plan that keeps much until the loss peaks there.
 """
 
@@ -36,9 +36,9 @@ import networkx as nx
 import torch.fx
 
 from fxckpt.cost.annotate import NodeInfo, has_info, info
+from fxckpt.capture.graphs import planned_nodes
 from fxckpt.cost.devices import DeviceProfile, offload_price, profile_for
 from fxckpt.cost.rates import device_of
-from fxckpt.graphs import planned_nodes
 from fxckpt.solver.problem import Op, Problem
 
 __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS", "SEGMENT_COST",
@@ -125,8 +125,8 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
     """The solver's Problem from a :func:`to_networkx` view (overheads for ``profile``).
 
     ``loss_bytes``: the peak the step's loss adds, the outputs it keeps and their gradients
-    included (:func:`fxckpt.loss_probe.fake_loss_peak`); ``None``: one tensor as large as the
-    outputs, and their gradients.
+    included (:func:`fxckpt.measure.loss_probe.fake_loss_peak`); ``None``: one tensor as large as
+    the outputs, and their gradients.
     """
     ops: list[Op] = []
     ops_in_order = sorted((n for n, d in graph.nodes(data=True) if d["kind"] == "op"),
@@ -148,7 +148,7 @@ def to_problem(graph: nx.DiGraph, profile: Optional[DeviceProfile] = None,
     grads = sum(graph.nodes[o]["grad"] for o in outputs)
     # The loss op's backward makes the outputs' gradients: it holds the rest itself. Without a
     # measured loss, one tensor as large as the outputs (what verification finds beyond it, as
-    # for the stand-in loss of fxckpt.verify, is set aside by fxckpt.planning.fit).
+    # for the stand-in loss of fxckpt.measure.verify, is set aside by fxckpt.planning.fit).
     # Every peak includes a reserve for what the simulator does not model (backward
     # temporaries, kernel scratch): the largest single gradient or scratch buffer. A measured
     # loss holds its own temporaries: less the reserve, so that its peak is not counted twice.

@@ -5,7 +5,7 @@ made by ``every=``, ``depth=``, ``force=`` or ``budget=`` reports comparable num
 
 The simulator counts tensors, not the short-lived temporaries of backward kernels (a gradient
 being scaled, a weight gradient before it is added into ``.grad``) nor the scratch buffers
-kernels allocate for themselves (a CPU convolution's reorders, :mod:`fxckpt.scratch`). A
+kernels allocate for themselves (a CPU convolution's reorders, :mod:`fxckpt.cost.scratch`). A
 *reserve* the size of the largest single gradient or scratch buffer stands for them. It is part
 of the problem the solver sees (:attr:`fxckpt.solver.Problem.reserve_bytes`, set by
 :func:`fxckpt.cost.graph_view.to_problem`): every simulated peak includes it and every budget the

@@ -149,8 +149,8 @@ def fake_step(root: torch.nn.Module, run: Any, args: tuple) -> int:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from fxckpt.tracker import LiveTensorTracker
-    from fxckpt.verify import _existing_grads, _swapped_state, stand_in_loss
+    from fxckpt.measure.tracker import LiveTensorTracker
+    from fxckpt.measure.verify import _existing_grads, _swapped_state, stand_in_loss
 
     env = ShapeEnv()
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=env, static_shapes=True)

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from fxckpt.errors import PlanError
-from fxckpt.graphs import subgraph
+from fxckpt.capture.graphs import subgraph
 from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.runtime.checkpoint import checkpoint
 from fxckpt.runtime.offload import offload_region

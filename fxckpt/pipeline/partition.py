@@ -27,7 +27,7 @@ import torch.fx
 
 from fxckpt.errors import ConfigError
 from fxckpt.cost.annotate import has_info, info
-from fxckpt.graphs import compute_nodes, is_guard, outermost
+from fxckpt.capture.graphs import compute_nodes, is_guard, outermost
 from fxckpt.plan import Plan
 from fxckpt.runtime.checkpoint import checkpoint as _checkpoint_fn
 from fxckpt.runtime.offload import offload_region

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from fxckpt.errors import ConfigError, PlanError
-from fxckpt.graphs import COMPUTE_OPS, copy_nodes
+from fxckpt.capture.graphs import COMPUTE_OPS, copy_nodes
 
 __all__ = ["split_stages", "pytree_specs"]
 

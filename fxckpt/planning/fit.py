@@ -5,7 +5,7 @@
          +------------- over the budget: solve again, the overshoot taken off ----+
          +------------- well under it: solve again, the over-prediction given back +
 
-The simulator plans; execution on fake tensors (:mod:`fxckpt.verify`) checks. A budget is a
+The simulator plans; execution on fake tensors (:mod:`fxckpt.measure.verify`) checks. A budget is a
 promise about what the step holds, so a budget plan whose verified peak is over the budget is
 solved again with the solver's target lowered by the overshoot, a few times; then the plan with
 the smallest simulated peak is tried, and when even that one's verified peak is over, the budget
@@ -41,8 +41,8 @@ from typing import Callable, Optional
 import torch.fx
 
 from fxckpt.budget import Budget
+from fxckpt.capture.graphs import copy_graph_module
 from fxckpt.errors import BudgetInfeasibleError, VerifyError
-from fxckpt.graphs import copy_graph_module
 from fxckpt.passes.lower import lower
 from fxckpt.plan import Plan, format_bytes
 from fxckpt.runtime.segment import Offloading

@@ -25,7 +25,7 @@ from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
 from fxckpt.cost.graph_view import priced_problem
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
-from fxckpt.graphs import outermost, planned_nodes
+from fxckpt.capture.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import floor_share, predict
 from fxckpt.cost.runs import Run, kept_names, recomputed
 from fxckpt.planning.fit import Target
@@ -55,7 +55,8 @@ def select(
     ``hooked`` maps nodes that must never be recomputed (calls of modules with hooks, which would
     fire again) to their module paths; they are taken out of every segment. ``target`` is where
     verification steers a budget (:mod:`fxckpt.planning.fit`). ``loss_bytes``: what the user's
-    loss was measured holding (:func:`fxckpt.loss_probe.fake_loss_peak`; ``None``: assumed).
+    loss was measured holding (:func:`fxckpt.measure.loss_probe.fake_loss_peak`; ``None``:
+    assumed).
     """
     order = planned_nodes(gm.graph)
     replay = config.strategy if isinstance(config.strategy, Replay) else None

@@ -376,9 +376,9 @@ _SUSPENDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
 def offload_suspended() -> Iterator[None]:
     """Within it (on this thread), segments the plan offloads keep what they save on the device.
 
-    Verification runs a step on fake tensors (:mod:`fxckpt.verify`): copies to the host would
-    move nothing real, and the side streams and pinned pool have no fake counterpart; its figure
-    for such a plan is the one without offload, which is never smaller.
+    Verification runs a step on fake tensors (:mod:`fxckpt.measure.verify`): copies to the host
+    would move nothing real, and the side streams and pinned pool have no fake counterpart; its
+    figure for such a plan is the one without offload, which is never smaller.
     """
     token = _SUSPENDED.set(True)
     try:

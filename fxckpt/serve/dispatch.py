@@ -236,7 +236,7 @@ class Dispatcher:
             entry = self._entry(tm, key, shapes, args, kwargs)
             return self._plan(tm, key, entry, shapes, args, kwargs)
         except (CaptureError, PlanError):
-            from fxckpt.own_error import own_error
+            from fxckpt.capture.own_error import own_error
 
             own = own_error(_view(tm, self.model), args, kwargs)
             if own is not None:

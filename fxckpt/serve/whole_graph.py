@@ -30,15 +30,15 @@ from fxckpt.capture.captured import capture
 from fxckpt.planning.select import select
 from fxckpt.capture.captured import Captured
 from fxckpt.planning.fit import Target, Verify, fit
-from fxckpt.graphs import copy_graph_module
+from fxckpt.capture.graphs import copy_graph_module
 from fxckpt.capture.sharding import full_parameters, recomputable
 from fxckpt.capture.state_guard import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
 from fxckpt.runtime.segment import Offloading
 from fxckpt.signature import describe_signature, signature_key
-from fxckpt.loss_probe import LossProbe
-from fxckpt.verify import STAND_IN, fake_step_peak
+from fxckpt.measure.loss_probe import LossProbe
+from fxckpt.measure.verify import STAND_IN, fake_step_peak
 
 __all__ = ["Compiled", "capture_for", "build", "first_micro_batch"]
 
@@ -193,8 +193,8 @@ def _refuse_assignments(gm: torch.fx.GraphModule) -> None:
 def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: dict,
               hooked: list[torch.nn.Module], device: str,
               probe: Optional[LossProbe] = None) -> Verify:
-    """The verified peak of a training step of a graph for these inputs (:mod:`fxckpt.verify`);
-    ``probe`` sees the first step's output."""
+    """The verified peak of a training step of a graph for these inputs
+    (:mod:`fxckpt.measure.verify`); ``probe`` sees the first step's output."""
     def verify(gm: torch.fx.GraphModule) -> int:
         def run(a: tuple, k: dict) -> Any:
             output = captured.call(gm, a, k)

@@ -44,7 +44,7 @@ def plot_pareto(
         mark: ``{"label": transformed_module}`` plans to mark on the curve.
         path: also save the picture there.
     """
-    from fxckpt.pareto import pareto
+    from fxckpt.planning.pareto import pareto
 
     curve = pareto(
         model,

@@ -96,7 +96,7 @@ class Inspected:
 def inspect_module(module: Any) -> Inspected:
     """:class:`Inspected` for a transformed or loaded module (its latest plan)."""
     from fxckpt.errors import ConfigError
-    from fxckpt.inspection import inspect
+    from fxckpt.viz.inspection import inspect
 
     try:
         seen = inspect(module)

@@ -7,8 +7,8 @@ or the verified figure), the number its summary prints. The events::
 
     forward op 0 .. op n-1 | backward start | (recompute segment) backward ops ... op 0
 
-With ``inputs=``, a real step is measured op by op (:mod:`fxckpt.timeline`) and drawn over it.
-The two have different clocks (one event per graph node vs one per aten op), so the measured
+With ``inputs=``, a real step is measured op by op (:mod:`fxckpt.measure.timeline`) and drawn over
+it. The two have different clocks (one event per graph node vs one per aten op), so the measured
 curve is stretched phase by phase: its forward ops over the predicted forward, its backward ops
 over the predicted backward. Peaks and shapes are comparable; op-to-op alignment is not.
 """
@@ -64,7 +64,7 @@ def plot_memory(
     """
     measured = None
     if inputs is not None or kwargs is not None:
-        from fxckpt.timeline import measure_step
+        from fxckpt.measure.timeline import measure_step
 
         measured = measure_step(module, tuple(inputs or ()), dict(kwargs or {}), loss)
     plan = inspect_module(module).plan

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import fxckpt
 from fxckpt.errors import ConfigError, ExportError, NotPlannedError
-from fxckpt.tracker import LiveTensorTracker
+from fxckpt.measure.tracker import LiveTensorTracker
 from python_patterns import Body
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import fxckpt
-from fxckpt.tracker import LiveTensorTracker
+from fxckpt.measure.tracker import LiveTensorTracker
 from models import bert, gpt2
 
 

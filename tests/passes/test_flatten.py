@@ -17,7 +17,7 @@ from fxckpt.errors import PlanError
 from fxckpt.cost.annotate import META_KEY, annotate
 from fxckpt.passes.lower import lower
 from fxckpt.passes.flatten import flatten, graph_view, segment_call_name
-from fxckpt.graphs import copy_graph_module
+from fxckpt.capture.graphs import copy_graph_module
 from fxckpt.plan import PipelineView
 
 FC1 = segment("segment_0", ("fc1", "relu"), ("x",), ("relu",))

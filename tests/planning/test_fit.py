@@ -10,7 +10,7 @@ import torch
 from fxckpt.budget import BudgetInfeasibleError, parse_budget
 from fxckpt.planning.fit import ATTEMPTS, Target, fit, infeasible
 from fxckpt.plan import Plan
-from fxckpt.verify import VerifyError
+from fxckpt.measure.verify import VerifyError
 from handmade import Tiny, plan, segment, traced
 
 BUDGET = 1000

@@ -6,7 +6,7 @@ import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.cost.annotate import annotate, info
-from fxckpt.graphs import planned_nodes
+from fxckpt.capture.graphs import planned_nodes
 from fxckpt.planning.select import select
 from fxckpt.strategy import Depth, Every
 from handmade import Tiny, traced

@@ -169,8 +169,9 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
 
 def graph_peak(gm: torch.fx.GraphModule, inputs: list[Any], device: str) -> int:
     """The verified peak of a training step of the lowered graph ``gm`` at these inputs (as
-    :func:`concrete` makes them; run on fake tensors: :func:`fxckpt.verify.fake_step_peak`)."""
-    from fxckpt.verify import fake_step_peak
+    :func:`concrete` makes them; run on fake tensors:
+    :func:`fxckpt.measure.verify.fake_step_peak`)."""
+    from fxckpt.measure.verify import fake_step_peak
 
     def run(a: tuple, k: dict) -> Any:
         return gm(*a)
@@ -265,8 +266,8 @@ def held_at_end(gm: torch.fx.GraphModule, inputs: list[Any]) -> int:
     """Bytes a forward of the lowered ``gm`` leaves alive for backward, on fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxckpt.meta_run import fake_twin
-    from fxckpt.tracker import LiveTensorTracker
+    from fxckpt.measure.meta_run import fake_twin
+    from fxckpt.measure.tracker import LiveTensorTracker
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:

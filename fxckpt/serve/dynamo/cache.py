@@ -22,7 +22,7 @@ import torch.fx
 
 from fxckpt.serve.dynamo.backend import GraphRunner
 from fxckpt.serve.sizes import is_dynamic
-from fxckpt.graphs import copy_graph_module
+from fxckpt.capture.graphs import copy_graph_module
 
 __all__ = ["Planner", "SharedGraph", "backend", "running", "running_planner"]
 

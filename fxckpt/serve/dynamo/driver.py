@@ -45,7 +45,7 @@ from fxckpt.strategy import Budgeted
 from fxckpt.serve.dynamo.share import Outside, graph_runs
 from fxckpt.serve.dynamo.refusals import refuse_python_draws, uncompiled_here
 from fxckpt.serve.dynamo.sized import GraphPlanner, SizedRunner
-from fxckpt.graphs import copy_graph_module
+from fxckpt.capture.graphs import copy_graph_module
 
 __all__ = ["DynamoDriver"]
 

@@ -106,7 +106,7 @@ class GraphPlanner:
 
     def build(self, args: tuple, kwargs: dict, budget: Optional[Budget] = None,
               eager: Optional[int] = None) -> GraphRecord:
-        from fxckpt.graphs import copy_graph_module
+        from fxckpt.capture.graphs import copy_graph_module
 
         placeholder = any(isinstance(a, FakeTensor) for a in args)
         with _disable_current_modes():  # planning runs no user mode, as at compile time

@@ -1,7 +1,7 @@
 """LiveTensorTracker: the bytes of tensor storages a step holds, counted at the dispatcher.
 
 One of the two memory measures of :mod:`fxckpt.measure` (the other is the RSS protocol), and
-what verification (:mod:`fxckpt.verify`) runs on fake tensors.
+what verification (:mod:`fxckpt.measure.verify`) runs on fake tensors.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ class LiveTensorTracker(TorchDispatchMode):
         t.peak_bytes   # most bytes alive at once during the step, beyond what existed before
 
     ``scratch(func, args, kwargs)`` adds what a kernel allocates for itself while it runs to what
-    is alive at that moment (:func:`fxckpt.scratch.call_scratch`), for the peaks only.
+    is alive at that moment (:func:`fxckpt.cost.scratch.call_scratch`), for the peaks only.
     ``fake=True`` counts fake tensors' (meta) storages too: inside a ``FakeTensorMode`` it tells
-    what a step *would* hold, holding nothing (:mod:`fxckpt.verify`).
+    what a step *would* hold, holding nothing (:mod:`fxckpt.measure.verify`).
     """
 
     def __init__(self, *, fake: bool = False, scratch: Optional[Scratch] = None,

@@ -33,9 +33,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import FxckptError
-from fxckpt.measure import LiveTensorTracker
-from fxckpt.scratch import call_scratch
-from fxckpt.verify import LossFn, VerifyError, _swapped_state
+from fxckpt.measure.tracker import LiveTensorTracker
+from fxckpt.cost.scratch import call_scratch
+from fxckpt.measure.verify import LossFn, VerifyError, _swapped_state
 
 __all__ = ["OutputLayout", "output_layout", "fake_loss_peak", "LossProbe"]
 
@@ -87,8 +87,9 @@ def fake_loss_peak(root: torch.nn.Module, layout: OutputLayout, args: tuple, kwa
     """Peak bytes ``loss_fn(output, *args, **kwargs)`` and its backward add, on fake outputs laid
     out as ``layout`` (each a fresh storage, counted while the loss keeps it; the gradients they
     receive included). ``root``'s parameters and buffers are swapped for fake twins, as in
-    :func:`fxckpt.verify.fake_step_peak`; ``device`` picks the device whose peak is returned.
-    Raises :class:`~fxckpt.verify.VerifyError` when the loss cannot run so.
+    :func:`fxckpt.measure.verify.fake_step_peak`; ``device`` picks the device whose peak is
+    returned.
+    Raises :class:`~fxckpt.measure.verify.VerifyError` when the loss cannot run so.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -1,13 +1,14 @@
 """Steps whose tensors are all on ``meta`` run on meta twins instead of fake tensors.
 
-Verification (:mod:`fxckpt.verify`) runs a training step on fake tensors: a ``FakeTensorMode``
-wraps each tensor in a :class:`~torch._subclasses.fake_tensor.FakeTensor`, which pretends to be
-on the tensor's device and computes with a meta tensor inside. For a model planned on the meta
-device (:doc:`docs/meta.md`) the pretended device *is* ``meta``: the mode then adds nothing but
-its Python dispatch (a cache key and a new wrapper per op, about two thirds of the step's time
-on a 70B Llama). Such a step runs on meta twins of the parameters, buffers and inputs instead:
-the same aten calls reach the same meta kernels, make storages of the same sizes, and the
-tracker counts them as it counts a fake step's (the device of both is ``meta``).
+Verification (:mod:`fxckpt.measure.verify`) runs a training step on fake tensors: a
+``FakeTensorMode`` wraps each tensor in a :class:`~torch._subclasses.fake_tensor.FakeTensor`,
+which pretends to be on the tensor's device and computes with a meta tensor inside. For a
+model planned on the meta device (:doc:`docs/meta.md`) the pretended device *is* ``meta``: the
+mode then adds nothing but its Python dispatch (a cache key and a new wrapper per op, about two
+thirds of the step's time on a 70B Llama). Such a step runs on meta twins of the parameters,
+buffers and inputs instead: the same aten calls reach the same meta kernels, make storages of
+the same sizes, and the tracker counts them as it counts a fake step's (the device of both is
+``meta``).
 
 Only where nothing tells the two apart:
 

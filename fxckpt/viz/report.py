@@ -126,7 +126,7 @@ padding:8px;overflow-x:auto;font-size:12px}}</style></head>
 
 
 def _inspect(tm: Any) -> Any:
-    from fxckpt.inspection import inspect
+    from fxckpt.viz.inspection import inspect
 
     return inspect(tm)
 

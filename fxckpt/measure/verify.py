@@ -29,10 +29,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import FxckptError, VerifyError
-from fxckpt.measure import LiveTensorTracker
-from fxckpt.meta_run import fake_twin, meta_twin, on_meta
+from fxckpt.measure.tracker import LiveTensorTracker
+from fxckpt.measure.meta_run import fake_twin, meta_twin, on_meta
 from fxckpt.runtime.offload import offload_suspended
-from fxckpt.scratch import call_scratch
+from fxckpt.cost.scratch import call_scratch
 
 __all__ = ["VerifyError", "LossFn", "fake_step_peak", "stand_in_loss", "STAND_IN"]
 
@@ -57,8 +57,8 @@ def fake_step_peak(
     ``root`` owns every parameter and buffer ``run`` reads (they are swapped for fake twins);
     ``device`` picks the device whose peak is returned (default: all devices together).
     ``meta``: run on meta twins instead, which is what fake tensors of meta tensors compute
-    (:mod:`fxckpt.meta_run`); by default when every tensor is on meta, on fake tensors if that
-    fails.
+    (:mod:`fxckpt.measure.meta_run`); by default when every tensor is on meta, on fake tensors if
+    that fails.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 

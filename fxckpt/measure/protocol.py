@@ -19,14 +19,14 @@ each checks the other:
   forward and in backward (including checkpoint recomputation), counts the storage each new
   output owns, and subtracts it when the storage is freed. It is exact, allocator-independent,
   and blind to allocator overhead and Python objects; a kernel's own scratch space it adds
-  when asked (:mod:`fxckpt.scratch`).
+  when asked (:mod:`fxckpt.cost.scratch`).
 
 Time steps in a process *without* the variable: an ``mmap`` per tensor makes every step fault its
 pages in again (1.6x slower with one thread here, several times slower with two). Absolute step
 times on a shared machine are noise; report medians and ratios against a baseline measured in
 the same run (:func:`time_by_turns`).
 
-The benchmark's children (:mod:`benchmarks.child`) and the demo (:mod:`fxckpt.demo`) measure
+The benchmark's children (:mod:`benchmarks.child`) and the demo (:mod:`fxckpt.cli.demo`) measure
 with the same helpers: :func:`training_step`, :func:`step_memory`, :func:`time_by_turns`.
 """
 
@@ -46,7 +46,7 @@ import torch
 
 from fxckpt.checks import check_int
 from fxckpt.errors import MeasureError
-from fxckpt.tracker import LiveTensorTracker, Scratch
+from fxckpt.measure.tracker import LiveTensorTracker, Scratch
 
 __all__ = [
     "LiveTensorTracker",
@@ -75,7 +75,7 @@ def step_peak_tracked(fn: Callable[[], Any], warmup: int = 1, repeats: int = 1, 
                       scratch: Optional[Scratch] = None) -> dict[str, Any]:
     """Median peak of live tensor bytes of ``fn()``, by :class:`LiveTensorTracker` (``scratch``:
     kernels' own buffers added while they run, as verification counts them:
-    :func:`fxckpt.scratch.call_scratch`)."""
+    :func:`fxckpt.cost.scratch.call_scratch`)."""
     check_int("repeats", repeats)
     for _ in range(warmup):
         fn()
@@ -234,8 +234,8 @@ def run_in_subprocess(
     module, _, function = target.partition(":")
     if not module or not function:
         raise ValueError(f"target must look like 'package.module:function' (got {target!r})")
-    cmd = [sys.executable, "-c", "from fxckpt.measure import _child_main; _child_main()",
-           target, json.dumps(kwargs)]
+    child = "from fxckpt.measure.protocol import _child_main; _child_main()"
+    cmd = [sys.executable, "-c", child, target, json.dumps(kwargs)]
     log.debug("running %s(%s) in a subprocess", target, kwargs)
     proc = subprocess.run(
         cmd, env=_child_env(mmap_threshold), capture_output=True, text=True, timeout=timeout

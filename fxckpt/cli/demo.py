@@ -156,7 +156,7 @@ def _step_for(
     """A training step (forward, loss, backward) under ``strategy``, and its plan (for ``none``
     the plan of no checkpointing, which gives the unmodified model's peak; the model runs)."""
     from fxckpt.api import transform
-    from fxckpt.inspection import inspect
+    from fxckpt.viz.inspection import inspect
     from fxckpt.measure import training_step
 
     # verify=True: every row's plan peak (and the baseline's) is the verified figure, the one a
@@ -213,11 +213,11 @@ def run_demo(quick: bool = False, repeats: int = 3, threads: Optional[int] = 1, 
     common = {"config": dataclasses.asdict(cfg), "repeats": repeats}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         rows = list(pool.map(lambda name: run_in_subprocess(
-            "fxckpt.demo:measure_memory", {"strategy": name, **common}), STRATEGIES))
+            "fxckpt.cli.demo:measure_memory", {"strategy": name, **common}), STRATEGIES))
     for row in rows:
         print(f"  {row['strategy']:<10} {row['summary']}", file=out)
     times = run_in_subprocess(
-        "fxckpt.demo:measure_times",
+        "fxckpt.cli.demo:measure_times",
         {"strategies": list(STRATEGIES), "threads": threads, **common},
         mmap_threshold=None,
     )

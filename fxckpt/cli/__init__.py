@@ -7,7 +7,7 @@ One subcommand per task, each a small function taking the parsed arguments
 (``python -m fxckpt`` calls :func:`main`).
 
 ``TARGET`` is ``module:callable`` (called with no arguments, it returns an ``nn.Module``) or a
-Hugging Face ``config.json``; see :mod:`fxckpt.model_source`. Random inputs of the given shapes
+Hugging Face ``config.json``; see :mod:`fxckpt.cli.model_source`. Random inputs of the given shapes
 and dtypes stand for a batch (integer inputs are zeros: valid token ids for any vocabulary).
 ``--meta`` builds the model and its inputs on the meta device: a plan for a model larger than
 the machine's memory.
@@ -88,7 +88,7 @@ def positive_int(text: str) -> int:
 
 
 def add_demo_command(commands: Any) -> None:
-    """Add the ``demo`` subcommand (:mod:`fxckpt.demo`) to the ``fxckpt`` parser."""
+    """Add the ``demo`` subcommand (:mod:`fxckpt.cli.demo`) to the ``fxckpt`` parser."""
     demo = commands.add_parser(
         "demo", help="measure memory and time of each strategy on a small GPT",
         description="Transform a small GPT with each strategy and measure peak activation memory "
@@ -109,7 +109,7 @@ def add_demo_command(commands: Any) -> None:
 
 def run_demo_command(args: argparse.Namespace) -> int:
     """The ``demo`` subcommand; returns the exit code."""
-    from fxckpt.demo import run_demo
+    from fxckpt.cli.demo import run_demo
 
     run_demo(quick=args.quick, repeats=args.repeats, threads=args.threads, jobs=args.jobs)
     return 0
@@ -221,9 +221,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import fxckpt
-    from fxckpt.report import Progress
+    from fxckpt.viz.report import Progress
 
-    from fxckpt.model_source import build_model
+    from fxckpt.cli.model_source import build_model
 
     options = _strategy(args)
     shapes = [parse_shape(s) for s in args.input_shape]
@@ -258,7 +258,7 @@ def _plan(args: argparse.Namespace) -> int:
             progress.step("saved")
             print(f"saved to {path}")
         if args.report:
-            from fxckpt.report import write_report
+            from fxckpt.viz.report import write_report
 
             index = write_report(tm, model, inputs, args.report, pareto=not args.no_pareto)
             progress.step("report written")

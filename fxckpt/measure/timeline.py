@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from fxckpt.measure import LiveTensorTracker
+from fxckpt.measure.tracker import LiveTensorTracker
 from fxckpt.runtime.state import torch_random_kept, values_kept
 
 __all__ = ["OpTimeline", "MeasuredStep", "measure_step", "default_loss"]
