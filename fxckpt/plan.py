@@ -9,12 +9,12 @@ and handed back later.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import html
 from typing import Any
 
 from fxckpt.runtime.schedule import bubble_fraction, checkpoint_stop, schedule_chart
+from fxckpt.viz.text import aligned, count_kinds, format_bytes, html_table, shorten
 
 __all__ = ["Plan", "PipelineView", "SegmentSpec", "StageView", "format_bytes"]
 
@@ -128,20 +128,18 @@ class PipelineView:
         """The stage table: header row, then one row per stage (modules cut to ``width``)."""
         rows: list[tuple[str, ...]] = [("stage", "device", "nodes", "cost", "modules")]
         rows += [(str(s.stage), s.device, str(s.nodes), f"{s.cost:,.0f}",
-                  _shorten(", ".join(s.modules) or "-", width)) for s in self.stages]
+                  shorten(", ".join(s.modules) or "-", width)) for s in self.stages]
         return rows
 
     def lines(self) -> list[str]:
         """The pipeline as text: a head line, the stage table and the schedule chart."""
-        rows = self.rows()
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        return [self.head(), *table, self.schedule]
+        header, *rows = self.rows()
+        return [self.head(), *aligned(header, rows), self.schedule]
 
     def html(self) -> str:
         """The same as HTML: head line, stage table (full module lists), schedule chart."""
         header, *rows = self.rows(width=10_000)
-        return (f"<p>{html.escape(self.head())}</p>{_html_table(header, rows)}"
+        return (f"<p>{html.escape(self.head())}</p>{html_table(header, rows)}"
                 f"<pre>{html.escape(self.schedule)}</pre>")
 
     def __str__(self) -> str:
@@ -340,32 +338,28 @@ class Plan:
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
         pipeline = "" if self.pipeline is None else self.pipeline.html()
         return (f"<div><p><b>fxckpt plan</b>: {html.escape(self.summary())}</p>"
-                f"{_html_table(_HEADER, self._rows(), _HINTS)}"
+                f"{html_table(_HEADER, self._rows(), _HINTS)}"
                 f"{'<ul>' + notes + '</ul>' if notes else ''}{pipeline}</div>")
 
     def _rows(self) -> list[tuple[str, ...]]:
         return [
             (
                 s.name,
-                _shorten(", ".join(s.module_paths) or "-", 40),
+                shorten(", ".join(s.module_paths) or "-", 40),
                 str(len(s.nodes)),
                 format_bytes(s.saved_bytes),
                 format_bytes(s.freed_bytes),
                 f"{s.recompute_flops:,}" if s.action == "recompute" else "offloaded",
                 _kept_text(s),
-                _shorten(_count_kinds(s.recomputed_ops), 40) if s.action == "recompute" else "-",
+                shorten(count_kinds(s.recomputed_ops), 40) if s.action == "recompute" else "-",
                 s.reason,
             )
             for s in self.segments
         ]
 
     def __str__(self) -> str:
-        header, rows = _HEADER, self._rows()
-        lines = [self.summary()]
-        if rows:
-            widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-            lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-            lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        rows = self._rows()
+        lines = [self.summary(), *(aligned(_HEADER, rows) if rows else [])]
         lines += [f"note: {n}" for n in self.notes]
         if self.pipeline is not None:
             lines += ["", *self.pipeline.lines()]
@@ -382,37 +376,9 @@ _HINTS = {
 }
 
 
-def _count_kinds(kinds: tuple[str, ...]) -> str:
-    """``addmm x2, gelu`` (most frequent first), or ``-``."""
-    ranked = collections.Counter(kinds).most_common()
-    return ", ".join(k if c == 1 else f"{k} x{c}" for k, c in ranked) or "-"
-
-
 def _kept_text(s: SegmentSpec) -> str:
-    return f"{_count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})" if s.keeps else "-"
-
-
-def _html_table(header: tuple[str, ...], rows: list[tuple[str, ...]],
-                hints: dict[str, str] | None = None) -> str:
-    head = "".join(f'<th title="{html.escape((hints or {}).get(h, ""))}">{html.escape(h)}</th>'
-                   for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"{count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})" if s.keeps else "-"
 
 
 def _opt_bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n)
-
-
-def format_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def _shorten(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
