@@ -25,9 +25,10 @@ full search may mix plans across blocks and segment the head).
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Hashable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from fxckpt.errors import BudgetInfeasible
+from fxckpt.solver.families import MIN_COPIES, Range, block_problem, families, structure
 from fxckpt.solver.problem import Key, Problem, Spans
 from fxckpt.solver.selective import Choices, Selection, keep_within
 from fxckpt.solver.simulate import peak_bytes
@@ -44,9 +45,6 @@ per-block solve, at the same recompute within 4% on the benchmark's models)."""
 
 SHARED_FROM = 1500
 """From this many ops on, fewer plans are filled and mixed (:data:`FILLED_LARGE`)."""
-
-MIN_COPIES = 4
-"""A family needs at least this many identical blocks."""
 
 POINTS = 12
 """Points of each representative block's trade-off curve (solved without the fast search's
@@ -69,58 +67,6 @@ GROUPS = (2, 3, 4)
 TAILS = (0, 1)
 """Variants of every plan: copied into all blocks, or into all but the last one."""
 
-Range = tuple[int, int]
-
-
-def structure(problem: Problem, block: Range) -> Hashable:
-    """What makes two blocks the same for planning: per op, its bytes, cost, gradient bytes,
-    saved tensors, whether the model returns it, and what it reads and saves: ops of the block
-    by their offset in it, anything outside by its bytes."""
-    s, e = block
-    ops, ix = problem.ops, problem.index
-    pos = ix.memo.get(Key[dict[str, int]]("position"),
-                      lambda: {op.name: i for i, op in enumerate(ops)})
-
-    def ref(name: str) -> tuple[str, int]:
-        j = pos.get(name)
-        if j is not None and s <= j < e:
-            return ("in", j - s)
-        return ("out", -1 if j is None else ix.out[j])
-
-    return tuple(
-        (op.out_bytes, op.cost, op.gradient_bytes, op.saved_tensors, ix.is_output[s + k],
-         tuple(map(ref, op.inputs)), tuple(map(ref, op.saves)))
-        for k, op in enumerate(ops[s:e]))
-
-
-def families(problem: Problem, blocks: Sequence[Range]) -> list[list[Range]]:
-    """The candidate ``blocks`` (disjoint op ranges) grouped by :func:`structure`, groups of at
-    least :data:`MIN_COPIES` only, in the order of their first block."""
-    def make() -> list[list[Range]]:
-        groups: dict[Hashable, list[Range]] = {}
-        for block in sorted(blocks):
-            s, e = block
-            if 0 <= s < e <= problem.index.n:
-                groups.setdefault(structure(problem, block), []).append(block)
-        return [g for g in groups.values() if len(g) >= MIN_COPIES]
-
-    return problem.index.memo.get(Key[list[list[Range]]]("families", tuple(blocks)), make)
-
-
-def _block_problem(problem: Problem, block: Range) -> Problem:
-    s, e = block
-    ix = problem.index
-    ops = problem.ops[s:e]
-    outputs = tuple(ops[k].name for k in range(e - s)
-                    if ix.is_output[s + k] or ix.last_alive[s + k] >= e
-                    or any(t >= e for t in ix.savers[s + k]))
-    if not outputs:
-        outputs = (ops[-1].name,)
-    return Problem(ops=ops, outputs=outputs, segment_overhead=problem.segment_overhead,
-                   keep_overhead=problem.keep_overhead, early_stop=problem.early_stop,
-                   saved_overhead=problem.saved_overhead,
-                   offload_cost_per_byte=problem.offload_cost_per_byte)
-
 
 WINDOW = 3
 """Blocks in the window whose plans are solved (the middle block's part is the pattern)."""
@@ -132,7 +78,7 @@ def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[
     starting in that block, relative to its start (a segment may run on into the next block)."""
     points = problem.index.memo.get(
         Key[list[ParetoPoint]]("window points", window),
-        lambda: pareto(_block_problem(problem, window), POINTS, refine=False))
+        lambda: pareto(block_problem(problem, window), POINTS, refine=False))
     out: list[Spans] = []
     for point in points:
         for lo, hi in blocks:
