@@ -11,20 +11,11 @@ from typing import Optional
 
 import pytest
 from solver_oracle import _segmentations, random_dag, transformer_like
+from test_keep_search import _chain  # mm -> gelu -> mm -> gelu, 100 bytes each
 
 from fxckpt.solver import Op, Problem, min_feasible_peak, peak_bytes, simulate, solve
 from fxckpt.solver.floor import gap, recompute_floor
 from fxckpt.solver.selective import solve_selective
-
-
-def _chain() -> Problem:
-    """x -> a = mm(x) -> b = gelu(a) -> c = mm(b) -> d = gelu(c); output d."""
-    return Problem(ops=(
-        Op(name="a", out_bytes=100, cost=50.0, inputs=("x",), saves=("x",)),
-        Op(name="b", out_bytes=100, cost=2.0, inputs=("a",), saves=("a",)),
-        Op(name="c", out_bytes=100, cost=50.0, inputs=("b",), saves=("b",)),
-        Op(name="d", out_bytes=100, cost=2.0, inputs=("c",), saves=("c",)),
-    ), outputs=("d",))
 
 
 def test_the_floor_of_a_chain_is_the_cheapest_bytes_dropped_first() -> None:
