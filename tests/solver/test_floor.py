@@ -13,7 +13,7 @@ import pytest
 from solver_oracle import _segmentations, random_dag, transformer_like
 from test_keep_search import _chain  # mm -> gelu -> mm -> gelu, 100 bytes each
 
-from fxckpt.solver import Op, Problem, min_feasible_peak, peak_bytes, simulate, solve
+from fxckpt.solver import Problem, min_feasible_peak, peak_bytes, simulate, solve
 from fxckpt.solver.floor import gap, recompute_floor
 from fxckpt.solver.selective import solve_selective
 
