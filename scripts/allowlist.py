@@ -215,7 +215,8 @@ def _kept_nodes(found: dict[str, dict[str, str]]) -> None:
 
 def _swapped_modules(found: dict[str, dict[str, str]]) -> None:
     """A torch.export graph that calls a module as it is (swapped back in through pytree specs),
-    saved once the hook that made it opaque is gone: what tests/test_export.py round-trips."""
+    saved once the hook that made it opaque is gone: what tests/export/test_export.py
+    round-trips."""
     import fxckpt
     from models import MLP
     from patterns import ExportOnly

@@ -27,7 +27,7 @@ def test_the_case_lists_keep_a_fast_slice() -> None:
     assert is_slow(f"{facts}[module_counter-budget-symbolic_trace]")
     assert not is_slow(f"{facts}[temperature_changed-budget_whole-export]")
     assert not is_slow(f"{zoo}[gpt2]") and is_slow(f"{zoo}[t5]")
-    demo = "tests/test_demo.py::test_demo_quick_runs_and_checkpointing_lowers_measured_memory"
+    demo = "tests/cli/test_demo.py::test_demo_quick_runs_and_checkpointing_lowers_measured_memory"
     assert is_slow(demo)
     assert not is_slow("tests/test_plan.py::test_anything_not_listed")
 

@@ -9,7 +9,7 @@ are. On a ResNet-style CNN (batch 16, 32 channels, 32x32) a plan whose tracked t
 28.0 MiB budget peaked at 32.2 MiB resident, the 4.2 MiB held by one ``convolution_backward``.
 
 So the byte counts here are *measured* (resident memory of a single call, glibc serving each
-block with its own ``mmap``; torch 2.13, CPU; ``tests/test_scratch.py`` measures them again):
+block with its own ``mmap``; torch 2.13, CPU; ``tests/cost/test_scratch.py`` measures them again):
 
 ========================  ====================================  ==================================
 kernel                    forward                               backward

@@ -17,7 +17,7 @@ from fxckpt.export import ExportError, LoadedModule
 from models import MLP, ResNet, gpt2
 from support import assert_steps_equal, run_step
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 USER_MODEL = '''
 import torch

@@ -14,7 +14,7 @@ import torch
 import fxckpt
 from fxckpt.__main__ import main
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
 

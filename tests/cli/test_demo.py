@@ -16,7 +16,7 @@ import fxckpt
 from fxckpt.__main__ import main
 from fxckpt.cli.demo import GPT, QUICK, STRATEGIES, budget_lines, format_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # six fresh Python processes: about 15 s on an idle 2-core machine

@@ -1,0 +1,140 @@
+"""The tests mirror the package: a newcomer finds a module's tests from its path (issue 45).
+
+``fxckpt/<package>/<module>.py`` is tested in ``tests/<package>/test_<module>.py``; a package's
+``__init__.py`` with functions or classes of its own in ``tests/<package>/test_<package>.py``.
+A module with no function or class (data, re-exports) has no logic to test. The modules still
+without a test file of their own are listed in ``UNMIRRORED``, each with where it is tested: the
+list only shrinks (a listed module that gains a test file, or is gone, fails here too).
+
+Test folders that name no package of fxckpt are suites, listed in ``SUITES`` with what they are.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fxckpt"
+TESTS = ROOT / "tests"
+
+SUITES = {
+    "frameworks": "the integration tier: fxckpt inside Trainer, PEFT, accelerate, Lightning, ...",
+    "bench": "the benchmarks/ package (python -m benchmarks), not fxckpt",
+    "cuda": "the CUDA tier: tests that need a GPU, across modules",
+    "dynamo": "the Dynamo path end to end (fxckpt/serve/dynamo/ through torch.compile)",
+}
+"""Folders under tests/ that mirror no package: what each holds."""
+
+_BEHAVIOUR = "fxckpt.transform end to end"
+UNMIRRORED = {
+    "__init__.py": "lazy attributes of import fxckpt: tests/test_imports.py",
+    "api.py": f"transform()'s arguments and plans: tests/test_transform.py ({_BEHAVIOUR})",
+    "capture/captured.py": "the capture every pass starts from: tests/planning/, tests/runtime/",
+    "capture/eager_attention.py": "tests/capture/test_simplify.py (Hugging Face SDPA models)",
+    "capture/nn_modules.py": "tests/test_torch_nn.py, tests/export/test_functions.py",
+    "capture/opaque.py": "swapped modules: tests/export/test_functions.py, tests/test_torch_nn.py",
+    "capture/own_error.py": f"no direct test: {_BEHAVIOUR} (tests/cli/test_cli.py)",
+    "capture/sharing.py": f"no direct test: {_BEHAVIOUR} (tests/test_transform.py)",
+    "cli/model_source.py": "fxckpt plan on a factory or config: tests/cli/test_cli.py",
+    "config.py": "TransformConfig: tests/planning/test_select.py, tests/test_errors.py",
+    "export/bound.py": "no direct test: save and load in tests/export/test_export.py",
+    "export/checked.py": "weight_norm models: tests/test_fidelity.py, tests/test_compile.py",
+    "export/codec.py": "tests/export/test_functions.py, tests/export/test_export.py",
+    "export/describe.py": "what fxckpt.save writes: tests/export/test_export.py",
+    "export/files.py": "tests/export/test_corpus.py, tests/export/test_export.py",
+    "export/loaded.py": "LoadedModule: tests/export/test_export.py",
+    "export/program.py": "no direct test: save and load in tests/export/test_export.py",
+    "export/rebuild.py": "tests/export/test_export.py",
+    "export/targets.py": "tests/export/test_allowlist.py, tests/export/test_fuzz_ops.py",
+    "export/views.py": "no direct test: save and load in tests/export/test_export.py",
+    "export/weights.py": "saved weights and hashes: tests/export/test_forged.py, test_export.py",
+    "integrations/hf.py": "tests/test_hf_rules.py (another branch of issue 45 edits it)",
+    "measure/timeline.py": "plot_memory's measured curve: tests/test_viz.py",
+    "measure/tracker.py": "tests/measure/test_protocol.py, tests/measure/test_meta_run.py",
+    "module.py": "the transformed module: tests/test_identity.py, tests/runtime/",
+    "pipeline/build.py": "tests/runtime/test_pipeline.py, tests/test_pipeline_transform.py",
+    "pipeline/split.py": "tests/pipeline/test_partition.py, tests/pipeline/test_distributed.py",
+    "planning/pareto.py": "plot_pareto's points: tests/test_viz.py",
+    "runtime/assign.py": f"no direct test: {_BEHAVIOUR} (tests/runtime/test_segment.py)",
+    "runtime/nn_masks.py": "torch.nn transformer masks: tests/test_torch_nn.py",
+    "runtime/schedule.py": "tests/runtime/test_pipeline.py, tests/test_checks.py",
+    "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
+    "runtime/user_checkpoint.py": "models that call checkpoint: tests/test_python_facts.py",
+    "serve/dynamo/backend.py": "tests/dynamo/ (the Dynamo suite)",
+    "serve/dynamo/cache.py": "tests/dynamo/ (the Dynamo suite)",
+    "serve/dynamo/driver.py": "tests/dynamo/test_driver.py, tests/dynamo/test_loops.py",
+    "serve/dynamo/refusals.py": "tests/dynamo/test_driver.py, tests/test_fsdp.py",
+    "serve/dynamo/share.py": "no direct test: tests/dynamo/ (the Dynamo suite)",
+    "serve/dynamo/sized.py": "tests/dynamo/test_sizes.py",
+    "serve/sizes.py": "tests/serve/test_plan_cache.py, tests/dynamo/test_sizes.py",
+    "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
+    "signature.py": f"no direct test: {_BEHAVIOUR} (tests/test_shapes.py)",
+    "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
+    "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
+    "strategy.py": "tests/planning/test_select.py, tests/planning/test_strategies.py",
+    "viz/charts.py": "tests/test_viz.py",
+    "viz/common.py": "tests/test_viz.py",
+    "viz/graph.py": "tests/test_viz.py",
+    "viz/inspection.py": "fxckpt.inspect: tests/test_plan.py, tests/test_transform.py",
+    "viz/layout.py": "tests/test_viz.py",
+    "viz/memory.py": "tests/test_viz.py",
+    "viz/report.py": "reports on disk: tests/cli/test_cli.py",
+}
+"""Modules with logic and no ``tests/<package>/test_<module>.py``: where they are tested."""
+
+
+def _has_logic(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return any(isinstance(node, kinds) for node in tree.body)
+
+
+def _test_file(module: Path) -> Path:
+    """Where the tests of ``module`` (a path relative to the package) live."""
+    parts = module.parent.parts
+    if module.name == "__init__.py":
+        return TESTS.joinpath(*parts, f"test_{parts[-1] if parts else 'fxckpt'}.py")
+    return TESTS.joinpath(*parts, f"test_{module.stem}.py")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module with logic, by its path relative to the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__main__.py" and _has_logic(path):
+            found[path.relative_to(PACKAGE).as_posix()] = path.relative_to(PACKAGE)
+    return found
+
+
+def test_every_module_with_logic_has_a_test_file_or_says_where_it_is_tested() -> None:
+    modules = _modules()
+    missing = [f"fxckpt/{name}: no {_test_file(module).relative_to(ROOT)}"
+               for name, module in modules.items()
+               if not _test_file(module).is_file() and name not in UNMIRRORED]
+    assert not missing, "add the test file, or list the module in UNMIRRORED:\n" + "\n".join(
+        missing)
+
+
+def test_the_list_of_modules_without_a_test_file_only_shrinks() -> None:
+    modules = _modules()
+    gone = [f"fxckpt/{name}: no such module with logic" for name in UNMIRRORED
+            if name not in modules]
+    mirrored = [f"fxckpt/{name}: has {_test_file(modules[name]).relative_to(ROOT)}"
+                for name in UNMIRRORED if name in modules and _test_file(modules[name]).is_file()]
+    assert not gone + mirrored, "take these out of UNMIRRORED:\n" + "\n".join(gone + mirrored)
+
+
+def test_test_folders_mirror_a_package_or_are_named_suites() -> None:
+    stray = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        folder = path.parent.relative_to(TESTS)
+        if folder.parts and folder.parts[0] in SUITES:
+            continue
+        if not PACKAGE.joinpath(*folder.parts).is_dir():
+            stray.append(f"{path.relative_to(ROOT)}: no package fxckpt/{folder.as_posix()}")
+    assert not stray, "move the file, or name its folder in SUITES:\n" + "\n".join(stray)
+
+
+def test_the_suites_and_the_package_name_different_folders() -> None:
+    assert not [name for name in SUITES if (PACKAGE / name).is_dir()]
