@@ -28,6 +28,14 @@ __all__ = [
 ]
 
 _FRAMEWORKS: list[Framework] = [HuggingFace()]
+_GQA_HEAD_LIMIT = [0]
+"""The :func:`gqa_head_limit` of the registered frameworks, kept as they change (the runtime's
+attention reads it on every call, under Dynamo too)."""
+
+
+def _registered() -> None:
+    _GQA_HEAD_LIMIT[0] = min(
+        (f.gqa_head_limit for f in _FRAMEWORKS if f.gqa_head_limit is not None), default=0)
 
 
 def register(framework: Framework) -> None:
@@ -36,12 +44,14 @@ def register(framework: Framework) -> None:
         raise TypeError(f"{type(framework).__name__} does not answer fxckpt's Framework protocol")
     if framework not in _FRAMEWORKS:
         _FRAMEWORKS.append(framework)
+        _registered()
 
 
 def unregister(framework: Framework) -> None:
     """Stop asking ``framework`` (nothing when it is not registered)."""
     if framework in _FRAMEWORKS:
         _FRAMEWORKS.remove(framework)
+        _registered()
 
 
 def frameworks() -> tuple[Framework, ...]:
@@ -143,8 +153,7 @@ def repeated_kv(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
 def gqa_head_limit() -> int:
     """The largest head size for which repeated keys and values run as ``enable_gqa`` (the
     smallest any framework sets; 0: none)."""
-    return min((f.gqa_head_limit for f in _FRAMEWORKS if f.gqa_head_limit is not None),
-               default=0)
+    return _GQA_HEAD_LIMIT[0]
 
 
 def model_from_config_file(path: str, dtype: Optional[torch.dtype]) -> torch.nn.Module:
@@ -159,3 +168,6 @@ def model_from_config_file(path: str, dtype: Optional[torch.dtype]) -> torch.nn.
     if errors:
         raise errors[0]
     raise ValueError(f"{path}: no framework registered with fxckpt builds a model from it")
+
+
+_registered()
