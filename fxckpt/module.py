@@ -32,7 +32,7 @@ import torch
 from fxckpt.capture.sharding import share_state
 from fxckpt.config import TransformConfig
 from fxckpt.serve.dispatch import Dispatcher
-from fxckpt.integrations import hf
+from fxckpt import integrations
 
 __all__ = ["TransformedModule", "make_transformed", "dispatcher_of", "is_transformed", "STATE"]
 
@@ -94,7 +94,7 @@ def make_transformed(model: torch.nn.Module, config: TransformConfig) -> Transfo
     attribute)."""
     cls = _class_for(type(model))
     # object.__new__, not cls(): FSDPModule.__new__ would build a fresh model instance.
-    hf.release_own_checkpointing(model)
+    integrations.release_own_checkpointing(model)
     tm: TransformedModule = object.__new__(cls)
     object.__setattr__(tm, "__dict__", model.__dict__)
     object.__setattr__(tm, STATE, Dispatcher(model, config))
@@ -129,7 +129,7 @@ def _class_for(model_cls: type) -> type:
             "__qualname__": model_cls.__qualname__,
             "__doc__": model_cls.__doc__,
             "forward": _forward_like(model_cls),
-            **hf.class_overrides(model_cls),
+            **integrations.class_overrides(model_cls),
         })
         _CLASSES[model_cls] = cls
     return cls

@@ -27,7 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import InputError
-from fxckpt.integrations import hf
+from fxckpt import integrations
 from fxckpt.runtime.state import autocast_state
 
 __all__ = [
@@ -84,7 +84,8 @@ def has_hooks(module: torch.nn.Module) -> bool:
     """True when the module has forward, pre-forward or backward hooks of the user's."""
     tables = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
               module._backward_pre_hooks)
-    return any(getattr(h, "__module__", None) not in hf.TRANSPARENT_HOOKS
+    transparent = integrations.transparent_hooks()
+    return any(getattr(h, "__module__", None) not in transparent
                for t in tables for h in t.values())
 
 

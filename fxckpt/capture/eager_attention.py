@@ -37,7 +37,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from fxckpt.integrations import hf
+from fxckpt import integrations
 from fxckpt.runtime.attention import attention, layer_mask, mask_kind
 
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
@@ -73,8 +73,8 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
             continue
         query, key, value = node.args[:3]
         kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
-        folded = [hf.repeated_kv(key), hf.repeated_kv(value)]
-        if (hf.from_attention_interface(node) and folded[0] and folded[1]
+        folded = [integrations.repeated_kv(key), integrations.repeated_kv(value)]
+        if (integrations.from_attention_interface(node) and folded[0] and folded[1]
                 and folded[0][1] == folded[1][1]):
             key, value = folded[0][0], folded[1][0]
             kwargs["kv_repeats"] = folded[0][1]
@@ -105,7 +105,7 @@ def _layer_masks(gm: torch.fx.GraphModule) -> int:
         if not isinstance(mask, torch.fx.Node):
             continue
         value = _val(mask)  # often unknown: the swap's pytree plumbing carries no values
-        causal = hf.attention_causality(gm.get_submodule(str(node.target)))
+        causal = integrations.attention_causality(gm.get_submodule(str(node.target)))
         if causal is None or value is not None and not (
                 isinstance(value, torch.Tensor) and value.dtype == torch.bool):
             continue

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from fxckpt.errors import SourceError  # re-exported
-from fxckpt.integrations import hf
+from fxckpt import integrations
 
 __all__ = ["SourceError", "build_model", "load_target", "hf_config_path"]
 
@@ -57,7 +57,7 @@ def hf_config_path(target: str) -> Optional[str]:
 
 def _from_hf_config(path: str, dtype: Optional[torch.dtype]) -> torch.nn.Module:
     try:
-        return hf.model_from_config_file(path, dtype)
+        return integrations.model_from_config_file(path, dtype)
     except ValueError as e:
         raise SourceError(str(e)) from e
 

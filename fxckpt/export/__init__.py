@@ -40,7 +40,7 @@ from fxckpt.export.files import (MAX_JSON_BYTES, as_key, verify, versions, write
                                  write_export)
 from fxckpt.export.loaded import LoadedModule, Variant
 from fxckpt.errors import ConfigError, ExportError  # ExportError re-exported
-from fxckpt.integrations import hf
+from fxckpt import integrations
 
 __all__ = ["save", "load", "ExportError", "LoadedModule"]
 
@@ -92,7 +92,8 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     described = describe(tm)
     # what a training call adds to the caller's keywords (use_cache=False for a Hugging Face
     # model): the loaded module adds the same, so the same calls find their graphs
-    added = hf.without_cache(dispatcher.model, {}) if dispatcher.takes_use_cache else None
+    added = (integrations.without_cache(dispatcher.model, {}) if dispatcher.takes_use_cache
+             else None)
     described.structure["training_kwargs"] = added or {}
     described.structure["devices"] = {k: str(t.device) for k, t in described.tensors.items()}
     described.structure["tensor_bytes"] = sum(

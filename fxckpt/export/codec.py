@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.errors import ExportError, Unencodable  # re-exported: tests name them here
 from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, lookup, table_name
-from fxckpt.integrations import hf
+from fxckpt import integrations
 
 __all__ = ["ExportError", "Unencodable", "encode", "decode", "dump_spec", "load_spec"]
 
@@ -191,7 +191,7 @@ def load_spec(text: str, where: str) -> Any:
     if protocol != 1:
         raise ExportError(f"{where}: unknown pytree format {str(protocol)[:20]!r}")
     for type_name in _type_names(schema, where):
-        if hf.output_class(type_name, pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE) is False:
+        if integrations.output_class(type_name, pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE) is False:
             raise ExportError(f"{where}: {type_name} is not a transformers ModelOutput class")
     try:
         return pytree.treespec_loads(text)
@@ -201,7 +201,7 @@ def load_spec(text: str, where: str) -> Any:
 
 
 def _check_type(type_name: str, where: str) -> None:
-    if type_name not in _SPEC_TYPES and hf.OUTPUT_TYPE.fullmatch(type_name) is None:
+    if type_name not in _SPEC_TYPES and not integrations.names_output_type(type_name):
         raise ExportError(
             f"{where} uses the pytree node type {type_name[:120]!r}; an export holds only tuples, "
             "lists, dicts, OrderedDicts, deques, torch.Size, registered namedtuples and "

@@ -12,7 +12,9 @@
   :mod:`fxckpt.capture.eager_attention` folds into one call.
 
 This module imports nothing of transformers (a rule that needs it imports it when used) and
-nothing of fxckpt, so the runtime, the export loader and the passes may all ask it.
+nothing of fxckpt but the :class:`~fxckpt.integrations.framework.Framework` protocol, which
+:class:`HuggingFace` answers with these rules; :mod:`fxckpt.integrations` registers it, and the
+runtime, the export loader and the passes all ask it there.
 
 The model's own gradient checkpointing:
 
@@ -49,10 +51,13 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from fxckpt.integrations.framework import Framework
+
 __all__ = [
     "release_own_checkpointing", "class_overrides", "checkpointing_layers", "takes_use_cache",
     "without_cache", "TRANSPARENT_HOOKS", "is_model_output", "OUTPUT_TYPE", "output_class",
     "from_attention_interface", "repeated_kv", "GQA_HEAD_LIMIT", "model_from_config_file",
+    "HuggingFace",
 ]
 
 log = logging.getLogger("fxckpt")
@@ -293,3 +298,52 @@ def model_from_config_file(path: str, dtype: Optional[torch.dtype]) -> torch.nn.
     except Exception as e:
         raise ValueError(f"building {cls.__name__} from {path} failed: "
                           f"{type(e).__name__}: {e}") from e
+
+
+class HuggingFace(Framework):
+    """The rules above as fxckpt's :class:`~fxckpt.integrations.framework.Framework`."""
+
+    name = "huggingface"
+    transparent_hooks = TRANSPARENT_HOOKS
+    gqa_head_limit: Optional[int] = GQA_HEAD_LIMIT
+
+    def release_own_checkpointing(self, model: torch.nn.Module) -> list[str]:
+        return release_own_checkpointing(model)
+
+    def class_overrides(self, model_cls: type) -> dict[str, Callable[..., Any]]:
+        return class_overrides(model_cls)
+
+    def checkpointing_switches(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        return checkpointing_switches(model)
+
+    def own_checkpointing_on(self, switches: list[torch.nn.Module]) -> bool:
+        return own_checkpointing_on(switches)
+
+    def takes_use_cache(self, model: torch.nn.Module) -> bool:
+        return takes_use_cache(model)
+
+    def without_cache(self, model: torch.nn.Module, kwargs: dict,
+                      announce: bool = False) -> Optional[dict]:
+        return without_cache(model, kwargs, announce=announce)
+
+    def is_output(self, x: Any) -> bool:
+        return is_model_output(x)
+
+    def names_output_type(self, type_name: str) -> bool:
+        return OUTPUT_TYPE.fullmatch(type_name) is not None
+
+    def output_class(self, type_name: str, registered: dict[str, Any]) -> Optional[bool]:
+        return output_class(type_name, registered)
+
+    def attention_causality(self, module: torch.nn.Module) -> Optional[bool]:
+        return attention_causality(module)
+
+    def from_attention_interface(self, node: torch.fx.Node) -> bool:
+        return from_attention_interface(node)
+
+    def repeated_kv(self, node: Any) -> Optional[tuple[torch.fx.Node, int]]:
+        return repeated_kv(node)
+
+    def model_from_config_file(self, path: str,
+                               dtype: Optional[torch.dtype]) -> torch.nn.Module:
+        return model_from_config_file(path, dtype)

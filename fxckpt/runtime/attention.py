@@ -38,7 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-from fxckpt.integrations import hf
+from fxckpt import integrations
 
 __all__ = ["attention", "layer_mask", "mask_kind", "CAUSAL", "FULL"]
 
@@ -61,7 +61,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         elif kind == FULL:
             attn_mask = None
     if kv_repeats > 1:
-        if attn_mask is None and key.shape[-1] == value.shape[-1] <= hf.GQA_HEAD_LIMIT:
+        limit = integrations.gqa_head_limit()  # Hugging Face's eager attention: 256
+        if attn_mask is None and key.shape[-1] == value.shape[-1] <= limit:
             enable_gqa = True
         else:
             key, value = _repeat(key, kv_repeats), _repeat(value, kv_repeats)

@@ -31,7 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxckpt.checks import check_int
-from fxckpt.integrations import hf
+from fxckpt import integrations
 
 __all__ = ["scatter", "gather", "batch_size", "same_value"]
 
@@ -113,7 +113,7 @@ def _gather(items: list, where: str) -> Any:
     if isinstance(first, torch.Tensor):
         return _cat(items, where)
     _same_kind(items, where)
-    if hf.is_model_output(first) or isinstance(first, dict):
+    if integrations.is_output(first) or isinstance(first, dict):
         values = {k: _gather([it[k] for it in items], f"{where}[{k!r}]") for k in first.keys()}
         return _rebuild_mapping(first, values)
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
@@ -176,7 +176,7 @@ def _same_kind(items: list, where: str) -> None:
                 f"{type(it).__name__} in micro-batch {i}; every micro-batch must return the same "
                 "structure"
             )
-        if isinstance(first, dict) or hf.is_model_output(first):
+        if isinstance(first, dict) or integrations.is_output(first):
             if list(it.keys()) != list(first.keys()):
                 raise ValueError(f"{where} has keys {list(first.keys())} in micro-batch 0 but "
                                  f"{list(it.keys())} in micro-batch {i}")
@@ -187,7 +187,7 @@ def _same_kind(items: list, where: str) -> None:
 
 
 def _rebuild_mapping(first: Any, values: dict) -> Any:
-    if hf.is_model_output(first):
+    if integrations.is_output(first):
         return type(first)(**values)
     out = first.copy()  # keeps the mapping type (OrderedDict, defaultdict's factory, ...)
     out.update(values)

@@ -24,7 +24,7 @@ are kept for sharing. With ``capture="dynamo"`` a training call is Dynamo's inst
 (:mod:`fxckpt.serve.dynamo`).
 
 A training call to a Hugging Face model runs without a key/value cache (``use_cache=False``,
-unless the caller passed it: :func:`fxckpt.integrations.hf.without_cache`).
+unless the caller passed it: :func:`fxckpt.integrations.without_cache`).
 
 Capture and planning happen only when a training step needs them (``training`` with grad
 enabled) or when asked (:meth:`Dispatcher.plan_for`). The model's own forward serves ``eval()``
@@ -44,7 +44,7 @@ import torch
 from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import CaptureError, NotPlannedError, PlanError
-from fxckpt.integrations import hf
+from fxckpt import integrations
 from fxckpt.capture.guards import Failure
 from fxckpt.capture.isolation import CAPTURE_LOCK
 from fxckpt.capture.sharing import fingerprint, offer, shared_capture
@@ -103,7 +103,7 @@ class Dispatcher:
         self.last: Optional[Compiled] = None
         self.counts = Counts()
         self.offloader = _make_offloader(config)
-        self.takes_use_cache = hf.takes_use_cache(model)
+        self.takes_use_cache = integrations.takes_use_cache(model)
         self.said_cache = False
         self.recaptures: dict[str, int] = {}
         """Captures made again because a fact changed, per fact (see :mod:`fxckpt.capture.guards`).
@@ -112,7 +112,7 @@ class Dispatcher:
         """``tm.compile()``'s compiled call (see :meth:`TransformedModule.compile`)."""
         self.switches: Optional[list[torch.nn.Module]] = None
         """The modules with a gradient-checkpointing flag of their own, looked at before each
-        call through Dynamo (:func:`fxckpt.integrations.hf.checkpointing_switches`)."""
+        call through Dynamo (:func:`fxckpt.integrations.checkpointing_switches`)."""
         self.dynamo: Optional[DynamoDriver] = None
         """The Dynamo-compiled training forward (``capture="dynamo"``), made at the first call."""
 
@@ -122,11 +122,11 @@ class Dispatcher:
 
     def step_kwargs(self, tm: torch.nn.Module, kwargs: dict) -> dict:
         """``kwargs`` as a training call runs them: without a key/value cache for a Hugging Face
-        model (:func:`fxckpt.integrations.hf.without_cache`, said once at INFO)."""
+        model (:func:`fxckpt.integrations.without_cache`, said once at INFO)."""
         if not (self.takes_use_cache and tm.training):
             return kwargs
         announce = not self.said_cache and not torch.compiler.is_compiling()  # no log in a graph
-        changed = hf.without_cache(self.model, kwargs, announce=announce)
+        changed = integrations.without_cache(self.model, kwargs, announce=announce)
         if changed is None:
             return kwargs
         self.said_cache = True
@@ -182,9 +182,9 @@ class Dispatcher:
     @torch._dynamo.disable
     def _driven(self, tm: torch.nn.Module, args: tuple, kwargs: dict, outer: bool) -> Any:
         if self.switches is None:
-            self.switches = hf.checkpointing_switches(self.model)
-        if hf.own_checkpointing_on(self.switches):  # switched on behind fxckpt's back
-            hf.release_own_checkpointing(self.model)
+            self.switches = integrations.checkpointing_switches(self.model)
+        if integrations.own_checkpointing_on(self.switches):  # switched on behind fxckpt's back
+            integrations.release_own_checkpointing(self.model)
         if self.dynamo is None:
             from fxckpt.serve.dynamo import DynamoDriver, refuse_fsdp
 
@@ -267,7 +267,7 @@ class Dispatcher:
         seen = fingerprint(tm)
         captured = shared_capture(self.model, key, shapes, seen, self.config.graph_method)
         if captured is None:
-            hf.release_own_checkpointing(self.model)  # switched on behind fxckpt's back
+            integrations.release_own_checkpointing(self.model)  # switched on behind fxckpt's back
             with _planning():
                 captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
