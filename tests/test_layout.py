@@ -49,7 +49,7 @@ UNMIRRORED = {
     "export/targets.py": "tests/export/test_allowlist.py, tests/export/test_fuzz_ops.py",
     "export/views.py": "no direct test: save and load in tests/export/test_export.py",
     "export/weights.py": "saved weights and hashes: tests/export/test_forged.py, test_export.py",
-    "integrations/hf.py": "tests/test_hf_rules.py (another branch of issue 45 edits it)",
+    "integrations/framework.py": "the protocol alone: tests/integrations/test_integrations.py",
     "measure/timeline.py": "plot_memory's measured curve: tests/viz/test_viz.py",
     "measure/tracker.py": "tests/measure/test_protocol.py, tests/measure/test_meta_run.py",
     "module.py": "the transformed module: tests/test_identity.py, tests/runtime/",

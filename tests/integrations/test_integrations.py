@@ -22,7 +22,7 @@ from fxckpt.export.codec import _check_type
 from fxckpt.runtime.microbatch import gather
 from fxckpt.signature import has_hooks
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fxckpt"
+PACKAGE = Path(__file__).resolve().parents[2] / "fxckpt"
 
 
 def _imports_of_a_framework(tree: ast.Module) -> list[tuple[int, str]]:
