@@ -166,7 +166,7 @@ def test_frees_is_what_the_step_stops_holding_between_forward_and_backward(
     the identity and the next fc saves the GELU output. A segment of two blocks frees all of
     those 16x32 float tensors but its output, which the next segment keeps as its input."""
     from fxckpt.cost.graph_view import to_problem
-    from fxckpt.cost.runs import ranges_of
+    from fxckpt.cost.runs import spans_of
     from fxckpt.solver import simulate
 
     tm = fxckpt.transform(MLP(depth=6, p=p), every=2, example_inputs=(torch.randn(16, 32),))
@@ -175,7 +175,7 @@ def test_frees_is_what_the_step_stops_holding_between_forward_and_backward(
     assert [s.freed_bytes for s in plan.segments] == [held * 16 * 32 * 4] * 3
     assert plan.freed_bytes == 3 * held * 16 * 32 * 4
     problem = to_problem(seen.view)
-    ranges = ranges_of(problem, [s.nodes for s in plan.segments])
+    ranges = spans_of(problem, [s.nodes for s in plan.segments])
     start = [dict(simulate(problem, r).timeline)["backward start"] for r in ((), ranges)]
     assert start[0] - start[1] == plan.freed_bytes  # the inputs kept are held eagerly anyway
     assert plan.eager_peak and plan.predicted_peak

@@ -275,7 +275,7 @@ def test_selective_must_be_a_bool() -> None:
 def test_plot_memory_shades_the_kept_outputs_and_pareto_counts_them() -> None:
     pytest.importorskip("matplotlib")
     from fxckpt.cost.graph_view import to_problem
-    from fxckpt.cost.runs import keep_positions, ranges_of
+    from fxckpt.cost.runs import keep_positions, spans_of
     from fxckpt.solver.simulate import kept_live
     from fxckpt.viz.common import inspect_module
 
@@ -288,7 +288,7 @@ def test_plot_memory_shades_the_kept_outputs_and_pareto_counts_them() -> None:
     seen = inspect_module(tm)
     problem = to_problem(seen.view)
     segs = seen.plan.segments
-    live = kept_live(problem, ranges_of(problem, [s.nodes for s in segs]),
+    live = kept_live(problem, spans_of(problem, [s.nodes for s in segs]),
                      keep_positions(problem, [k for s in segs for k in s.keeps]))
     assert max(live) == sum(s.kept_bytes for s in segs)  # every kept matmul alive at once
     unit = 2**20 if "MiB" in fig.axes[0].get_ylabel() else 2**10

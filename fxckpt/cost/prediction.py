@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from fxckpt.cost.runs import Run, keep_positions, to_ranges
+from fxckpt.cost.runs import Run, keep_positions, to_spans
 from fxckpt.solver import Problem, Spans, held_at_backward, simulate
 from fxckpt.solver.floor import recompute_floor
 
-__all__ = ["Prediction", "predict", "predict_ranges", "recompute_share", "floor_share"]
+__all__ = ["Prediction", "predict", "predict_spans", "recompute_share", "floor_share"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +70,10 @@ def floor_share(problem: Problem, peak: int) -> float:
 
 def predict(problem: Problem, runs: Sequence[Run], keeps: Sequence[str] = ()) -> Prediction:
     """Simulate ``runs`` (and no checkpointing) on ``problem``; ``keeps`` names kept nodes."""
-    return predict_ranges(problem, to_ranges(problem, runs), keep_positions(problem, keeps))
+    return predict_spans(problem, to_spans(problem, runs), keep_positions(problem, keeps))
 
 
-def predict_ranges(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -> Prediction:
+def predict_spans(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -> Prediction:
     """:func:`predict` for segments given as the solver's op ranges (and kept op positions)."""
     eager_held, held = held_at_backward(problem), held_at_backward(problem, ranges, keep)
     sim = simulate(problem, ranges, keep)

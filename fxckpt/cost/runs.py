@@ -16,19 +16,19 @@ import torch.fx
 from fxckpt.cost.graph_view import SYNTHETIC
 from fxckpt.solver import Problem, Spans
 
-__all__ = ["Run", "to_ranges", "ranges_of", "to_runs", "keep_positions", "kept_names",
+__all__ = ["Run", "to_spans", "spans_of", "to_runs", "keep_positions", "kept_names",
            "recomputed"]
 
 Run = list[torch.fx.Node]
 """A contiguous run of compute nodes, in graph order: one segment."""
 
 
-def to_ranges(problem: Problem, runs: Sequence[Run]) -> Spans:
+def to_spans(problem: Problem, runs: Sequence[Run]) -> Spans:
     """Op ranges of node runs (a run starts at its first node's synthetic op when it has one)."""
-    return ranges_of(problem, [[n.name for n in run] for run in runs])
+    return spans_of(problem, [[n.name for n in run] for run in runs])
 
 
-def ranges_of(problem: Problem, runs: Sequence[Sequence[str]]) -> Spans:
+def spans_of(problem: Problem, runs: Sequence[Sequence[str]]) -> Spans:
     """Op ranges of runs given by node names (a plan's ``SegmentSpec.nodes``)."""
     position = {op.name: i for i, op in enumerate(problem.ops)}
     ranges = []
@@ -70,7 +70,7 @@ def recomputed(problem: Problem, runs: Sequence[Run]) -> list[Run]:
     saves anything are not run, nor that one's kernel when it saves only its inputs)."""
     ix = problem.index
     again = []
-    for run, (start, end) in zip(runs, to_ranges(problem, runs)):
+    for run, (start, end) in zip(runs, to_spans(problem, runs)):
         names = {problem.ops[j].name for j in range(start, ix.recompute_end(start, end))}
         again.append([n for n in run if n.name in names])
     return again

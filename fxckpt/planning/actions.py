@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from fxckpt.cost.runs import Run, to_ranges
+from fxckpt.cost.runs import Run, to_spans
 from fxckpt.plan import SegmentSpec
 from fxckpt.solver import Problem
 
@@ -22,7 +22,7 @@ def choose_actions(problem: Problem, segments: Sequence[SegmentSpec],
     with three states per op: kept, recomputed, or kept with its saved tensors offloaded.
     Returns the segments and a note for the plan.
     """
-    ranges = to_ranges(problem, runs)
+    ranges = to_spans(problem, runs)
     offloads = [problem.index.segment_offloads(a, b) for a, b in ranges]
     hidden = _within_the_forward(problem, ranges, offloads)
     chosen = tuple(

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
-from fxckpt.solver.problem import Key, Problem
+from fxckpt.solver.problem import Key, Problem, Span
 
-__all__ = ["Range", "MIN_COPIES", "structure", "families", "block_problem"]
-
-Range = tuple[int, int]
-"""A block: a half-open range of op positions."""
+__all__ = ["MIN_COPIES", "structure", "families", "block_problem"]
 
 MIN_COPIES = 4
 """A family needs at least this many identical blocks."""
 
 
-def structure(problem: Problem, block: Range) -> Hashable:
+def structure(problem: Problem, block: Span) -> Hashable:
     """What makes two blocks the same for planning: per op, its bytes, cost, gradient bytes,
     saved tensors, whether the model returns it, and what it reads and saves: ops of the block
     by their offset in it, anything outside by its bytes."""
@@ -42,21 +39,21 @@ def structure(problem: Problem, block: Range) -> Hashable:
         for k, op in enumerate(ops[s:e]))
 
 
-def families(problem: Problem, blocks: Sequence[Range]) -> list[list[Range]]:
+def families(problem: Problem, blocks: Sequence[Span]) -> list[list[Span]]:
     """The candidate ``blocks`` (disjoint op ranges) grouped by :func:`structure`, groups of at
     least :data:`MIN_COPIES` only, in the order of their first block."""
-    def make() -> list[list[Range]]:
-        groups: dict[Hashable, list[Range]] = {}
+    def make() -> list[list[Span]]:
+        groups: dict[Hashable, list[Span]] = {}
         for block in sorted(blocks):
             s, e = block
             if 0 <= s < e <= problem.index.n:
                 groups.setdefault(structure(problem, block), []).append(block)
         return [g for g in groups.values() if len(g) >= MIN_COPIES]
 
-    return problem.index.memo.get(Key[list[list[Range]]]("families", tuple(blocks)), make)
+    return problem.index.memo.get(Key[list[list[Span]]]("families", tuple(blocks)), make)
 
 
-def block_problem(problem: Problem, block: Range) -> Problem:
+def block_problem(problem: Problem, block: Span) -> Problem:
     """The ops of ``block`` as a problem of their own: what they read from outside are graph
     inputs; what later ops read, save or the model returns are its outputs."""
     s, e = block

@@ -25,10 +25,12 @@ import functools
 import math
 from typing import Any, Callable, Generic, Hashable, Iterable, Optional, Sequence, TypeVar, cast
 
-__all__ = ["Op", "Problem", "Index", "Spans", "check_segments", "Key", "Memo"]
+__all__ = ["Op", "Problem", "Index", "Span", "Spans", "check_segments", "Key", "Memo"]
 
-Spans = tuple[tuple[int, int], ...]
-"""A plan: sorted, non-overlapping half-open ``(start, end)`` ranges over the op order."""
+Span = tuple[int, int]
+"""A segment as the solver sees it: a half-open ``(start, end)`` range of op positions."""
+Spans = tuple[Span, ...]
+"""A plan: sorted, non-overlapping spans over the op order."""
 
 
 def _check_bytes(what: str, value: object) -> None:

@@ -28,8 +28,8 @@ import itertools
 from typing import Callable, Optional, Sequence
 
 from fxckpt.errors import BudgetInfeasible
-from fxckpt.solver.families import MIN_COPIES, Range, block_problem, families, structure
-from fxckpt.solver.problem import Key, Problem, Spans
+from fxckpt.solver.families import MIN_COPIES, block_problem, families, structure
+from fxckpt.solver.problem import Key, Problem, Span, Spans
 from fxckpt.solver.selective import Choices, Selection, keep_within
 from fxckpt.solver.simulate import peak_bytes
 from fxckpt.solver.solve import ParetoPoint, pareto
@@ -72,7 +72,7 @@ WINDOW = 3
 """Blocks in the window whose plans are solved (the middle block's part is the pattern)."""
 
 
-def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[Spans]:
+def _patterns(problem: Problem, window: Span, blocks: Sequence[Span]) -> list[Spans]:
     """For each point of the trade-off curve of ``window`` (ops solved as a problem of their
     own, once per window) and each of ``blocks`` (relative to the window's start), the segments
     starting in that block, relative to its start (a segment may run on into the next block)."""
@@ -88,7 +88,7 @@ def _patterns(problem: Problem, window: Range, blocks: Sequence[Range]) -> list[
     return out
 
 
-def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
+def _curves(problem: Problem, fams: list[list[Span]], period: int = 1
             ) -> list[list[Spans]]:
     """Each family's local plans, from the smallest peak to none (relative to a block's start):
     the middle block's part of plans solved for a window of :data:`WINDOW` adjacent blocks
@@ -122,10 +122,10 @@ def _curves(problem: Problem, fams: list[list[Range]], period: int = 1
     return problem.index.memo.get(key, make)
 
 
-def _copies(fam: list[Range], local: Spans, tail: int, n: int) -> list[Range]:
+def _copies(fam: list[Span], local: Spans, tail: int, n: int) -> list[Span]:
     """``local`` copied into each block of ``fam`` but the last ``tail``; a segment running into
     the next block is cut where the next copy starts (or at the problem's end)."""
-    out: list[Range] = []
+    out: list[Span] = []
     blocks = fam[:len(fam) - tail]
     for i, (s, _) in enumerate(blocks):
         for a, b in local:
@@ -141,11 +141,11 @@ _Plan = tuple[Spans, float, int, int]
 """A whole-model plan: (segments, recompute cost, curve point ``k``, tail)."""
 
 
-def _segments(problem: Problem, fams: list[list[Range]], locals_: list[tuple[Spans, ...]],
+def _segments(problem: Problem, fams: list[list[Span]], locals_: list[tuple[Spans, ...]],
               tail: int) -> tuple[Spans, float]:
     """One whole-model plan: each family's blocks get their own local plan (``locals_[f][i]``
     for block ``i``), all but the last ``tail``; and its recompute cost (no simulation)."""
-    segs: list[Range] = []
+    segs: list[Span] = []
     for fam, per_block in zip(fams, locals_):
         for i, block in enumerate(fam[:len(fam) - tail]):
             segs += _copies([block], per_block[i], 0, problem.index.n)
@@ -165,7 +165,7 @@ def _point(curve: list[Spans], k: int, steps: int) -> Spans:
     return curve[round(k * (len(curve) - 1) / max(steps - 1, 1))]
 
 
-def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list[_Plan]:
+def _uniform(problem: Problem, fams: list[list[Span]], period: int = 1) -> list[_Plan]:
     """Every uniform whole-model plan the curves give, cheapest first (not yet simulated)."""
     def make() -> list[_Plan]:
         curves = _curves(problem, fams, period)
@@ -182,7 +182,7 @@ def _uniform(problem: Problem, fams: list[list[Range]], period: int = 1) -> list
     return problem.index.memo.get(key, make)
 
 
-def _mixed(problem: Problem, fams: list[list[Range]], budget: int,
+def _mixed(problem: Problem, fams: list[list[Span]], budget: int,
            uniform: list[_Plan], period: int = 1) -> list[Spans]:
     """Mixes of two points of the largest family's curve: for each of the ``uniform`` plans
     (at point ``k``), the first ``j`` blocks at ``k`` and the rest at a lighter point (``k + 1``,
@@ -224,7 +224,7 @@ def _fewest(problem: Problem, budget: int, plan: Callable[[int], Spans], lo: int
     return fits
 
 
-def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
+def _grouped(problem: Problem, fams: list[list[Span]], budget: int,
              uniform: list[_Plan], period: int = 1) -> list[Spans]:
     """For each of the ``uniform`` plans (at point ``k``): the first ``j`` blocks of the largest
     family in segments of :data:`GROUPS` whole blocks (the first from the graph's start, or the
@@ -254,15 +254,15 @@ def _grouped(problem: Problem, fams: list[list[Range]], budget: int,
     return out
 
 
-def _disjoint(segs: list[Range]) -> Spans:
-    out: list[Range] = []
+def _disjoint(segs: list[Span]) -> Spans:
+    out: list[Span] = []
     for a, b in segs:
         if not out or a >= out[-1][1]:
             out.append((a, b))
     return tuple(out)
 
 
-def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple[Spans, int]]:
+def min_peak_shared(problem: Problem, blocks: Sequence[Span]) -> Optional[tuple[Spans, int]]:
     """The shared plan with the smallest simulated peak, and that peak; None without families
     (every uniform plan of every period :func:`solve_shared` tries is simulated)."""
     found = [p for cut, period in _periods(problem, blocks)
@@ -270,7 +270,7 @@ def min_peak_shared(problem: Problem, blocks: Sequence[Range]) -> Optional[tuple
     return min(found, key=lambda p: p[1]) if found else None
 
 
-def _min_peak_period(problem: Problem, blocks: Sequence[Range], period: int = 1
+def _min_peak_period(problem: Problem, blocks: Sequence[Span], period: int = 1
                      ) -> Optional[tuple[Spans, int]]:
     fams = families(problem, blocks)
     if not fams:
@@ -279,7 +279,7 @@ def _min_peak_period(problem: Problem, blocks: Sequence[Range], period: int = 1
                key=lambda p: p[1])
 
 
-def _periods(problem: Problem, blocks: Sequence[Range]) -> list[tuple[list[Range], int]]:
+def _periods(problem: Problem, blocks: Sequence[Span]) -> list[tuple[list[Span], int]]:
     """The ways of cutting the graph into blocks that are solved, with their period: one layer
     at a time, and below :data:`SHARED_FROM` ops also two (:func:`pairs`)."""
     periods = [(list(blocks), 1)]
@@ -289,13 +289,13 @@ def _periods(problem: Problem, blocks: Sequence[Range]) -> list[tuple[list[Range
     return periods
 
 
-def pairs(blocks: Sequence[Range]) -> list[Range]:
+def pairs(blocks: Sequence[Span]) -> list[Span]:
     """Consecutive adjacent blocks merged two by two (a period of two layers)."""
     ordered = sorted(blocks)
     return [(a[0], b[1]) for a, b in zip(ordered[::2], ordered[1::2]) if a[1] == b[0]]
 
 
-def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
+def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Span],
                  choices: Choices = (), forced: Choices = ()) -> Optional[Selection]:
     """The cheapest shared plan whose simulated peak fits, with kept ops filled in; None without
     families. Raises :class:`BudgetInfeasible` (with the smallest shared peak) when none fits.
@@ -322,7 +322,7 @@ def solve_shared(problem: Problem, budget_bytes: int, blocks: Sequence[Range],
     return None
 
 
-def _solve_period(problem: Problem, budget_bytes: int, blocks: Sequence[Range], period: int,
+def _solve_period(problem: Problem, budget_bytes: int, blocks: Sequence[Span], period: int,
                   choices: Choices, forced: Choices) -> Optional[Selection]:
     """:func:`solve_shared` for one way of cutting the graph into blocks.
 

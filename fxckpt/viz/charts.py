@@ -103,17 +103,17 @@ def _plan_point(module: Any) -> tuple[float, float]:
     Plan.recompute_share)``, the figures its summary prints (worked out again for plans saved
     before they were kept)."""
     from fxckpt.cost.graph_view import to_problem
-    from fxckpt.cost.prediction import predict_ranges, recompute_share
-    from fxckpt.cost.runs import keep_positions, ranges_of
+    from fxckpt.cost.prediction import predict_spans, recompute_share
+    from fxckpt.cost.runs import keep_positions, spans_of
 
     seen = inspect_module(module)
     plan = seen.plan
     if plan.predicted_peak is not None and plan.recompute_share is not None:
         return plan.predicted_peak, plan.recompute_share
     problem = to_problem(seen.view)
-    ranges = ranges_of(problem, [s.nodes for s in plan.segments])
+    ranges = spans_of(problem, [s.nodes for s in plan.segments])
     keep = keep_positions(problem, [k for s in plan.segments for k in s.keeps])
-    return predict_ranges(problem, ranges, keep).peak, recompute_share(problem, ranges, keep)
+    return predict_spans(problem, ranges, keep).peak, recompute_share(problem, ranges, keep)
 
 
 def schedule_bars(chunks: int, stages: int, checkpoint: str) -> list[tuple[str, int, int, bool]]:

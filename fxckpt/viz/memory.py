@@ -32,12 +32,12 @@ def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
 def _timelines(module: Any) -> tuple[Any, Any, int, list[int]]:
     """:func:`predicted_timelines` and the bytes of kept outputs (selective) at each event."""
     from fxckpt.cost.graph_view import to_problem
-    from fxckpt.cost.runs import keep_positions, ranges_of
+    from fxckpt.cost.runs import keep_positions, spans_of
     from fxckpt.solver.simulate import kept_live, simulate
 
     seen = inspect_module(module)
     problem = to_problem(seen.view)
-    ranges = ranges_of(problem, [seg.nodes for seg in seen.plan.segments])
+    ranges = spans_of(problem, [seg.nodes for seg in seen.plan.segments])
     keep = keep_positions(problem, [k for seg in seen.plan.segments for k in seg.keeps])
     sim = simulate(problem, ranges, keep)
     return sim, simulate(problem, ()), sim.reserve_bytes, kept_live(problem, ranges, keep)

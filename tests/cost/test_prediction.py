@@ -7,7 +7,7 @@ covers (the bridge from the graph sets it so: tests/cost/test_graph_view.py).
 
 from __future__ import annotations
 
-from fxckpt.cost.prediction import predict_ranges, recompute_share
+from fxckpt.cost.prediction import predict_spans, recompute_share
 from fxckpt.solver import Op, Problem, simulate
 
 
@@ -23,7 +23,7 @@ def _chain(scratch: int = 500) -> Problem:
 
 def test_no_segments_predicts_the_eager_step_its_reserve_included() -> None:
     problem = _chain()
-    p = predict_ranges(problem, ())
+    p = predict_spans(problem, ())
     sim = simulate(problem, ())
     assert p.peak == p.eager_peak == sim.peak_bytes == max(b for _, b in sim.timeline) + 500
     assert (p.recompute, p.share, p.frees) == (0, 0.0, ())
@@ -31,7 +31,7 @@ def test_no_segments_predicts_the_eager_step_its_reserve_included() -> None:
 
 def test_a_segment_frees_its_inner_outputs_and_recomputes_its_share() -> None:
     problem = _chain()
-    p = predict_ranges(problem, ((1, 3),))  # b and c run again in backward
+    p = predict_spans(problem, ((1, 3),))  # b and c run again in backward
     # b's output is read only inside the segment: freed from forward to backward; c's is saved
     # by d, outside, and stays
     assert p.frees == (100,)

@@ -13,7 +13,7 @@ import torch.fx
 
 from fxckpt.cost.annotate import annotate, planned_nodes
 from fxckpt.cost.graph_view import problem_of
-from fxckpt.cost.runs import (keep_positions, kept_names, ranges_of, recomputed, to_ranges,
+from fxckpt.cost.runs import (keep_positions, kept_names, spans_of, recomputed, to_spans,
                                 to_runs)
 from fxckpt.solver import Problem
 from handmade import Tiny, traced
@@ -38,9 +38,9 @@ Setup = tuple[Problem, dict[str, torch.fx.Node], list[torch.fx.Node]]
 def test_to_ranges_starts_at_a_synthetic_op(setup: Setup) -> None:
     problem, by, _ = setup
     runs = [[by["fc1"], by["relu"]], [by["drop"], by["head"]], [by["tanh"]]]
-    assert to_ranges(problem, runs) == ((0, 2), (6, 9), (3, 4))
-    assert ranges_of(problem, [["mul", "add"], ["drop"]]) == ((4, 6), (6, 8))
-    assert to_ranges(problem, []) == ()
+    assert to_spans(problem, runs) == ((0, 2), (6, 9), (3, 4))
+    assert spans_of(problem, [["mul", "add"], ["drop"]]) == ((4, 6), (6, 8))
+    assert to_spans(problem, []) == ()
 
 
 def test_to_runs_drops_synthetic_ops_and_empty_runs(setup: Setup) -> None:
@@ -52,7 +52,7 @@ def test_to_runs_drops_synthetic_ops_and_empty_runs(setup: Setup) -> None:
 def test_ranges_and_runs_round_trip(setup: Setup) -> None:
     problem, by, order = setup
     runs = [[by[m] for m in ("relu", "fc2", "tanh")], [by["drop"]]]
-    assert to_runs(problem, to_ranges(problem, runs), order) == runs
+    assert to_runs(problem, to_spans(problem, runs), order) == runs
 
 
 def test_keep_positions_and_kept_names(setup: Setup) -> None:
