@@ -17,6 +17,8 @@ RETIRED = {
     "ranges_of": "spans_of",
     "predict_ranges": "predict_spans",
     "Range": "Span",
+    "StateGuard": "Traceless",  # a guard is a Python fact checked before every call
+    "state_guard": "traceless",
 }
 
 

@@ -18,7 +18,7 @@ Either way the graph must compute what the model computes, or capture refuses:
 * with FSDP2 (``fully_shard``), modules owning parameters are called too, so parameters are
   always read live, sharded or whole as FSDP left them (:mod:`fxckpt.capture.sharding`);
 * a forward that draws numpy/Python random numbers or changes Python state is refused with
-  :class:`~fxckpt.errors.CaptureError`, naming what changed (:mod:`fxckpt.capture.state_guard`);
+  :class:`~fxckpt.errors.CaptureError`, naming what changed (:mod:`fxckpt.capture.traceless`);
 * global module hooks are refused: a graph cannot call them once per module.
 
 A graph is captured per mode of every module and per autocast state (the caller's key), because
@@ -47,7 +47,7 @@ from fxckpt.capture.isolation import isolated
 from fxckpt.capture.regions import outline_regions
 from fxckpt.capture.sharding import (full_parameters, parameter_owners, root_gathered,
                                     sharding_key)
-from fxckpt.capture.state_guard import StateGuard
+from fxckpt.capture.traceless import Traceless
 from fxckpt.capture.tracer import FxckptTracer, to_graph_module
 from fxckpt.runtime.assign import Assignment, assign
 from fxckpt.signature import Binder, Shapes, has_hooks, is_compiled, is_static_value
@@ -142,21 +142,21 @@ def _capture(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dic
 
     failures: list[tuple[str, BaseException]] = []
     if method != EXPORT:
-        guard = StateGuard(model, quiet)
+        clean = Traceless(model, quiet)
         try:
-            with guard, recording(everything) as reads:
+            with clean, recording(everything) as reads:
                 gm = _symbolic(model, binder, args, kwargs, called)
         except Exception as e:  # any tracer failure: fall back and report it if export fails too
             failures.append((SYMBOLIC, e))
         else:
-            _refuse_changes(model, guard.changes)
-            _assignments(gm, guard.assigned, live, reads)
+            _refuse_changes(model, clean.changes)
+            _assignments(gm, clean.assigned, live, reads)
             outline_regions(gm)
             log.debug("captured %s with symbolic_trace (%d nodes)", type(model).__name__,
                       len(gm.graph.nodes))
             return Captured(gm, SYMBOLIC, binder, None, hooked, model, sharding, guards(reads))
         if method == SYMBOLIC or (args is None and kwargs is None):
-            _refuse_changes(model, guard.changes)
+            _refuse_changes(model, clean.changes)
             have_inputs = args is not None or kwargs is not None
             raise CaptureError(_message(model, failures, have_inputs=have_inputs,
                                         method=method)) from failures[-1][1]
@@ -165,16 +165,16 @@ def _capture(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dic
             f"capture='export' needs the call's inputs to capture {type(model).__name__}: call "
             "the transformed module, or pass example_inputs= to fxckpt.transform"
         )
-    guard = StateGuard(model, quiet)
+    clean = Traceless(model, quiet)
     try:
         # export runs opaque modules' forward on fakes too
-        with guard, full_parameters(model), recording(everything) as reads:
+        with clean, full_parameters(model), recording(everything) as reads:
             exported = export_graph(model, tuple(args or ()), dict(kwargs or {}), called)
     except CaptureError:
         raise
     except Exception as e:
         failures.append((EXPORT, e))
-        _refuse_changes(model, guard.changes)
+        _refuse_changes(model, clean.changes)
         message = _message(model, failures, have_inputs=True, method=method)
         generators = reads.of_type(torch.Generator)
         if generators:
@@ -183,8 +183,8 @@ def _capture(model: torch.nn.Module, args: Optional[tuple], kwargs: Optional[dic
                         "symbolic_trace replays such draws exactly (capture='graph' tries it "
                         "first)")
         raise CaptureError(message) from e
-    _refuse_changes(model, guard.changes + _changed(model, reads))
-    _assignments(exported.gm, guard.assigned, live, reads)
+    _refuse_changes(model, clean.changes + _changed(model, reads))
+    _assignments(exported.gm, clean.assigned, live, reads)
     log.info(
         "captured %s with torch.export (%s shapes; %s)",
         type(model).__name__,

@@ -6,7 +6,7 @@ tuple or dict attribute (``self.rngs["mask"]``), or on a helper object a module 
 augmentation callable with its own ``self.rng``). Two things follow:
 
 * a forward run only to capture or to measure the model must leave them as they were:
-  :class:`~fxckpt.capture.state_guard.StateGuard` puts their states back;
+  :class:`~fxckpt.capture.traceless.Traceless` puts their states back;
 * a capture whose forward drew from one would replay that one draw on every call, so the state
   guard reports the draw and capture refuses it by name.
 

@@ -28,14 +28,14 @@ def own_error(view: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Exce
     models FSDP shards (their forward needs FSDP's hooks and collectives on every rank).
     """
     from fxckpt.capture.sharding import sharding_key
-    from fxckpt.capture.state_guard import StateGuard
+    from fxckpt.capture.traceless import Traceless
     from fxckpt.signature import has_hooks
 
     if any(sharding_key(view)):
         return None
     hooked = [m for m in view.modules() if has_hooks(m)]
     try:
-        with StateGuard(view, hooked), _NoStateWrites([*view.parameters(), *view.buffers()]):
+        with Traceless(view, hooked), _NoStateWrites([*view.parameters(), *view.buffers()]):
             type(view).forward(view, *args, **kwargs)
     except _GaveUp:
         return None

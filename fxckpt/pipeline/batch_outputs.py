@@ -21,7 +21,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fxckpt.cost.annotate import faking, has_info, info
-from fxckpt.capture.state_guard import hooks_off
+from fxckpt.capture.traceless import hooks_off
 from fxckpt.signature import has_hooks
 from fxckpt.runtime.microbatch import same_value
 

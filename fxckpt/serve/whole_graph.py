@@ -32,7 +32,7 @@ from fxckpt.capture.captured import Captured
 from fxckpt.planning.fit import Target, Verify, fit
 from fxckpt.capture.graphs import copy_graph_module
 from fxckpt.capture.sharding import full_parameters, recomputable
-from fxckpt.capture.state_guard import hooks_off, weight_computing_hooks
+from fxckpt.capture.traceless import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
 from fxckpt.runtime.segment import Offloading

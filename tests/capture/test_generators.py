@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from fxckpt.capture import generators
 from fxckpt.capture.generators import held_generators, same_state, set_state, state_of
-from fxckpt.capture.state_guard import StateGuard
+from fxckpt.capture.traceless import Traceless
 
 
 class Augment:
@@ -75,10 +75,10 @@ def test_a_state_taken_puts_the_generator_back(make) -> None:  # type: ignore[no
     assert [generator.random() for _ in range(3)] == first
 
 
-def test_the_state_guard_puts_held_generators_back_and_reports_each_draw() -> None:
+def test_traceless_puts_held_generators_back_and_reports_each_draw() -> None:
     model = Holder()
     want = [state_of(g) for _, g in held_generators(model)]
-    with StateGuard(model) as guard:
+    with Traceless(model) as guard:
         model(torch.randn(1, 2))
     assert all(same_state(state_of(g), s) for (_, g), s in zip(held_generators(model), want))
     drawn = [c for c in guard.changes if "random generator, and draws from it" in c]
@@ -90,7 +90,7 @@ def test_the_state_guard_puts_held_generators_back_and_reports_each_draw() -> No
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        with StateGuard(model):
+        with Traceless(model):
             model(torch.randn(1, 2))
     finally:
         stop.set()
@@ -101,6 +101,6 @@ def test_the_state_guard_puts_held_generators_back_and_reports_each_draw() -> No
 def test_a_generator_held_but_not_drawn_from_is_no_change() -> None:
     model = Holder()
     model.forward = lambda x: model.fc(x)  # type: ignore[method-assign]
-    with StateGuard(model) as guard:
+    with Traceless(model) as guard:
         model(torch.randn(1, 2))
     assert guard.changes == []

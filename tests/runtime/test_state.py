@@ -233,7 +233,7 @@ SET_AND_READ_HERE_ONLY = frozenset({
 GENERATOR_STATES_ALSO = {
     "capture/generators.py": "the Python and numpy generators a model holds (not torch's): "
                              "compared and put back by capture, which refuses their draws",
-    "capture/state_guard.py": "numpy's global generator (not torch's), copied for this "
+    "capture/traceless.py": "numpy's global generator (not torch's), copied for this "
                               "thread's draws and compared to name a forward that draws from it",
 }
 """Modules besides fxckpt/runtime/state.py that may call ``.get_state()``/``.set_state()``,

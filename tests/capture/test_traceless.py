@@ -1,4 +1,4 @@
-"""capture/state_guard.py: a capture attempt leaves the model as it found it and reports what a
+"""capture/traceless.py: a capture attempt leaves the model as it found it and reports what a
 graph could not replay."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from fxckpt.capture.generators import same_state
-from fxckpt.capture.state_guard import StateGuard, hooks_off
+from fxckpt.capture.traceless import Traceless, hooks_off
 
 
 class Busy(nn.Module):
@@ -34,7 +34,7 @@ class Busy(nn.Module):
 def test_everything_the_forward_changed_is_put_back_and_reported() -> None:
     model = Busy()
     state = random.getstate()
-    with StateGuard(model) as guard:
+    with Traceless(model) as guard:
         model(torch.randn(1, 2))
     assert model.seen.item() == 0.0 and model.calls == 0 and "last" not in vars(model)
     assert not model.fc._forward_hooks  # removed without complaint
@@ -53,7 +53,7 @@ def test_grad_mode_left_off_is_reported() -> None:
             torch.set_grad_enabled(False)
             return x
 
-    with StateGuard(Off()) as guard:
+    with Traceless(Off()) as guard:
         Off()(torch.ones(1))
     assert torch.is_grad_enabled()
     assert guard.changes == [
@@ -100,7 +100,7 @@ def test_random_state_is_not_rewound_while_another_thread_could_draw() -> None:
         python, numpy = random.Random(), np.random.RandomState()
         python.setstate(random.getstate())
         numpy.set_state(np.random.get_state())
-        with StateGuard(model) as guard:
+        with Traceless(model) as guard:
             go.set()
             done.wait()
             model(torch.randn(1, 2))

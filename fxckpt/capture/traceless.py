@@ -1,7 +1,7 @@
 """Capture runs the model's forward once; it must leave no trace and reveal what a graph can't
 replay.
 
-``StateGuard`` wraps one capture attempt (or one run of the unmodified step on fake tensors, to
+``Traceless`` wraps one capture attempt (or one run of the unmodified step on fake tensors, to
 measure it). On exit it puts back everything the attempt may have changed — buffer values,
 module attributes, hook tables, the random generators the model holds, the ``functools``
 caches its code filled (:mod:`fxckpt.capture.caches`), and torch, numpy and
@@ -18,12 +18,12 @@ would diverge from the model:
   (:mod:`fxckpt.capture.generators`); its state is put back whether or not other threads run.
 
 Attributes the forward only *adds* (``self.attn_map = attn``, a lazily built cache) are removed
-again and listed in :attr:`StateGuard.assigned`: capture makes the graph set them every call
+again and listed in :attr:`Traceless.assigned`: capture makes the graph set them every call
 (:mod:`fxckpt.runtime.assign`), sets plain values once, or refuses. Hooks the forward registers
 (Hugging Face installs its output-recording hooks at the first call) are removed without
 complaint: the graph computes their effect inline every call.
 
-Hooks of the given modules are switched off while the guard is active, so that capture and
+Hooks of the given modules are switched off while it is active, so that capture and
 annotation neither fire the user's hooks on fake tensors nor bake them into the graph.
 """
 
@@ -48,7 +48,7 @@ from fxckpt.runtime.state import (
     values_kept,
 )
 
-__all__ = ["StateGuard", "hooks_off"]
+__all__ = ["Traceless", "hooks_off"]
 
 _PRIMITIVES = (type(None), bool, int, float, complex, str, bytes)
 _CONTAINERS = ("_parameters", "_buffers", "_modules")
@@ -62,7 +62,7 @@ _HOOK_KEYS = frozenset(_HOOK_TABLES) | {
 _MISSING = object()
 
 
-class StateGuard:
+class Traceless:
     """Context manager around one capture attempt; ``changes`` lists what the forward changed."""
 
     def __init__(self, model: torch.nn.Module, quiet: Iterable[torch.nn.Module] = ()) -> None:
@@ -74,7 +74,7 @@ class StateGuard:
         again): the capture decides what to do with them."""
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> "StateGuard":
+    def __enter__(self) -> "Traceless":
         # Random states are put back only when no other thread could have drawn meanwhile: a
         # capture never rewinds a data-loading or augmentation thread's random numbers.
         self._alone = alone()
