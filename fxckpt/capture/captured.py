@@ -286,8 +286,8 @@ def _refuse_global_hooks() -> None:
 
 
 def _changed(model: torch.nn.Module, reads: Reads) -> list[str]:
-    """Attributes the forward changed that torch.export put back by itself (the state guard
-    cannot see those), described as the state guard describes changes."""
+    """Attributes the forward changed that torch.export put back by itself (Traceless
+    cannot see those), described as Traceless describes changes."""
     paths = {id(m): p for p, m in model.named_modules()}
     out = []
     for obj, name, before, now in reads.changed():

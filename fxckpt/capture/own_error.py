@@ -22,7 +22,7 @@ def own_error(view: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[Exce
 
     Asked only when capture or planning failed: a call the model itself refuses (a missing
     argument, ``tm([x])``, its own ``ValueError`` on bad input) must raise what the model
-    raises, not fxckpt's error. The forward runs under the state guard (buffers, attributes and
+    raises, not fxckpt's error. The forward runs under Traceless (buffers, attributes and
     hooks as they were), and is given up, with no answer, at its first in-place write to a
     parameter or buffer (an EMA teacher's update, which the guard would not put back) and for
     models FSDP shards (their forward needs FSDP's hooks and collectives on every rank).
