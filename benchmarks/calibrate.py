@@ -3,7 +3,7 @@
     python -m benchmarks.calibrate [--repeats 30] [--threads 1] [--out docs]
 
 The solver weighs recompute in FLOP-equivalents (:mod:`fxckpt.cost.prices`,
-:mod:`fxckpt.cost.graph_view`): a matmul costs its FLOPs, every other call a price per byte it
+:mod:`fxckpt.cost.bridge`): a matmul costs its FLOPs, every other call a price per byte it
 writes plus a price per call, and a checkpointed segment and a kept node a fixed overhead. Those
 constants were measured once, on the benchmark machine; this script measures them again where it
 runs, in the same units, and writes ``calibration.md``:
@@ -119,7 +119,7 @@ def _step_seconds(module: torch.nn.Module, x: torch.Tensor, repeats: int) -> flo
 def _overheads(rate: float, repeats: int) -> tuple[Row, Row]:
     """Per segment and per kept node, in FLOP-equivalents at ``rate``."""
     import fxckpt
-    from fxckpt.cost.graph_view import KEEP_COST, SEGMENT_COST
+    from fxckpt.cost.bridge import KEEP_COST, SEGMENT_COST
 
     layers = 32
     x = torch.randn(2, 8)
@@ -158,7 +158,7 @@ class _Sines(torch.nn.Module):
 def _saved(rate: float, repeats: int) -> Row:
     """Per saved tensor, in FLOP-equivalents at ``rate``."""
     import fxckpt
-    from fxckpt.cost.graph_view import SAVED_COST
+    from fxckpt.cost.bridge import SAVED_COST
 
     calls, x = 160, torch.randn(64)
     eager = _step_seconds(_Sines(calls), x, repeats)
@@ -205,7 +205,7 @@ def render(result: dict[str, Any], machine: Optional[dict[str, Any]] = None) -> 
         "The solver prices recompute in FLOP-equivalents: FLOPs at the matmul rate measured "
         f"here ({result['rate'] / 1e9:.1f} GFLOP/s, a 1024 x 1024 fp32 matmul), bytes written "
         "at a price per byte, and a fixed price per call, per checkpointed segment and per kept "
-        "node (`fxckpt/cost/prices.py`, `fxckpt/cost/graph_view.py`). Each row: the value "
+        "node (`fxckpt/cost/prices.py`, `fxckpt/cost/bridge.py`). Each row: the value "
         f"in the code, the value measured here (median of {result['repeats']} runs), and their "
         "ratio. Prices only rank plans by time; a plan's peak never depends on them.",
         "",

@@ -259,7 +259,7 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
     """
     from fxckpt.cost.annotate import annotate
     from fxckpt.capture.captured import capture
-    from fxckpt.cost.graph_view import problem_of
+    from fxckpt.cost.bridge import problem_of
     from fxckpt.capture.graphs import planned_nodes
     from fxckpt.planning.blocks import block_ranges
     from fxckpt.planning.keeps import choices

@@ -102,7 +102,7 @@ def predict(profile_name: str = "h100", layers: Optional[int] = None,
     from fxckpt.module import dispatcher_of
     from fxckpt.cost.annotate import has_info, info
     from fxckpt.cost.devices import PROFILES
-    from fxckpt.cost.graph_view import problem_of
+    from fxckpt.cost.bridge import problem_of
 
     profile = PROFILES[profile_name]
     assert profile is not None, "a GPU profile"

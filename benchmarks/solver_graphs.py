@@ -127,7 +127,7 @@ def _maker(graph: str) -> Callable[[], tuple[Problem, Any, Any]]:
     from fxckpt.cost.annotate import annotate
     from fxckpt.capture.captured import capture
     from fxckpt.planning.blocks import block_ranges
-    from fxckpt.cost.graph_view import problem_of
+    from fxckpt.cost.bridge import problem_of
     from fxckpt.capture.graphs import planned_nodes
     from fxckpt.planning.keeps import choices
 

@@ -61,7 +61,7 @@ class Row:
 def _forward_cost(tm: torch.nn.Module) -> tuple[float, float]:
     """(one forward pass, one segment's overhead), in the CPU table's FLOP-equivalents, from the
     annotated graph of a module transformed with no strategy (no segment)."""
-    from fxckpt.cost.graph_view import problem_of
+    from fxckpt.cost.bridge import problem_of
     from fxckpt.module import dispatcher_of
 
     compiled = dispatcher_of(tm).last

@@ -196,7 +196,7 @@ class Plan:
     recompute_share: float | None = None
     """What recompute adds to a step, as a share of one forward pass: the cost of the ops run
     again over the cost of all ops, both estimated from FLOPs plus memory traffic (see
-    :mod:`fxckpt.cost.graph_view`), so a dropout or GELU recomputed counts though it does few
+    :mod:`fxckpt.cost.bridge`), so a dropout or GELU recomputed counts though it does few
     FLOPs; the fixed per-segment overhead is left out. The one recompute percentage every view
     shows (summary, HTML, Pareto chart)."""
     recompute_floor: float | None = None

@@ -19,6 +19,7 @@ RETIRED = {
     "Range": "Span",
     "StateGuard": "Traceless",  # a guard is a Python fact checked before every call
     "state_guard": "traceless",
+    "graph_view": "bridge (the module) or labelled_graph (the picture's graph)",
 }
 
 

@@ -165,7 +165,7 @@ def test_frees_is_what_the_step_stops_holding_between_forward_and_backward(
     it), and with p > 0 the dropout mask and output (the next fc saves it); with p = 0 dropout is
     the identity and the next fc saves the GELU output. A segment of two blocks frees all of
     those 16x32 float tensors but its output, which the next segment keeps as its input."""
-    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.bridge import to_problem
     from fxckpt.cost.runs import spans_of
     from fxckpt.solver import simulate
 

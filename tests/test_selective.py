@@ -38,7 +38,7 @@ class Blocks(nn.Module):
 ADDMM = {"op:aten.addmm": "save"}
 """Keep every matmul inside a segment: on these small blocks the solver finds plans without keeps
 (a kept output costs about 100 us of bookkeeping a step,
-:data:`fxckpt.cost.graph_view.KEEP_COST`, and a segment can end where its recompute stops
+:data:`fxckpt.cost.bridge.KEEP_COST`, and a segment can end where its recompute stops
 before a matmul), so the runtime's keeping is
 tested on pinned ones; :func:`test_selective_false_recomputes_whole_segments_and_costs_more` has
 the solver choose them."""
@@ -274,7 +274,7 @@ def test_selective_must_be_a_bool() -> None:
 
 def test_plot_memory_shades_the_kept_outputs_and_pareto_counts_them() -> None:
     pytest.importorskip("matplotlib")
-    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.bridge import to_problem
     from fxckpt.cost.runs import keep_positions, spans_of
     from fxckpt.solver.simulate import kept_live
     from fxckpt.viz.common import inspect_module

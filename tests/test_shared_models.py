@@ -12,7 +12,7 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import info
 from fxckpt.planning.blocks import block_of, block_ranges
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.bridge import problem_of
 from fxckpt.capture.graphs import planned_nodes
 from fxckpt.planning.keeps import choices
 from fxckpt.solver import simulate

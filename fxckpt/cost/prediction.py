@@ -8,7 +8,7 @@ being scaled, a weight gradient before it is added into ``.grad``) nor the scrat
 kernels allocate for themselves (a CPU convolution's reorders, :mod:`fxckpt.cost.scratch`). A
 *reserve* the size of the largest single gradient or scratch buffer stands for them. It is part
 of the problem the solver sees (:attr:`fxckpt.solver.Problem.reserve_bytes`, set by
-:func:`fxckpt.cost.graph_view.to_problem`): every simulated peak includes it and every budget the
+:func:`fxckpt.cost.bridge.to_problem`): every simulated peak includes it and every budget the
 solver meets counts it, so the figures here are the simulator's as they are.
 """
 
@@ -45,7 +45,7 @@ def recompute_share(problem: Problem, ranges: Spans, keep: Sequence[int] = ()) -
     """The cost of the ops ``ranges`` run again (or offload), as a share of one forward pass.
 
     Both in the simulator's units (FLOPs plus memory traffic, see
-    :mod:`fxckpt.cost.graph_view`); the fixed per-segment overhead the solver also weighs is
+    :mod:`fxckpt.cost.bridge`); the fixed per-segment overhead the solver also weighs is
     left out, so a share of 100% means "one more forward pass". ``Plan.recompute_share``, the
     summary and the Pareto chart all use this figure.
     """

@@ -2,7 +2,7 @@
 
 ``offload="auto"`` lets the solver move a segment's saved tensors to host memory instead of
 recomputing it when that is cheaper. Both prices must be in one unit: the FLOP-equivalents the
-cost model uses (:mod:`fxckpt.cost.graph_view`). So the matmul rate of the model's device and
+cost model uses (:mod:`fxckpt.cost.bridge`). So the matmul rate of the model's device and
 the copy bandwidth to the host are timed here — after a discarded warm-up run, the median of a
 few runs — and a byte moved costs ``2 * matmul rate / bandwidth`` FLOP-equivalents (out and back).
 """

@@ -3,7 +3,7 @@
 Strategies choose segments as *runs*: contiguous lists of fx nodes in graph order. The solver
 and simulator (:mod:`fxckpt.solver`) see *ranges*: half-open ``(start, end)`` intervals over the
 ops of a :class:`~fxckpt.solver.Problem`, where a node that keeps bytes no node outputs is
-preceded by a synthetic ``<node>::saved`` op (see :mod:`fxckpt.cost.graph_view`). This module
+preceded by a synthetic ``<node>::saved`` op (see :mod:`fxckpt.cost.bridge`). This module
 converts between the two, in one place.
 """
 
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch.fx
 
-from fxckpt.cost.graph_view import SYNTHETIC
+from fxckpt.cost.bridge import SYNTHETIC
 from fxckpt.solver import Problem, Spans
 
 __all__ = ["Run", "to_spans", "spans_of", "to_runs", "keep_positions", "kept_names",

@@ -146,7 +146,7 @@ def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:
 def _variant(
     i: int, key: Any, compiled: Any, tensors: _Tensors, texts: dict[str, str]
 ) -> dict[str, Any]:
-    from fxckpt.passes.flatten import graph_view
+    from fxckpt.passes.flatten import labelled_graph
 
     plan = compiled.plan
     offloaded = [s.name for s in plan.segments if getattr(s, "action", "recompute") != "recompute"]
@@ -156,7 +156,7 @@ def _variant(
             "(transform without offload= to save this model)"
         )
     method = compiled.captured.method
-    texts[f"graphs/v{i}.json"] = view_to_json(graph_view(compiled.gm, plan))
+    texts[f"graphs/v{i}.json"] = view_to_json(labelled_graph(compiled.gm, plan))
     return {
         "key": repr(key),
         "loose_key": repr(loose_key(key)),

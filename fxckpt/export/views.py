@@ -1,6 +1,6 @@
 """Graph views as JSON, so a loaded module can still be drawn and its memory predicted.
 
-The networkx view (:func:`fxckpt.cost.graph_view.to_networkx`) is plain data: node names,
+The networkx view (:func:`fxckpt.cost.bridge.to_networkx`) is plain data: node names,
 kinds, bytes, costs, module paths and data-flow edges. It is written with a small fixed layout
 (not networkx's node-link format, whose arguments change between versions).
 """

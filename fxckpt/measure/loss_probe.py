@@ -1,7 +1,7 @@
 """What the user's loss holds: measured on fake outputs, for the planner's model of the step.
 
 The graph ends at the model's outputs; the loss runs after them, and its memory is part of the
-step. The planner models it as one synthetic op (:mod:`fxckpt.cost.graph_view`), assumed to
+step. The planner models it as one synthetic op (:mod:`fxckpt.cost.bridge`), assumed to
 keep one tensor as large as the outputs and to make their gradients. A loss can hold far more:
 ``logits.float().square().mean()`` keeps the logits and, in its backward, makes the gradient of
 the mean, ``logits ** 1``, ``2 * logits`` and the product at once: five times the logits at its

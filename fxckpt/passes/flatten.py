@@ -25,7 +25,7 @@ from fxckpt.errors import PlanError
 from fxckpt.plan import Plan
 from fxckpt.runtime.selective import keep_begin, keep_end
 
-__all__ = ["flatten", "graph_view", "segment_call_name"]
+__all__ = ["flatten", "labelled_graph", "segment_call_name"]
 
 Env = dict[torch.fx.Node, Any]
 
@@ -88,11 +88,11 @@ def _inline(flat: torch.fx.Graph, sub: torch.nn.Module, inputs: list[Any]) -> An
     raise PlanError("flatten: segment graph has no output")
 
 
-def graph_view(gm: torch.fx.GraphModule, plan: Plan) -> nx.DiGraph:
-    """The networkx view (:func:`fxckpt.cost.graph_view.to_networkx`) of the flat graph, each
+def labelled_graph(gm: torch.fx.GraphModule, plan: Plan) -> nx.DiGraph:
+    """The networkx view (:func:`fxckpt.cost.bridge.to_networkx`) of the flat graph, each
     node labelled with its ``segment`` (name or ``None``) and pipeline ``stage`` (index or
     ``None``)."""
-    from fxckpt.cost.graph_view import to_networkx
+    from fxckpt.cost.bridge import to_networkx
 
     view = to_networkx(flatten(gm, plan))
     segment = {node: seg.name for seg in plan.segments for node in seg.nodes}

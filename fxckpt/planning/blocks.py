@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch.fx
 
 from fxckpt.cost.annotate import info
-from fxckpt.cost.graph_view import SYNTHETIC
+from fxckpt.cost.bridge import SYNTHETIC
 from fxckpt.solver.problem import Problem
 
 __all__ = ["block_of", "block_ranges"]

@@ -28,7 +28,7 @@ import torch
 import torch.fx
 
 from fxckpt.cost.annotate import NodeInfo, info
-from fxckpt.cost.graph_view import SYNTHETIC
+from fxckpt.cost.bridge import SYNTHETIC
 from fxckpt.cost.prices import CALL_PRICE
 from fxckpt.solver import Problem
 

@@ -38,7 +38,7 @@ def pareto(
     from fxckpt.cost.annotate import annotate
     from fxckpt.capture.captured import capture
     from fxckpt.cost.prediction import recompute_share
-    from fxckpt.cost.graph_view import problem_of
+    from fxckpt.cost.bridge import problem_of
     from fxckpt.capture.graphs import planned_nodes
     from fxckpt.planning.keeps import choices
     from fxckpt.solver import pareto as solve_pareto, simulate

@@ -1,6 +1,6 @@
 """Select: run the strategy's pass, apply the rules every segment obeys, and build the Plan.
 
-    annotated gm --graph_view--> Problem --strategy pass--> runs --cleanup--> segments --> Plan
+    annotated gm --bridge--> Problem --strategy pass--> runs --cleanup--> segments --> Plan
                                                                   (force, in-place, hooks)
 
 A segment is a contiguous run of compute nodes in topological order. The Plan records, for each,
@@ -22,7 +22,7 @@ from fxckpt.planning.actions import choose_actions
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
                                      without_mode_switches)
-from fxckpt.cost.graph_view import priced_problem
+from fxckpt.cost.bridge import priced_problem
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
 from fxckpt.capture.graphs import outermost, planned_nodes

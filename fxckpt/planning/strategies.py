@@ -8,7 +8,7 @@ in-place op from its producer, or a multi-output op from its ``getitem``.
 
 ``budget=`` asks the solver (:mod:`fxckpt.solver`) for the op ranges with the least recompute
 whose predicted peak fits, on the networkx/solver view of the graph
-(:mod:`fxckpt.cost.graph_view`), and which costly outputs inside them to keep rather than
+(:mod:`fxckpt.cost.bridge`), and which costly outputs inside them to keep rather than
 recompute (:mod:`fxckpt.solver.selective`, unless ``selective=False``).
 
 ``plan=`` replays a saved plan's segments, found by node name or, in a graph captured elsewhere

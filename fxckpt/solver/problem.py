@@ -127,7 +127,7 @@ class Problem:
     """Bytes every peak includes beyond the tensors the simulator counts: set aside for what it
     does not model (backward temporaries such as a gradient being scaled, kernel scratch). The
     bridge from the graph sets it to the largest single gradient or scratch buffer
-    (:func:`fxckpt.cost.graph_view.to_problem`). Every simulated peak and every budget the
+    (:func:`fxckpt.cost.bridge.to_problem`). Every simulated peak and every budget the
     solvers meet count it, so nothing outside the solver adds or subtracts it."""
 
     def __post_init__(self) -> None:

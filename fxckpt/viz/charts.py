@@ -102,7 +102,7 @@ def _plan_point(module: Any) -> tuple[float, float]:
     """A transformed (or loaded) module's plan in the curve's units: ``(Plan.predicted_peak,
     Plan.recompute_share)``, the figures its summary prints (worked out again for plans saved
     before they were kept)."""
-    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.bridge import to_problem
     from fxckpt.cost.prediction import predict_spans, recompute_share
     from fxckpt.cost.runs import keep_positions, spans_of
 

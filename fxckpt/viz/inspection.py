@@ -104,12 +104,12 @@ class Inspection:
     @property
     def view(self) -> Any:
         """The latest plan's graph as a ``networkx.DiGraph`` (what ``fxckpt.show`` draws)."""
-        from fxckpt.passes.flatten import graph_view
+        from fxckpt.passes.flatten import labelled_graph
 
         compiled = self._current()
         views = _VIEWS.setdefault(self._dispatcher, {})
         if id(compiled) not in views:
-            views[id(compiled)] = graph_view(compiled.gm, compiled.plan)
+            views[id(compiled)] = labelled_graph(compiled.gm, compiled.plan)
         return views[id(compiled)]
 
     @property

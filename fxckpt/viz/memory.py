@@ -31,7 +31,7 @@ def predicted_timelines(module: Any) -> tuple[Any, Any, int]:
 
 def _timelines(module: Any) -> tuple[Any, Any, int, list[int]]:
     """:func:`predicted_timelines` and the bytes of kept outputs (selective) at each event."""
-    from fxckpt.cost.graph_view import to_problem
+    from fxckpt.cost.bridge import to_problem
     from fxckpt.cost.runs import keep_positions, spans_of
     from fxckpt.solver.simulate import kept_live, simulate
 

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.calibrate import OPS, main, measure, render
 from fxckpt.cost import prices
-from fxckpt.cost.graph_view import KEEP_COST, SAVED_COST, SEGMENT_COST
+from fxckpt.cost.bridge import KEEP_COST, SAVED_COST, SEGMENT_COST
 
 
 def test_every_constant_is_measured_beside_its_value_in_the_code() -> None:

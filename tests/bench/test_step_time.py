@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import step_time
-from fxckpt.cost.graph_view import SEGMENT_COST
+from fxckpt.cost.bridge import SEGMENT_COST
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import info
 from fxckpt.planning.actions import _within_the_forward
 from fxckpt.cost.devices import PROFILES, DeviceProfile, profile_for
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.bridge import problem_of
 from fxckpt.solver import Op, Problem
 from models import MLP
 

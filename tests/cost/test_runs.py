@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from fxckpt.cost.annotate import annotate, planned_nodes
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.bridge import problem_of
 from fxckpt.cost.runs import (keep_positions, kept_names, spans_of, recomputed, to_spans,
                                 to_runs)
 from fxckpt.solver import Problem

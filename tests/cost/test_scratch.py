@@ -23,7 +23,7 @@ from fxckpt.measure import (
 from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import has_info, info
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.bridge import problem_of
 from fxckpt.cost.scratch import backward_scratch, call_scratch
 from fxckpt.solver import Op
 

@@ -2,7 +2,7 @@
 
 Same node names, ops, targets and annotations as the annotated graph before lowering, the same
 values when run, getitem unpacking of multi-output segments resolved, and clear errors when the
-lowered graph no longer matches its plan. ``graph_view`` labels nodes with segment and stage.
+lowered graph no longer matches its plan. ``labelled_graph`` labels nodes with segment and stage.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from handmade import Tiny, plan, segment, traced
 from fxckpt.errors import PlanError
 from fxckpt.cost.annotate import META_KEY, annotate
 from fxckpt.passes.lower import lower
-from fxckpt.passes.flatten import flatten, graph_view, segment_call_name
+from fxckpt.passes.flatten import flatten, labelled_graph, segment_call_name
 from fxckpt.capture.graphs import copy_graph_module
 from fxckpt.plan import PipelineView
 
@@ -111,7 +111,7 @@ def test_graph_view_labels_segments_and_stages() -> None:
     stage_of = {call_1: 1, "add": 1, "drop": 2, "head": 2}
     pipeline = PipelineView(stages=(), chunks=1, checkpoint="never", stop=0, method="balanced",
                             stage_of=stage_of)
-    view = graph_view(gm, plan(FC1, FC2, pipeline=pipeline))
+    view = labelled_graph(gm, plan(FC1, FC2, pipeline=pipeline))
     labels = {n: (d["segment"], d["stage"]) for n, d in view.nodes(data=True)}
     assert labels == {
         "x": (None, None),

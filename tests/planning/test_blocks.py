@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from fxckpt.cost.annotate import META_KEY, annotate, info, planned_nodes
 from fxckpt.planning.blocks import block_of, block_ranges
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.bridge import problem_of
 from handmade import traced
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from fxckpt.cost.annotate import META_KEY, annotate, info, planned_nodes
-from fxckpt.cost.graph_view import problem_of
+from fxckpt.cost.bridge import problem_of
 from fxckpt.planning.keeps import KEEP_PRICE, choices, module_pins, op_pins
 from fxckpt.cost.prices import CALL_PRICE
 from fxckpt.solver import Problem

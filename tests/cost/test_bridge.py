@@ -1,4 +1,4 @@
-"""graph_view: the fx -> solver bridge on a graph small enough to work out by hand.
+"""The bridge: fx -> the solver's problem on a graph small enough to work out by hand.
 
 ``Views`` traces to (float32, x of shape 3x4)::
 
@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
-from fxckpt.cost.graph_view import (
+from fxckpt.cost.bridge import (
     KEEP_COST,
     SAVED_COST,
     LOSS,
