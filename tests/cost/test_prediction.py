@@ -2,7 +2,7 @@
 
 A chain ``x -> a -> b -> c -> d -> loss`` of 100-byte outputs, each op saving its input for
 backward and costing 10; ``b``'s kernel needs 500 bytes of scratch, which the problem's reserve
-covers (the bridge from the graph sets it so: tests/cost/test_graph_view.py).
+covers (the bridge from the graph sets it so: tests/cost/test_bridge.py).
 """
 
 from __future__ import annotations

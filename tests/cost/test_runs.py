@@ -35,7 +35,7 @@ def setup() -> tuple[Problem, dict[str, torch.fx.Node], list[torch.fx.Node]]:
 Setup = tuple[Problem, dict[str, torch.fx.Node], list[torch.fx.Node]]
 
 
-def test_to_ranges_starts_at_a_synthetic_op(setup: Setup) -> None:
+def test_to_spans_starts_at_a_synthetic_op(setup: Setup) -> None:
     problem, by, _ = setup
     runs = [[by["fc1"], by["relu"]], [by["drop"], by["head"]], [by["tanh"]]]
     assert to_spans(problem, runs) == ((0, 2), (6, 9), (3, 4))

@@ -105,7 +105,7 @@ def test_segment_graph_without_output_is_a_plan_error() -> None:
         flatten(gm, plan(FC1))
 
 
-def test_graph_view_labels_segments_and_stages() -> None:
+def test_the_labelled_graph_labels_segments_and_stages() -> None:
     _, gm = original_and_lowered((FC1, FC2))
     call_1 = next(n.name for n in gm.graph.nodes if segment_call_name(n, {"segment_1"}))
     stage_of = {call_1: 1, "add": 1, "drop": 2, "head": 2}
