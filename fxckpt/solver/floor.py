@@ -32,6 +32,7 @@ random 6-op graphs the floor is a median 0.56 of the cheapest plan (exhaustive s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from fxckpt.solver.problem import Problem
@@ -40,23 +41,33 @@ from fxckpt.solver.simulate import held_at_backward, profile
 __all__ = ["recompute_floor", "gap"]
 
 
-def _prices(problem: Problem) -> tuple[list[float], list[float]]:
-    """What op ``j`` costs a plan that drops its value (run again with its hooks, or its bytes
-    moved to the host and back where the problem may offload), and what it costs at least when
-    it is only in a segment for a later op's sake (offloaded, an op nothing saves moves
+@dataclasses.dataclass(frozen=True)
+class _Prices:
+    """Per op, the least a plan pays for it, and what the unmodified step holds at backward."""
+
+    drop: list[float]
+    """For dropping its value: run again with its hooks, or its bytes moved to the host and
+    back where the problem may offload."""
+    inside: list[float]
+    """For being in a segment for a later op's sake (offloaded, an op nothing saves moves
     nothing)."""
+    kept: list[float]
+    """For being kept inside a segment: the keep price and its hooks."""
+    held: tuple[int, ...]
+    """Bytes of its value the unmodified step holds at backward start."""
+
+
+def _prices(problem: Problem) -> _Prices:
     ix = problem.index
-    drop, inside = [], []
-    for j in range(ix.n):
-        run, hooks = ix.cost[j], ix.hooks(j, j + 1)
-        if ix.offload_per_byte is None:
-            drop.append(run + hooks)
-            inside.append(run + hooks)
-        else:
-            drop.append(min(run, ix.offload_per_byte * ix.out[j]) + hooks)
-            inside.append(min(run, ix.offload_per_byte * ix.out[j] * bool(ix.savers[j]))
-                          + hooks)
-    return drop, inside
+    hooks = [ix.hooks(j, j + 1) for j in range(ix.n)]
+    per_byte = ix.offload_per_byte
+    drop = [ix.cost[j] + hooks[j] if per_byte is None
+            else min(ix.cost[j], per_byte * ix.out[j]) + hooks[j] for j in range(ix.n)]
+    inside = [ix.cost[j] + hooks[j] if per_byte is None
+              else min(ix.cost[j], per_byte * ix.out[j] * bool(ix.savers[j])) + hooks[j]
+              for j in range(ix.n)]
+    kept = [min(ix.cost[j], problem.keep_overhead) + hooks[j] for j in range(ix.n)]
+    return _Prices(drop, inside, kept, held_at_backward(problem))
 
 
 WAYS = 4
@@ -64,8 +75,8 @@ WAYS = 4
 past that, one item counts them free, which only lowers the bound."""
 
 
-def _items(problem: Problem, dropped: list[int], prices: tuple[list[float], list[float]],
-           dead: Callable[[int], bool], savers_to: int) -> list[tuple[float, float]]:
+def _items(problem: Problem, dropped: list[int], prices: _Prices, dead: Callable[[int], bool],
+           savers_to: int) -> list[tuple[float, float]]:
     """Knapsack items ``(cost, bytes)`` for the values ``dropped`` at a step.
 
     A dropped value comes with *companions*. Its segment holds its inputs from forward to its
@@ -79,10 +90,7 @@ def _items(problem: Problem, dropped: list[int], prices: tuple[list[float], list
     no choice counts it more than once in all.
     """
     ix = problem.index
-    drop, inside = prices
     candidates = set(dropped)
-    early = problem.early_stop
-    kept = [min(ix.cost[i], problem.keep_overhead) + ix.hooks(i, i + 1) for i in range(ix.n)]
     companions: dict[int, list[tuple[int, bool]]] = {}
     sharers: dict[int, int] = {}
     for j in dropped:
@@ -93,18 +101,16 @@ def _items(problem: Problem, dropped: list[int], prices: tuple[list[float], list
             sharers[c] = sharers.get(c, 0) + 1
     items: list[tuple[float, float]] = []
     for j in dropped:
-        base, ways = drop[j], [(0.0, 0.0)]
+        base, ways = prices.drop[j], [(0.0, 0.0)]
         for c, saver in companions[j]:
             share = 1 / sharers[c]
-            run = 0.0 if saver and early else inside[c]
-            hold = kept[c] if saver else 0.0
-            if not dead(c):  # held anyway: only what the segment charges
-                base += min(run, hold) * share
-            elif len(companions[j]) <= WAYS:
+            run = 0.0 if saver and problem.early_stop else prices.inside[c]
+            hold = prices.kept[c] if saver else 0.0
+            if dead(c) and len(companions[j]) <= WAYS:
                 ways = [(cost + option, size + held) for cost, size in ways
                         for option, held in ((hold * share, ix.out[c] * share),
                                              (run * share, 0.0))]
-            else:
+            else:  # held anyway (or too many ways): only what the segment charges
                 base += min(run, hold) * share
         items += [(base + cost, ix.out[j] - size) for cost, size in ways if ix.out[j] > size]
     return items
@@ -128,9 +134,11 @@ STEPS = 16
 """The unmodified step's fullest steps the bound is taken at (with backward start)."""
 
 
-def _dropped(problem: Problem, t: int) -> tuple[list[int], Callable[[int], bool]]:
+def _dropped(problem: Problem, t: int, held: tuple[int, ...]
+             ) -> tuple[list[int], Callable[[int], bool]]:
     """Ops whose values the unmodified step holds at step ``t`` and a plan may have let go of,
-    and which values the unmodified step no longer holds at ``t``.
+    and which values the unmodified step no longer holds at ``t`` (``held``: the bytes it holds
+    at backward start).
 
     In forward (and at backward start, ``t = n``): those held for backward whose last reader
     ran before ``t``. At the backward of op ``k``: those an op in ``j..k-1`` saves and ``k``
@@ -141,7 +149,6 @@ def _dropped(problem: Problem, t: int) -> tuple[list[int], Callable[[int], bool]
     ix = problem.index
     n = ix.n
     if t <= n:
-        held = held_at_backward(problem)
         return ([j for j in range(min(t + 1, n))
                  if held[j] and not ix.is_output[j] and ix.last_use[j] < t],
                 lambda u: not held[u] and ix.last_alive[u] < t)
@@ -166,7 +173,7 @@ def recompute_floor(problem: Problem, peak: int) -> float:
     fullest = sorted(range(len(live)), key=lambda t: (-live[t], t))[:STEPS]
     best = 0.0
     for t in sorted({ix.n, *fullest}):
-        dropped, dead = _dropped(problem, t)
+        dropped, dead = _dropped(problem, t, prices.held)
         savers_to = ix.n if t <= ix.n else 2 * ix.n - t - 1
         bound = _knapsack(live[t] - peak, _items(problem, dropped, prices, dead, savers_to))
         best = max(best, bound + (ix.overhead if bound > 0 else 0.0))

@@ -293,8 +293,7 @@ class Index:
     gain: tuple[float, ...] = ()
     """What keeping each op saves: its cost less :attr:`Problem.keep_overhead` (0 for an op that
     costs nothing, such as the synthetic op of a node's hidden saved tensors, kept with it)."""
-    memo: Memo = dataclasses.field(
-        default_factory=Memo, compare=False, hash=False, repr=False)
+    memo: Memo = dataclasses.field(default_factory=Memo, compare=False, hash=False, repr=False)
     """Solver caches that depend only on the problem (profiles, segment facts)."""
 
     @staticmethod

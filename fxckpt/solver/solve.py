@@ -33,8 +33,9 @@ import logging
 import math
 from typing import Literal, NamedTuple, Optional
 
-from fxckpt.solver.moves import Space
 from fxckpt.errors import BudgetInfeasible
+from fxckpt.solver.floor import gap
+from fxckpt.solver.moves import Space
 from fxckpt.solver.problem import Key, Problem, Spans
 from fxckpt.solver.search import Found, gave_up, lower_bound, search
 from fxckpt.solver.simulate import peak_bytes
@@ -75,7 +76,7 @@ class Bound:
 
     def gap(self, cost: float) -> float:
         """At most this share of ``cost`` could be saved: ``(cost - lower_bound) / cost``."""
-        return max(0.0, cost - self.lower_bound) / cost if cost > 0 else 0.0
+        return gap(cost, self.lower_bound)
 
     def note(self, cost: float) -> str:
         """The plan note: what happened and the distance from the bound."""
