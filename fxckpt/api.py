@@ -148,7 +148,7 @@ def transform(
                 f"(got {type(example_inputs).__name__}); "
                 "write example_inputs=(x,)"
             )
-        dispatcher_of(tm).plan_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
+        dispatcher_of(tm).compiled_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
     return tm
 
 

@@ -112,7 +112,7 @@ def _plan_both_modes(tm: Any, args: tuple, kwargs: dict) -> None:
     try:
         for training in (not mode, mode):  # the original mode last: it stays the latest plan
             tm.train(training)
-            dispatcher_of(tm).plan_for(tm, args, kwargs)
+            dispatcher_of(tm).compiled_for(tm, args, kwargs)
     finally:
         tm.train(mode)
 

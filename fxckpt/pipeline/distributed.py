@@ -240,7 +240,8 @@ def _stages_of(tm: nn.Module, dispatcher: Any, example_inputs: Optional[Sequence
         if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
             raise ConfigError(f"example_inputs must be a tuple of positional inputs (got "
                               f"{type(example_inputs).__name__}); write example_inputs=(x,)")
-        compiled = dispatcher.plan_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
+        compiled = dispatcher.compiled_for(tm, tuple(example_inputs or ()),
+                                           dict(example_kwargs or {}))
     elif dispatcher.last is None:
         raise ConfigError(
             "this transformed module has not planned its stages yet: pass example_inputs=(batch,) "

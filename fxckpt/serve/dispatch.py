@@ -27,7 +27,7 @@ A training call to a Hugging Face model runs without a key/value cache (``use_ca
 unless the caller passed it: :func:`fxckpt.integrations.without_cache`).
 
 Capture and planning happen only when a training step needs them (``training`` with grad
-enabled) or when asked (:meth:`Dispatcher.plan_for`). The model's own forward serves ``eval()``
+enabled) or when asked (:meth:`Dispatcher.compiled_for`). The model's own forward serves ``eval()``
 and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
 """
 
@@ -146,9 +146,9 @@ class Dispatcher:
 
     def trains_through_dynamo(self, tm: torch.nn.Module) -> bool:
         """Whether this training call goes through Dynamo: always with ``capture="dynamo"``;
-        with ``auto`` unless an option needs one whole graph, a whole-graph plan
-        was made before the first training call (``example_inputs=``, ``plan_for``), or the
-        model is sharded with FSDP2 (whose hooks Dynamo skips)."""
+        with ``auto`` unless an option needs one whole graph, a whole-graph plan was made before
+        the first training call (``example_inputs=``, ``inspect(tm).plan_for``), or the model
+        is sharded with FSDP2 (whose hooks Dynamo skips)."""
         capture = self.config.capture
         if capture == "dynamo" or self.dynamo is not None:
             return True
@@ -167,7 +167,7 @@ class Dispatcher:
         runs Python over dicts and may capture or plan, and its result, a different object for
         each mode, autocast state and call structure, is what the compiled graph is guarded on.
         """
-        compiled = self.compiled_for(tm, args, kwargs)
+        compiled = self._lookup(tm, args, kwargs)
         self.last = compiled
         if self.offloader is not None and tm.training and torch.is_grad_enabled():
             self.offloader.stats = type(self.offloader.stats)()
@@ -196,14 +196,14 @@ class Dispatcher:
         self.last = self.dynamo.last  # type: ignore[assignment]
         return out
 
-    def plan_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
         """The compiled plan for these inputs in ``tm``'s current mode, made now if needed."""
         if self.config.capture == "dynamo":
             raise NotPlannedError(
                 "capture='dynamo' plans each graph when Dynamo compiles it, at the first training "
                 "call, and cannot plan without running one: call the module in training (or "
                 "plan with capture='auto')")
-        compiled = self.compiled_for(tm, args, self.step_kwargs(tm, kwargs))
+        compiled = self._lookup(tm, args, self.step_kwargs(tm, kwargs))
         self.last = compiled
         return compiled
 
@@ -230,7 +230,8 @@ class Dispatcher:
 
         return call_key(module_states(tm), *first_micro_batch(self.config, args, kwargs))
 
-    def compiled_for(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+    def _lookup(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+        """The compiled plan for this call as it comes (captured and planned if needed)."""
         key, shapes = self._keyed(tm, args, kwargs)
         try:
             entry = self._entry(tm, key, shapes, args, kwargs)
