@@ -247,7 +247,7 @@ def _compile(model: nn.Module, budget: float, backend: str) -> tuple[Callable[..
 
 def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budget],
                   repeats: int = 1) -> list[Facts]:
-    """Wall time of the budget solver alone (``fxckpt.solver.choose.solve_plan``, with the
+    """Wall time of the budget solver alone (``fxckpt.solver.portfolio.solve_plan``, with the
     repeated blocks and the outputs the planner offers it, as ``transform`` runs it: per block
     alone for large graphs of repeated blocks, else the cheaper of that and the full search), per
     budget fraction, after capture and annotate.
@@ -277,7 +277,7 @@ def solve_seconds(model: nn.Module, inputs: tuple[Any, ...], budgets: list[Budge
 
 def _time_solve(make: Callable[[], Any], budget: Budget, repeats: int) -> Facts:
     from fxckpt.solver import BudgetInfeasible, simulate
-    from fxckpt.solver.choose import solve_plan
+    from fxckpt.solver.portfolio import solve_plan
 
     problem, _, _ = make()
     limit = budget if isinstance(budget, int) else int(budget * simulate(problem, ()).peak_bytes)

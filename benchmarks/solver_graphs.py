@@ -5,7 +5,7 @@
 Where every hidden state of a model is read again at its end, each is held for backward or not
 depending on the plan, and the exact search's states double with every one of them
 (:mod:`fxckpt.solver.bounds`). These graphs are planned as ``transform`` plans them: captured
-and annotated, then :func:`fxckpt.solver.choose.solve_plan` at a fraction of the predicted
+and annotated, then :func:`fxckpt.solver.portfolio.solve_plan` at a fraction of the predicted
 eager peak (its reserve included, as in ``transform``):
 
 * ``lstm-T``: an unrolled ``nn.LSTMCell`` (width 32, batch 64) whose hidden states are all
@@ -150,7 +150,7 @@ def _status(key: str) -> int:
 
 def measure(graph: str, fraction: float, repeats: int = 3) -> Row:
     """Time, memory and the plan's gap for ``graph`` (run in a subprocess by :func:`run`)."""
-    from fxckpt.solver.choose import solve_plan
+    from fxckpt.solver.portfolio import solve_plan
     from fxckpt.solver import BudgetInfeasible, simulate
 
     make = _maker(graph)
@@ -228,7 +228,7 @@ def render(rows: list[Row], checks: Sequence[Any]) -> str:
         "Written by `python -m benchmarks.solver_graphs` (see its docstring for the graphs) "
         f"on {_machine()}. Before the solver's work was bounded (issue 33), `lstm-16` planned "
         "in 5-16 s, `lstm-20` in 72-109 s and 1.9 GiB, `lstm-24` and `mlp-mix-24` ran out of "
-        "memory. **solve s**: median wall time of `fxckpt.solver.choose.solve_plan`, each "
+        "memory. **solve s**: median wall time of `fxckpt.solver.portfolio.solve_plan`, each "
         "on a fresh problem. **traced MiB**: peak of Python "
         "allocations during one more solve (`tracemalloc`); **RSS MiB**: growth of the peak "
         "RSS over it. **gave up**: the exact search's work and states at one cut when it gave up "

@@ -70,7 +70,7 @@ UNMIRRORED = {
     "serve/sizes.py": "tests/serve/test_plan_cache.py, tests/dynamo/test_sizes.py",
     "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
     "signature.py": f"no direct test: {_BEHAVIOUR} (tests/test_shapes.py)",
-    "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
+    "solver/portfolio.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
     "strategy.py": "tests/planning/test_select.py, tests/planning/test_strategies.py",
     "viz/charts.py": "tests/viz/test_viz.py",

@@ -20,6 +20,11 @@ RETIRED = {
     "StateGuard": "Traceless",  # a guard is a Python fact checked before every call
     "state_guard": "traceless",
     "graph_view": "bridge (the module) or labelled_graph (the picture's graph)",
+    # select: costs -> Plan; place: a strategy's segments; solve: the solver's search
+    "choose": "place (a strategy's segments) or plan_at (fit's callback)",
+    "Chosen": "Placement",
+    "Choose": "PlanAt",
+    "choose_actions": "decide_actions",
 }
 
 

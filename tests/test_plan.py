@@ -55,7 +55,7 @@ def test_diff_names_what_changed() -> None:
 def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     import copy
 
-    from fxckpt.solver import choose
+    from fxckpt.solver import portfolio
     from support import assert_steps_equal, run_step
 
     x = torch.randn(8, 32, requires_grad=True)
@@ -69,8 +69,8 @@ def test_a_saved_plan_replays_without_solving(monkeypatch) -> None:
     def no_solving(*args, **kwargs):
         raise AssertionError("replay must not solve")
 
-    monkeypatch.setattr(choose, "solve_selective", no_solving)
-    monkeypatch.setattr(choose, "solve_shared", no_solving)
+    monkeypatch.setattr(portfolio, "solve_selective", no_solving)
+    monkeypatch.setattr(portfolio, "solve_shared", no_solving)
     tm = fxckpt.transform(model, plan=saved, example_inputs=(x,))
     assert [s.nodes for s in fxckpt.inspect(tm).plan.segments] == [
         s.nodes for s in solved.segments

@@ -10,10 +10,10 @@ from fxckpt.cost.runs import Run, to_spans
 from fxckpt.plan import SegmentSpec
 from fxckpt.solver import Problem
 
-__all__ = ["choose_actions"]
+__all__ = ["decide_actions"]
 
 
-def choose_actions(problem: Problem, segments: Sequence[SegmentSpec],
+def decide_actions(problem: Problem, segments: Sequence[SegmentSpec],
                    runs: Sequence[Run]) -> tuple[tuple[SegmentSpec, ...], str]:
     """Each segment's action: offload when the problem's offload price beats recomputing it.
 

@@ -108,7 +108,7 @@ class Target:
         return limit + max(0, self.raised - self.lowered)
 
 
-Choose = Callable[[Target], Plan]
+PlanAt = Callable[[Target], Plan]
 """``select`` on the annotated graph with a given :class:`Target`."""
 Verify = Callable[[torch.fx.GraphModule], int]
 """The verified peak of one training step of a graph module (raises ``VerifyError``)."""
@@ -117,7 +117,7 @@ Check = Callable[[Plan], tuple[Plan, torch.fx.GraphModule]]
 and the graph that runs it."""
 
 
-def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
+def fit(base: torch.fx.GraphModule, plan_at: PlanAt, verify: Optional[Verify], *,
         solved: bool = True, loosen: bool = False, eager: Optional[int] = None,
         offloader: Optional[Offloading] = None) -> tuple[Plan, torch.fx.GraphModule]:
     """The plan for the annotated ``base`` and the rewritten graph that runs it.
@@ -130,7 +130,7 @@ def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
     segments a plan offloads run under (:func:`fxckpt.passes.lower.lower`).
     """
     if verify is None:
-        plan = choose(Target())
+        plan = plan_at(Target())
         return plan, lower(base, plan, offloader)
     try:
         if eager is None:
@@ -145,21 +145,21 @@ def fit(base: torch.fx.GraphModule, choose: Choose, verify: Optional[Verify], *,
             return dataclasses.replace(plan, verified_peak=peak, verified_eager_peak=measured), gm
 
         if not solved:
-            return check(choose(Target()))
-        return _tightened(choose, check, eager, loosen)
+            return check(plan_at(Target()))
+        return _tightened(plan_at, check, eager, loosen)
     except VerifyError as e:
         log.warning("fxckpt: %s", e)
-        plan = choose(Target())
+        plan = plan_at(Target())
         return (_note(plan, f"the peak is simulated, not verified: {e}"),
                 lower(base, plan, offloader))
 
 
-def _tightened(choose: Choose, check: Check, eager: int,
+def _tightened(plan_at: PlanAt, check: Check, eager: int,
                loosen: bool) -> tuple[Plan, torch.fx.GraphModule]:
     target, over = Target(eager_bytes=eager), None
     for attempt in range(ATTEMPTS):
         try:
-            plan, gm = check(choose(target))
+            plan, gm = check(plan_at(target))
         except BudgetInfeasibleError:
             break  # the solver has nothing smaller: try the smallest plan
         budget = plan.budget
@@ -167,19 +167,19 @@ def _tightened(choose: Choose, check: Check, eager: int,
         if budget is None or plan.verified_peak <= budget:
             best, best_gm = plan, gm
             if over is not None:
-                best, best_gm, target = _between(choose, check, over, target, plan, gm)
+                best, best_gm, target = _between(plan_at, check, over, target, plan, gm)
             fitted = _tighten_note(best, attempt, target.lowered)
             if loosen and budget is not None:
-                return _loosened(choose, check, target, fitted, best_gm)
+                return _loosened(plan_at, check, target, fitted, best_gm)
             return fitted, best_gm
         log.info("fxckpt: plan verified at %s, over the budget %s; solving again",
                  format_bytes(plan.verified_peak), format_bytes(budget))
         over = target
         target = dataclasses.replace(target, lowered=_next_lowered(plan, target, attempt))
-    return _smallest(choose, check, target)
+    return _smallest(plan_at, check, target)
 
 
-def _between(choose: Choose, check: Check, over: Target, fits: Target, plan: Plan,
+def _between(plan_at: PlanAt, check: Check, over: Target, fits: Target, plan: Plan,
              gm: torch.fx.GraphModule) -> tuple[Plan, torch.fx.GraphModule, Target]:
     """The cheapest plan that fits, from targets bisected between ``over`` (its plan was
     verified over the budget) and ``fits`` (``plan``, which fits).
@@ -198,7 +198,7 @@ def _between(choose: Choose, check: Check, over: Target, fits: Target, plan: Pla
             break
         middle = dataclasses.replace(fits, lowered=(over.lowered + fits.lowered) // 2)
         try:
-            tried, tried_gm = check(choose(middle))
+            tried, tried_gm = check(plan_at(middle))
         except BudgetInfeasibleError:
             break
         assert tried.verified_peak is not None
@@ -226,7 +226,7 @@ def _next_lowered(plan: Plan, target: Target, attempt: int) -> int:
     return max(target.lowered + step, own_gap)
 
 
-def _loosened(choose: Choose, check: Check, target: Target, plan: Plan,
+def _loosened(plan_at: PlanAt, check: Check, target: Target, plan: Plan,
               gm: torch.fx.GraphModule) -> tuple[Plan, torch.fx.GraphModule]:
     """``plan`` (which fits), or a plan solved with the target raised by what ``plan``'s
     prediction exceeded its verified peak, when that one fits too and recomputes less."""
@@ -235,7 +235,7 @@ def _loosened(choose: Choose, check: Check, target: Target, plan: Plan,
     raise_by = plan.predicted_peak + target.set_aside(plan.eager_peak) - plan.verified_peak
     if raise_by <= plan.budget * LOOSEN_FROM:
         return plan, gm
-    looser, looser_gm = check(choose(
+    looser, looser_gm = check(plan_at(
         dataclasses.replace(target, raised=target.raised + raise_by)))
     assert looser.verified_peak is not None
     if looser.verified_peak > plan.budget or not _recomputes_less(looser, plan):
@@ -250,17 +250,17 @@ def _recomputes_less(plan: Plan, than: Plan) -> bool:
     return (plan.recompute_share or 0.0) < (than.recompute_share or 0.0)
 
 
-def _smallest(choose: Choose, check: Check,
+def _smallest(plan_at: PlanAt, check: Check,
               target: Target) -> tuple[Plan, torch.fx.GraphModule]:
     """The smallest-peak plan when it fits the budget; else one segment per repeated block when
     that fits (the simulator picks the first, and may be wrong where it peaks: a loss it assumed
     smaller than it is); else the budget is refused with the smaller of their verified peaks."""
     assert target.eager_bytes is not None
     least = dataclasses.replace(target, minimum=True)
-    plan, gm = check(choose(least))
+    plan, gm = check(plan_at(least))
     assert plan.budget is not None and plan.verified_peak is not None
     if plan.verified_peak > plan.budget:
-        blocks = choose(dataclasses.replace(least, per_block=True))
+        blocks = plan_at(dataclasses.replace(least, per_block=True))
         if blocks.segments and _nodes(blocks) != _nodes(plan):
             plan, gm = min([(plan, gm), check(blocks)],
                            key=lambda p: p[0].verified_peak or 0)

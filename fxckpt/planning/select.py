@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 import torch.fx
 
 from fxckpt.config import TransformConfig
-from fxckpt.planning.actions import choose_actions
+from fxckpt.planning.actions import decide_actions
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
                                      without_mode_switches)
@@ -29,7 +29,7 @@ from fxckpt.capture.graphs import outermost, planned_nodes
 from fxckpt.cost.prediction import floor_share, predict
 from fxckpt.cost.runs import Run, kept_names, recomputed
 from fxckpt.planning.fit import Target
-from fxckpt.planning.strategies import choose
+from fxckpt.planning.strategies import place
 from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.solver import Problem
 from fxckpt.strategy import Replay
@@ -66,33 +66,33 @@ def select(
                              host=config.offload_device or "cpu")
     modules = module_pins(config.force)
     offered, forced = choices(problem, order, config.force)
-    chosen = choose(config.strategy, order, problem, modules, target,
+    placement = place(config.strategy, order, problem, modules, target,
                     (offered if config.selective else [], forced))
-    runs, hooked_notes = without_hooked(order, list(chosen.runs), hooked)
+    runs, hooked_notes = without_hooked(order, list(placement.runs), hooked)
     runs = without_mode_switches(order, runs)
     again = recomputed(problem, runs)
-    kept = _kept(problem, again, chosen.keeps, forced, replay)
+    kept = _kept(problem, again, placement.keeps, forced, replay)
     prediction = predict(problem, runs, kept)
-    notes = [*chosen.notes, *hooked_notes, *force_notes(order, runs, modules),
-             *_budget_notes(config, chosen.budget, target, prediction.peak, replay)]
+    notes = [*placement.notes, *hooked_notes, *force_notes(order, runs, modules),
+             *_budget_notes(config, placement.budget, target, prediction.peak, replay)]
     prefix, anchors = _segment_prefix(gm, len(runs)), anchors_of(order)
     segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
                      for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
     if auto:
-        segments, note = choose_actions(problem, segments, runs)
+        segments, note = decide_actions(problem, segments, runs)
         notes.append(note)
     elif replay is not None:
         segments = tuple(dataclasses.replace(s, action=r.action)
                          for s, r in zip(segments, replay.plan.segments))
     if not segments:
-        notes.append(_why_none(config, chosen.why_none, training))
+        notes.append(_why_none(config, placement.why_none, training))
     plan = Plan(
         strategy=config.strategy_name, options=config.to_dict(), capture=capture,
         training=training, signature=signature, segments=segments, node_count=len(order),
         total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
         eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute, recompute_share=prediction.share,
-        recompute_floor=floor_share(problem, prediction.peak), budget=chosen.budget,
+        recompute_floor=floor_share(problem, prediction.peak), budget=placement.budget,
     )
     _log(plan)
     return plan

@@ -14,8 +14,9 @@ recompute (:mod:`fxckpt.solver.selective`, unless ``selective=False``).
 ``plan=`` replays a saved plan's segments, found by node name or, in a graph captured elsewhere
 (on another device), by their anchors (:mod:`fxckpt.planning.anchors`).
 
-Every pass returns a :class:`Chosen`; :func:`fxckpt.planning.select.select` applies the rules all
-segments obey (:mod:`fxckpt.planning.cleanup`) and builds the Plan.
+Every pass returns a :class:`Placement` (where segments go: :func:`place`);
+:func:`fxckpt.planning.select.select` applies the rules all segments obey
+(:mod:`fxckpt.planning.cleanup`) and builds the Plan.
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ from fxckpt.planning.peers import peer_starts
 from fxckpt.cost.runs import Run, kept_names, to_runs
 from fxckpt.plan import Plan, format_bytes
 from fxckpt.solver import Problem, simulate
-from fxckpt.solver.choose import min_peak_plan, solve_plan
+from fxckpt.solver.portfolio import min_peak_plan, solve_plan
 from fxckpt.strategy import Budgeted, Depth, Every, Replay, Strategy
 
-__all__ = ["Chosen", "choose"]
+__all__ = ["Placement", "place"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Chosen:
+class Placement:
     """What a strategy pass chose."""
 
     runs: tuple[Run, ...]
@@ -61,9 +62,9 @@ class Chosen:
     """Nodes inside the runs whose outputs are kept from forward (selective recompute)."""
 
 
-def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
+def place(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem: Problem,
            force: dict[str, str], target: Target = Target(),
-           keepable: tuple[Groups, Groups] = ([], [])) -> Chosen:
+           keepable: tuple[Groups, Groups] = ([], [])) -> Placement:
     """Run the pass of ``strategy`` (``None``: only ``force`` pins) over the compute nodes
     ``order``. ``keepable`` = the groups a budget plan may keep and must keep
     (:func:`fxckpt.planning.keeps.choices`); ``force`` holds module pins only."""
@@ -72,12 +73,12 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
         return _cleaned(order, runs, force, notes)
     if isinstance(strategy, Depth):
         runs = depth(order, strategy.depth)
-        chosen = _cleaned(order, runs, force)
+        placement = _cleaned(order, runs, force)
         hidden = [f"{p} ({cls})" for p, cls in opaque_modules(order)
                   if len(p.split(".")) < strategy.depth]
         if runs or not hidden:
-            return chosen
-        return dataclasses.replace(chosen, why_none=(
+            return placement
+        return dataclasses.replace(placement, why_none=(
             f"nothing is checkpointed: no module at depth {strategy.depth} is in the captured "
             f"graph; {', '.join(hidden)} run(s) as one op each, so what is inside is not in it "
             "(keep the model's own modules traceable, or choose a smaller depth)"))
@@ -85,24 +86,24 @@ def choose(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem
         solved, limit, keeps, notes = budgeted(problem, order, strategy.budget, target,
                                                keepable)
         # The solver's segments all pay off by its own account: only the correctness rules here.
-        return Chosen(
+        return Placement(
             tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit,
             keeps=keeps, notes=notes,
         )
     if isinstance(strategy, Replay):
         runs, names = replayed(order, strategy.plan)
-        return Chosen(tuple(runs), budget=strategy.plan.budget, keeps=tuple(names))
+        return Placement(tuple(runs), budget=strategy.plan.budget, keeps=tuple(names))
     return _cleaned(order, [], force)
 
 
 def _cleaned(order: Sequence[torch.fx.Node], runs: list[Run], force: dict[str, str],
-             notes: tuple[str, ...] = ()) -> Chosen:
+             notes: tuple[str, ...] = ()) -> Placement:
     """The candidate runs checkpoint can recompute, without those that would free nothing."""
     candidates = [r for r in map(safe, apply_force(order, runs, force)) if r]
     kept = tuple(r for r in candidates if frees_memory(r))
     if kept or not candidates or not runs:  # force pins alone explain themselves (force_notes)
-        return Chosen(kept, notes)
-    return Chosen(kept, notes, why_none=(
+        return Placement(kept, notes)
+    return Placement(kept, notes, why_none=(
         f"nothing is checkpointed: each of the {len(candidates)} candidate segment(s) keeps what "
         "it would free (every tensor it makes is used after it, as with one layer of a flat "
         "nn.Sequential); group several layers per segment with every=N or budget="))

@@ -140,7 +140,7 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
                     if n.op == "call_module" and str(n.target) in never_recomputed}
     probe: Optional[LossProbe] = None  # what the user's loss holds, measured when verified
 
-    def choose(target: Target) -> Plan:
+    def plan_at(target: Target) -> Plan:
         return select(gm, config, capture=captured.method, training=training,
                       signature=describe_signature(args, kwargs), hooked=hooked_nodes,
                       target=target,
@@ -153,7 +153,7 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
             probe = LossProbe(config.loss_fn, plan_args, plan_kwargs, _device_of(model))
         verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model),
                            probe)
-    plan, gm = fit(gm, choose, verify, solved=config.budget is not None,
+    plan, gm = fit(gm, plan_at, verify, solved=config.budget is not None,
                    loosen=config.loss_fn is not None,
                    eager=eager_peak if verify is not None and probe is None else None,
                    offloader=offloader)

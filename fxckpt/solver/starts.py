@@ -3,7 +3,7 @@
 A *start* is a named plan: segments and the ops it keeps inside them, as plain data
 (per-block checkpointing, ``checkpoint_sequential``, torchtitan's op policy, Megatron's selective
 recompute: the caller describes them, :mod:`fxckpt.planning.peers` on the graph side). The budget
-search (:func:`fxckpt.solver.choose.solve_plan`) fits every start to the budget and takes the
+search (:func:`fxckpt.solver.portfolio.solve_plan`) fits every start to the budget and takes the
 cheapest plan of all, its own included, so it is never worse than a start by its own prices:
 
 1. **Down to the budget.** A start over the budget gives up its kept groups, those saving the

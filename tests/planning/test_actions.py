@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fxckpt.plan import SegmentSpec
-from fxckpt.planning.actions import choose_actions
+from fxckpt.planning.actions import decide_actions
 from fxckpt.solver import Op, Problem
 
 
@@ -37,7 +37,7 @@ def test_the_expensive_segment_offloads_and_the_cheap_one_recomputes() -> None:
     # moving a byte out and back costs 0.15: the cheap segment's 200 saved bytes cost 30 to
     # move against 20 to recompute; the expensive one's 100 bytes cost 15 against 1000
     segments = (_segment("segment_0", ("a", "b")), _segment("segment_1", ("c",)))
-    chosen, note = choose_actions(_problem(0.15), segments, _runs(("a", "b"), ("c",)))
+    chosen, note = decide_actions(_problem(0.15), segments, _runs(("a", "b"), ("c",)))
     assert [s.action for s in chosen] == ["recompute", "offload"]
     assert [dataclasses.replace(s, action="recompute") for s in chosen] == list(segments)
     assert note == ("offload='auto': 1 of 2 segment(s) offload, the rest recompute (moving a "
@@ -47,8 +47,8 @@ def test_the_expensive_segment_offloads_and_the_cheap_one_recomputes() -> None:
 def test_free_moves_offload_every_segment_and_dear_ones_none() -> None:
     segments = (_segment("segment_0", ("a", "b")), _segment("segment_1", ("c",)))
     runs = _runs(("a", "b"), ("c",))
-    assert [s.action for s in choose_actions(_problem(0.0), segments, runs)[0]] == \
+    assert [s.action for s in decide_actions(_problem(0.0), segments, runs)[0]] == \
         ["offload", "offload"]
-    chosen, note = choose_actions(_problem(100.0), segments, runs)
+    chosen, note = decide_actions(_problem(100.0), segments, runs)
     assert [s.action for s in chosen] == ["recompute", "recompute"]
     assert note.startswith("offload='auto': 0 of 2 segment(s) offload")

@@ -22,14 +22,14 @@ def _base() -> torch.fx.GraphModule:
 
 
 class Scripted:
-    """A ``choose`` that records the targets it was asked with and a ``verify`` that answers
+    """A ``plan_at`` that records the targets it was asked with and a ``verify`` that answers
     from a script: the n-th verified plan (the eager graph first) gets ``peaks[n]``."""
 
     def __init__(self, peaks: list[int], *, minimum: int = 0) -> None:
         self.peaks, self.minimum = list(peaks), minimum
         self.targets: list[Target] = []
 
-    def choose(self, target: Target) -> Plan:
+    def plan_at(self, target: Target) -> Plan:
         self.targets.append(target)
         predicted = BUDGET - 100 - target.lowered
         if target.minimum:
@@ -45,7 +45,7 @@ class Scripted:
 
 def test_a_plan_that_fits_at_once_is_kept() -> None:
     s = Scripted([2000, 950])
-    got, _ = fit(_base(), s.choose, s.verify)
+    got, _ = fit(_base(), s.plan_at, s.verify)
     assert (got.verified_peak, got.verified_eager_peak, got.notes) == (950, 2000, ())
     assert s.targets == [Target(eager_bytes=2000)]
 
@@ -57,17 +57,17 @@ def test_a_plan_without_segments_is_the_eager_graph_and_is_not_verified_again() 
         verified.append(gm)
         return 700
 
-    def choose(target: Target) -> Plan:
+    def plan_at(target: Target) -> Plan:
         return dataclasses.replace(plan(), predicted_peak=690, eager_peak=700, budget=BUDGET)
 
-    got, gm = fit(_base(), choose, verify)
+    got, gm = fit(_base(), plan_at, verify)
     assert (got.verified_peak, got.verified_eager_peak) == (700, 700)
     assert len(verified) == 1 and gm is not verified[0]
 
 
 def test_an_overshoot_is_solved_again_lower_until_it_fits() -> None:
     s = Scripted([2000, 1100, 1020, 990])
-    got, _ = fit(_base(), s.choose, s.verify)
+    got, _ = fit(_base(), s.plan_at, s.verify)
     assert got.verified_peak == 990
     lowered = [f.lowered for f in s.targets]
     assert lowered[0] == 0 and lowered == sorted(lowered) and len(set(lowered)) == 3
@@ -77,7 +77,7 @@ def test_an_overshoot_is_solved_again_lower_until_it_fits() -> None:
 
 def test_when_no_attempt_fits_the_smallest_plan_is_tried() -> None:
     s = Scripted([2000] + [1100] * ATTEMPTS, minimum=800)
-    got, _ = fit(_base(), s.choose, s.verify)
+    got, _ = fit(_base(), s.plan_at, s.verify)
     assert s.targets[-1].minimum and got.verified_peak == 800
     assert "smallest peak" in got.notes[-1]
 
@@ -85,14 +85,14 @@ def test_when_no_attempt_fits_the_smallest_plan_is_tried() -> None:
 def test_when_the_smallest_plan_is_over_too_the_budget_is_refused_with_its_figure() -> None:
     s = Scripted([2000] + [1100] * ATTEMPTS, minimum=1234)
     with pytest.raises(BudgetInfeasibleError) as e:
-        fit(_base(), s.choose, s.verify)
+        fit(_base(), s.plan_at, s.verify)
     assert (e.value.budget, e.value.min_budget) == (BUDGET, 1234)
     assert "Give budget >= 1234" in str(e.value) and "verified" in str(e.value)
 
 
 def test_plans_that_are_not_solved_are_verified_not_tightened() -> None:
     s = Scripted([2000, 1500])
-    got, _ = fit(_base(), s.choose, s.verify, solved=False)
+    got, _ = fit(_base(), s.plan_at, s.verify, solved=False)
     assert got.verified_peak == 1500 and len(s.targets) == 1
 
 
@@ -101,7 +101,7 @@ def test_a_step_that_cannot_run_on_fake_tensors_keeps_the_simulated_figures() ->
         raise VerifyError("the training step could not run on fake tensors: boom")
 
     s = Scripted([])
-    got, gm = fit(_base(), s.choose, fails)
+    got, gm = fit(_base(), s.plan_at, fails)
     assert got.verified_peak is None and got.peak_bytes == got.predicted_peak
     assert got.notes[-1].startswith("the peak is simulated, not verified")
     assert "boom" in got.notes[-1]
@@ -124,19 +124,19 @@ def test_a_target_resolves_the_budget_and_moves_it_only_by_what_verification_fou
 
 def test_a_plan_well_under_its_prediction_is_solved_again_with_the_aim_raised() -> None:
     class Loose(Scripted):
-        def choose(self, target: Target) -> Plan:
+        def plan_at(self, target: Target) -> Plan:
             self.targets.append(target)
             share = 0.5 - target.raised / 1000
             return dataclasses.replace(plan(FIRST), predicted_peak=900 + target.raised,
                                        eager_peak=2000, budget=BUDGET, recompute_share=share)
 
     s = Loose([2000, 700, 980])  # 200 under its prediction, then a plan that still fits
-    got, _ = fit(_base(), s.choose, s.verify, loosen=True)
+    got, _ = fit(_base(), s.plan_at, s.verify, loosen=True)
     assert [t.raised for t in s.targets] == [0, 200]
     assert got.verified_peak == 980 and got.recompute_share == pytest.approx(0.3)
     assert "raised" in got.notes[-1]
     s = Loose([2000, 700, 1080])  # the looser plan does not fit: the first one stays
-    got, _ = fit(_base(), s.choose, s.verify, loosen=True)
+    got, _ = fit(_base(), s.plan_at, s.verify, loosen=True)
     assert got.verified_peak == 700 and got.notes == ()
 
 
@@ -144,18 +144,18 @@ def test_a_plan_that_fits_far_under_after_an_overshoot_is_bisected_towards_the_b
     """The second target may drop far below the budget (it lowers by the overshoot or the
     plan's own gap); targets in between are tried, and the cheapest plan that fits is taken."""
     class Shares(Scripted):
-        def choose(self, target: Target) -> Plan:
-            chosen = super().choose(target)
+        def plan_at(self, target: Target) -> Plan:
+            chosen = super().plan_at(target)
             return dataclasses.replace(chosen, recompute_share=0.2 + target.lowered / 1000)
 
     s = Shares([2000, 1100, 800, 950, 1050, 1010])
-    got, _ = fit(_base(), s.choose, s.verify)
+    got, _ = fit(_base(), s.plan_at, s.verify)
     # over at 0, fits at 200 (200 unused), then 100 fits (cheaper), 50 and 75 are over
     assert [t.lowered for t in s.targets] == [0, 200, 100, 50, 75]
     assert got.verified_peak == 950 and got.recompute_share == pytest.approx(0.3)
     assert "lowered by 100 B" in got.notes[-1]
     s = Shares([2000, 1100, 990])  # fits within 2% of the budget: nothing to bisect
-    got, _ = fit(_base(), s.choose, s.verify)
+    got, _ = fit(_base(), s.plan_at, s.verify)
     assert [t.lowered for t in s.targets] == [0, 200] and got.verified_peak == 990
 
 

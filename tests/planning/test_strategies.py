@@ -123,13 +123,13 @@ def test_no_candidate_at_all_still_says_the_strategy_found_none() -> None:
 
 
 def test_a_byte_budget_the_unmodified_step_meets_is_met_without_a_search(monkeypatch) -> None:
-    import fxckpt.solver.choose as choose
+    import fxckpt.solver.portfolio as portfolio
 
     def no_search(*args: object, **kwargs: object) -> None:
         raise AssertionError("searched for a plan although the unmodified step fits")
 
-    monkeypatch.setattr(choose, "solve_shared", no_search)
-    monkeypatch.setattr(choose, "solve_selective", no_search)
+    monkeypatch.setattr(portfolio, "solve_shared", no_search)
+    monkeypatch.setattr(portfolio, "solve_selective", no_search)
     x = torch.randn(8, 32)
     tm = fxckpt.transform(MLP(), budget="1GiB", example_inputs=(x,))
     plan = fxckpt.inspect(tm).plan

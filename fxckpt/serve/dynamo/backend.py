@@ -121,7 +121,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
 
     hooked = tensor_hooks(gm)
 
-    def choose(target: Target) -> Plan:
+    def plan_at(target: Target) -> Plan:
         return select(gm, config, capture="dynamo", training=True, signature=_signature(inputs),
                       hooked=hooked, target=target)
 
@@ -131,7 +131,7 @@ def plan_graph(gm: torch.fx.GraphModule, inputs: list[Any], config: TransformCon
 
     checked = verify if config.verifies else None
     try:
-        plan, lowered = fit(gm, choose, checked, solved=config.budget is not None,
+        plan, lowered = fit(gm, plan_at, checked, solved=config.budget is not None,
                             eager=eager if checked is not None else None, offloader=offloader)
     except BudgetInfeasibleError as e:
         if config.budget is None or config.budget.fraction is None:
