@@ -64,7 +64,7 @@ def measure_row(model: str, method: str, budget: Optional[Any], repeats: int = 2
             return {**row, "infeasible": True, "min_budget": e.min_budget}
         plan = fxckpt.inspect(tm).plan
         row.update(simulated=plan.predicted_peak, verified=plan.verified_peak,
-                   budget_bytes=plan.budget, planning_s=fxckpt.inspect(tm).planning_seconds)
+                   budget_bytes=plan.budget_bytes, planning_s=fxckpt.inspect(tm).planning_seconds)
         module: Any = tm
     else:
         module, _ = prepare(method, built, inputs, spec, None)

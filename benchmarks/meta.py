@@ -78,7 +78,7 @@ def plan_on_meta(name: str, layers: Optional[int] = None) -> dict[str, Any]:
         "kept": sum(len(s.keeps) for s in plan.segments),
         "eager_peak": plan.verified_eager_peak or plan.eager_peak,
         "peak": plan.peak_bytes,
-        "budget": plan.budget,
+        "budget": plan.budget_bytes,
         "summary": plan.summary(),
     }
 

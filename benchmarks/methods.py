@@ -143,7 +143,7 @@ def _fxckpt(
         "plan_peak": plan.peak_bytes,  # the verified figure where there is one
         "eager_predicted": plan.eager_peak,  # the simulator's
         "eager_plan_peak": plan.eager_peak_bytes,  # verified, as the plan states it
-        "budget_bytes": plan.budget,
+        "budget_bytes": plan.budget_bytes,
         "plan_s": plan_s,
         "solve_s": solve["solve_s"],
         "segments": len(plan.segments),

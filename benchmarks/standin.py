@@ -89,10 +89,10 @@ def measure(model: str, kind: str, quick: bool = False, repeats: int = 3) -> dic
                 "infeasible": e.min_budget}
     plan = fxckpt.inspect(tm).plan
     measured = step_memory(training_step(tm, inputs, loss), repeats, tracked=False)["rss_bytes"]
-    assert plan.budget is not None
-    return {"model": model, "kind": kind, "eager_rss": eager, "budget_bytes": plan.budget,
+    assert plan.budget_bytes is not None
+    return {"model": model, "kind": kind, "eager_rss": eager, "budget_bytes": plan.budget_bytes,
             "verified_peak": plan.verified_peak, "measured": measured,
-            "ratio": measured / plan.budget, "of_eager": measured / eager,
+            "ratio": measured / plan.budget_bytes, "of_eager": measured / eager,
             "segments": len(plan.segments)}
 
 

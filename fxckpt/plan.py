@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import warnings
 from typing import Any
 
 from fxckpt.runtime.schedule import bubble_fraction, checkpoint_stop, schedule_chart
@@ -203,8 +204,9 @@ class Plan:
     """No plan whose predicted peak is this plan's recomputes less than this share of a forward
     pass (a lower bound, :mod:`fxckpt.solver.floor`, whatever strategy made the plan): the
     certificate :attr:`gap` is measured against."""
-    budget: int | None = None
-    """The budget the plan was solved for (bytes), if any."""
+    budget_bytes: int | None = None
+    """The budget the plan was solved for, in bytes (the user's :class:`~fxckpt.budget.Budget`
+    resolved for this call), if any."""
     pipeline: PipelineView | None = None
     """The stages and schedule, when the plan is pipelined."""
     verified_peak: int | None = None
@@ -219,6 +221,13 @@ class Plan:
         """The plan's peak activation memory: the verified figure when there is one, else the
         predicted. Every view (summary, HTML, pictures, report, CLI) shows this one."""
         return self.verified_peak if self.verified_peak is not None else self.predicted_peak
+
+    @property
+    def budget(self) -> int | None:
+        """Deprecated: :attr:`budget_bytes` (a budget is the user's value, ``0.5`` or ``"6GiB"``)."""
+        warnings.warn("Plan.budget is deprecated: use Plan.budget_bytes", DeprecationWarning,
+                      stacklevel=2)
+        return self.budget_bytes
 
     @property
     def eager_peak_bytes(self) -> int | None:
@@ -274,6 +283,8 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
         d = dict(d)
+        if "budget" in d:  # written before the field was named budget_bytes
+            d["budget_bytes"] = d.pop("budget")
         d["segments"] = tuple(SegmentSpec.from_dict(s) for s in d["segments"])
         d["notes"] = tuple(d.get("notes", ()))
         if d.get("pipeline") is not None:
@@ -311,8 +322,8 @@ class Plan:
             text = f"; {kind} peak {format_bytes(peak)}{per}"
             if eager:
                 text += f" ({peak / eager:.0%} of {format_bytes(eager)} eager)"
-        if self.budget is not None:
-            text += f" under a budget of {format_bytes(self.budget)}{per}"
+        if self.budget_bytes is not None:
+            text += f" under a budget of {format_bytes(self.budget_bytes)}{per}"
         return text
 
     def diff(self, other: "Plan") -> str:

@@ -253,3 +253,14 @@ def test_a_plan_saved_before_floors_loads_without_one() -> None:
     old = fxckpt.Plan.from_dict(d)
     assert old.recompute_floor is None and old.gap is None
     assert "any plan at this peak" not in old.summary()
+
+
+def test_budget_bytes_names_the_bytes_and_the_old_name_still_reads_with_a_warning() -> None:
+    """A budget is what the user writes (``0.7``); the plan's figure is ``budget_bytes``."""
+    plan = _plan(budget=0.7)
+    assert plan.budget_bytes == int(0.7 * plan.eager_peak_bytes)
+    with pytest.warns(DeprecationWarning, match="use Plan.budget_bytes"):
+        assert plan.budget == plan.budget_bytes
+    old = plan.to_dict()
+    old["budget"] = old.pop("budget_bytes")  # a plan saved before the rename
+    assert fxckpt.Plan.from_dict(old) == plan

@@ -81,7 +81,7 @@ def test_a_budget_plan_keeping_matmuls_is_exact_and_does_not_run_them_again() ->
         == fxckpt.inspect(bare).plan.recompute_flops > 0
     whole = fxckpt.transform(Blocks().train(), every=1, example_inputs=(x,))
     assert fxckpt.inspect(whole).plan.segments  # a plan without keeps recomputes matmuls
-    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget
+    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget_bytes
 
 
 def test_matmuls_on_3d_inputs_are_kept_not_run_again_and_verified_as_they_run() -> None:

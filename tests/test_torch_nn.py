@@ -49,8 +49,8 @@ def test_a_budget_of_half_holds_on_the_verified_peak() -> None:
     plan = _plan(Encoder(), (torch.randn(16, 4 * T, 16),), budget=0.5)
     assert plan.segments
     assert plan.verified_peak is not None
-    assert plan.verified_peak <= plan.budget
-    assert plan.budget <= 0.5 * plan.eager_peak_bytes + 1
+    assert plan.verified_peak <= plan.budget_bytes
+    assert plan.budget_bytes <= 0.5 * plan.eager_peak_bytes + 1
 
 
 def test_the_causal_mask_is_detected_at_each_call_as_the_module_does() -> None:

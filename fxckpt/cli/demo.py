@@ -181,7 +181,7 @@ def measure_memory(strategy: str, config: dict[str, Any], repeats: int = 3) -> d
     step, plan = _step_for(strategy, *_setup(config, threads=1))
     summary = plan.summary() if STRATEGIES[strategy] else "unmodified model (baseline)"
     return {"strategy": strategy, "summary": summary, "plan_bytes": plan.peak_bytes,
-            "budget_bytes": plan.budget, **step_memory(step, repeats)}
+            "budget_bytes": plan.budget_bytes, **step_memory(step, repeats)}
 
 
 def measure_times(strategies: list[str], config: dict[str, Any], repeats: int = 3,

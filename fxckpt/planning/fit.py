@@ -162,7 +162,7 @@ def _tightened(plan_at: PlanAt, check: Check, eager: int,
             plan, gm = check(plan_at(target))
         except BudgetInfeasibleError:
             break  # the solver has nothing smaller: try the smallest plan
-        budget = plan.budget
+        budget = plan.budget_bytes
         assert plan.verified_peak is not None
         if budget is None or plan.verified_peak <= budget:
             best, best_gm = plan, gm
@@ -190,11 +190,11 @@ def _between(plan_at: PlanAt, check: Check, over: Target, fits: Target, plan: Pl
     recompute. While the fitting plan leaves more than :data:`LOOSEN_FROM` of the budget unused,
     up to :data:`BISECTIONS` targets in between are tried.
     """
-    assert plan.budget is not None
+    assert plan.budget_bytes is not None
     for _ in range(BISECTIONS):
         assert plan.verified_peak is not None
-        if plan.budget - plan.verified_peak <= plan.budget * LOOSEN_FROM \
-                or fits.lowered - over.lowered <= plan.budget * LOOSEN_FROM:
+        if plan.budget_bytes - plan.verified_peak <= plan.budget_bytes * LOOSEN_FROM \
+                or fits.lowered - over.lowered <= plan.budget_bytes * LOOSEN_FROM:
             break
         middle = dataclasses.replace(fits, lowered=(over.lowered + fits.lowered) // 2)
         try:
@@ -202,7 +202,7 @@ def _between(plan_at: PlanAt, check: Check, over: Target, fits: Target, plan: Pl
         except BudgetInfeasibleError:
             break
         assert tried.verified_peak is not None
-        if tried.verified_peak > plan.budget:
+        if tried.verified_peak > plan.budget_bytes:
             over = middle
         else:
             fits = middle
@@ -219,10 +219,10 @@ def _next_lowered(plan: Plan, target: Target, attempt: int) -> int:
     gap is alike; and the overshoot, at least 1% of the budget, doubled at every attempt, since
     the verified peak may sit where the simulator's does not, where a small step changes nothing.
     """
-    assert plan.budget is not None and plan.verified_peak is not None
+    assert plan.budget_bytes is not None and plan.verified_peak is not None
     assert plan.predicted_peak is not None and plan.eager_peak is not None
     own_gap = plan.verified_peak - plan.predicted_peak - target.set_aside(plan.eager_peak)
-    step = max(plan.verified_peak - plan.budget, plan.budget // 100) << attempt
+    step = max(plan.verified_peak - plan.budget_bytes, plan.budget_bytes // 100) << attempt
     return max(target.lowered + step, own_gap)
 
 
@@ -230,15 +230,15 @@ def _loosened(plan_at: PlanAt, check: Check, target: Target, plan: Plan,
               gm: torch.fx.GraphModule) -> tuple[Plan, torch.fx.GraphModule]:
     """``plan`` (which fits), or a plan solved with the target raised by what ``plan``'s
     prediction exceeded its verified peak, when that one fits too and recomputes less."""
-    assert plan.budget is not None and plan.verified_peak is not None
+    assert plan.budget_bytes is not None and plan.verified_peak is not None
     assert plan.predicted_peak is not None and plan.eager_peak is not None
     raise_by = plan.predicted_peak + target.set_aside(plan.eager_peak) - plan.verified_peak
-    if raise_by <= plan.budget * LOOSEN_FROM:
+    if raise_by <= plan.budget_bytes * LOOSEN_FROM:
         return plan, gm
     looser, looser_gm = check(plan_at(
         dataclasses.replace(target, raised=target.raised + raise_by)))
     assert looser.verified_peak is not None
-    if looser.verified_peak > plan.budget or not _recomputes_less(looser, plan):
+    if looser.verified_peak > plan.budget_bytes or not _recomputes_less(looser, plan):
         return plan, gm  # the gap was where this plan peaks only
     note = (f"verification found the first plan {format_bytes(raise_by)} under its prediction; "
             f"solved again with the target raised by that")
@@ -258,16 +258,16 @@ def _smallest(plan_at: PlanAt, check: Check,
     assert target.eager_bytes is not None
     least = dataclasses.replace(target, minimum=True)
     plan, gm = check(plan_at(least))
-    assert plan.budget is not None and plan.verified_peak is not None
-    if plan.verified_peak > plan.budget:
+    assert plan.budget_bytes is not None and plan.verified_peak is not None
+    if plan.verified_peak > plan.budget_bytes:
         blocks = plan_at(dataclasses.replace(least, per_block=True))
         if blocks.segments and _nodes(blocks) != _nodes(plan):
             plan, gm = min([(plan, gm), check(blocks)],
                            key=lambda p: p[0].verified_peak or 0)
-    assert plan.budget is not None and plan.verified_peak is not None
-    if plan.verified_peak <= plan.budget:
+    assert plan.budget_bytes is not None and plan.verified_peak is not None
+    if plan.verified_peak <= plan.budget_bytes:
         return _note(plan, "tightened to the plan with the smallest peak to fit the budget"), gm
-    raise infeasible(plan.budget, plan.verified_peak, target.eager_bytes, verified=True)
+    raise infeasible(plan.budget_bytes, plan.verified_peak, target.eager_bytes, verified=True)
 
 
 def infeasible(budget: int, least: int, eager: int, *, asked: str = "",

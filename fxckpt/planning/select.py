@@ -74,7 +74,7 @@ def select(
     kept = _kept(problem, again, placement.keeps, forced, replay)
     prediction = predict(problem, runs, kept)
     notes = [*placement.notes, *hooked_notes, *force_notes(order, runs, modules),
-             *_budget_notes(config, placement.budget, target, prediction.peak, replay)]
+             *_budget_notes(config, placement.budget_bytes, target, prediction.peak, replay)]
     prefix, anchors = _segment_prefix(gm, len(runs)), anchors_of(order)
     segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
                      for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
@@ -92,7 +92,7 @@ def select(
         total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
         eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute, recompute_share=prediction.share,
-        recompute_floor=floor_share(problem, prediction.peak), budget=placement.budget,
+        recompute_floor=floor_share(problem, prediction.peak), budget_bytes=placement.budget_bytes,
     )
     _log(plan)
     return plan

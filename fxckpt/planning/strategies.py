@@ -54,7 +54,7 @@ class Placement:
 
     runs: tuple[Run, ...]
     notes: tuple[str, ...] = ()
-    budget: Optional[int] = None
+    budget_bytes: Optional[int] = None
     """The budget in bytes the runs were solved (or replayed) for."""
     why_none: Optional[str] = None
     """Why there are no runs, when the pass knows better than "it found none"."""
@@ -87,12 +87,12 @@ def place(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem:
                                                keepable)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Placement(
-            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget=limit,
+            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget_bytes=limit,
             keeps=keeps, notes=notes,
         )
     if isinstance(strategy, Replay):
         runs, names = replayed(order, strategy.plan)
-        return Placement(tuple(runs), budget=strategy.plan.budget, keeps=tuple(names))
+        return Placement(tuple(runs), budget_bytes=strategy.plan.budget_bytes, keeps=tuple(names))
     return _cleaned(order, [], force)
 
 

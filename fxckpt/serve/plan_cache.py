@@ -115,7 +115,7 @@ def plan_budget(planned: Planned) -> Optional[int]:
     """:meth:`Planner.limit` of a graph planned alone: the budget in bytes a verified budget
     plan holds (``None``: not such a plan)."""
     plan = planned.plan
-    return None if plan.verified_peak is None else plan.budget
+    return None if plan.verified_peak is None else plan.budget_bytes
 
 
 class PlanCache(Generic[P]):
@@ -296,4 +296,4 @@ def _verified(compiled: Planned) -> Optional[int]:
 
 def _unverified(compiled: Planned) -> bool:
     """A budget plan left with simulated figures only (its step failed on fake tensors)."""
-    return compiled.plan.budget is not None and compiled.plan.verified_peak is None
+    return compiled.plan.budget_bytes is not None and compiled.plan.verified_peak is None

@@ -55,7 +55,7 @@ class Inspection:
 
         Unlike a call, this plans in ``eval()`` mode too (an export saves eval graphs this way).
         """
-        return self._dispatcher.plan_for(self.module, args, kwargs).plan
+        return self._dispatcher.compiled_for(self.module, args, kwargs).plan
 
     @property
     def plan(self) -> Plan:

@@ -104,7 +104,7 @@ def test_budget_is_read_as_transform_reads_it(in_tests, capsys: pytest.CaptureFi
     model = MLP()
     x = torch.randn(8, 32)
     plan = fxckpt.inspect(fxckpt.transform(model, budget=0.7, example_inputs=(x,))).plan
-    assert plan.budget is not None and plan.budget == int(0.7 * plan.eager_peak_bytes)
+    assert plan.budget_bytes is not None and plan.budget_bytes == int(0.7 * plan.eager_peak_bytes)
     assert printed.splitlines()[0] == str(plan).splitlines()[0]
 
 

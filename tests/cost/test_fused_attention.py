@@ -134,7 +134,7 @@ def test_a_meta_llama_is_planned_with_the_kernel_its_device_runs(profile) -> Non
     model, ids = _llama(), torch.zeros(2, 512, dtype=torch.long, device="meta")
     tm = fxckpt.transform(model, example_inputs=(ids,), device_profile=profile, budget=0.8)
     plan = dispatcher_of(tm).last.plan
-    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget
+    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget_bytes
     tm = fxckpt.transform(model, example_inputs=(ids,), device_profile=profile, depth=3,
                           verify=True)
     plan = dispatcher_of(tm).last.plan

@@ -176,7 +176,7 @@ def cnn_rss(budget: float) -> dict:
                           loss_fn=lambda out, *a: loss(out))
     plan = fxckpt.inspect(tm).plan
     rss = step_peak_rss(training_step(tm, inputs, loss), warmup=2, repeats=3)
-    return {"rss": rss["peak_bytes"], "budget": plan.budget, "verified": plan.verified_peak}
+    return {"rss": rss["peak_bytes"], "budget": plan.budget_bytes, "verified": plan.verified_peak}
 
 
 @pytest.mark.parametrize("budget", [0.65, 0.8])

@@ -89,7 +89,7 @@ def test_a_fraction_is_of_the_verified_eager_peak() -> None:
     model, x = Wide(), torch.randn(256, 256)
     plan = fxckpt.inspect(fxckpt.transform(
         model, budget=0.6, loss_fn=_sum, example_inputs=(x,))).plan
-    assert plan.budget == int(0.6 * plan.verified_eager_peak)
+    assert plan.budget_bytes == int(0.6 * plan.verified_eager_peak)
     assert plan.verified_eager_peak != plan.eager_peak  # the simulator's figure differs here
 
 
@@ -149,14 +149,14 @@ def test_a_plan_verified_well_under_its_prediction_is_solved_again_with_the_gap(
         patched.setattr(fit, "LOOSEN_FROM", float("inf"))
         _, first = plan_of()
     gap = first.predicted_peak - first.verified_peak
-    assert gap > fit.LOOSEN_FROM * first.budget, "the premise: the simulator over-predicts"
+    assert gap > fit.LOOSEN_FROM * first.budget_bytes, "the premise: the simulator over-predicts"
     tm, plan = plan_of()
     assert any("under its prediction" in note for note in plan.notes), plan.notes
-    assert plan.verified_peak <= plan.budget < plan.predicted_peak
+    assert plan.verified_peak <= plan.budget_bytes < plan.predicted_peak
     assert plan.recompute_share < first.recompute_share
     assert plan.verified_peak > first.verified_peak  # the memory it left unused is used
     real = step_peak_tracked(lambda: loss(tm(*inputs)).backward(), warmup=1, repeats=1)
-    assert real["peak_bytes"] <= plan.budget
+    assert real["peak_bytes"] <= plan.budget_bytes
     # Without the user's loss the stand-in's figure is not trusted that far: no second solve.
     _, stand_in = plan_of(loss_fn=None)
     assert not any("under its prediction" in note for note in stand_in.notes), stand_in.notes
@@ -196,7 +196,7 @@ def test_every_plan_is_verified_unless_told_not_to() -> None:
     assert plain.verified_peak is None and plain.peak_bytes == plain.predicted_peak
     off = fxckpt.inspect(fxckpt.transform(MLP(depth=4, width=32), budget=0.8, verify=False,
                                           example_inputs=(x,))).plan
-    assert off.verified_peak is None and off.budget == int(0.8 * off.eager_peak)
+    assert off.verified_peak is None and off.budget_bytes == int(0.8 * off.eager_peak)
 
 
 def test_fake_step_peak_of_any_module() -> None:

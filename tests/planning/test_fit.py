@@ -35,7 +35,7 @@ class Scripted:
         if target.minimum:
             predicted = 10
         return dataclasses.replace(plan(FIRST), predicted_peak=predicted, eager_peak=2000,
-                                   budget=BUDGET)
+                                   budget_bytes=BUDGET)
 
     def verify(self, gm: torch.fx.GraphModule) -> int:
         if self.targets and self.targets[-1].minimum:
@@ -58,7 +58,7 @@ def test_a_plan_without_segments_is_the_eager_graph_and_is_not_verified_again() 
         return 700
 
     def plan_at(target: Target) -> Plan:
-        return dataclasses.replace(plan(), predicted_peak=690, eager_peak=700, budget=BUDGET)
+        return dataclasses.replace(plan(), predicted_peak=690, eager_peak=700, budget_bytes=BUDGET)
 
     got, gm = fit(_base(), plan_at, verify)
     assert (got.verified_peak, got.verified_eager_peak) == (700, 700)
@@ -128,7 +128,7 @@ def test_a_plan_well_under_its_prediction_is_solved_again_with_the_aim_raised() 
             self.targets.append(target)
             share = 0.5 - target.raised / 1000
             return dataclasses.replace(plan(FIRST), predicted_peak=900 + target.raised,
-                                       eager_peak=2000, budget=BUDGET, recompute_share=share)
+                                       eager_peak=2000, budget_bytes=BUDGET, recompute_share=share)
 
     s = Loose([2000, 700, 980])  # 200 under its prediction, then a plan that still fits
     got, _ = fit(_base(), s.plan_at, s.verify, loosen=True)

@@ -99,7 +99,7 @@ def test_a_start_is_named_where_it_wins_and_the_plan_trains_exactly() -> None:
     tm = fxckpt.transform(model, budget=0.6, example_inputs=(x,))
     plan = fxckpt.inspect(tm).plan
     assert any("fitted from the per-block plan" in n for n in plan.notes), plan.notes
-    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget
+    assert plan.verified_peak is not None and plan.verified_peak <= plan.budget_bytes
     torch.manual_seed(1)  # dropout draws the same masks in both steps
     tm(x).logits.float().square().mean().backward()
     torch.manual_seed(1)

@@ -44,7 +44,7 @@ class Step:
         batch = args[0].shape[0]
         self.built.append((batch, eager))
         fits = FIXED + EAGER * batch <= self.budget
-        plan = SimpleNamespace(budget=self.budget, segments=() if fits else ("segment_0",),
+        plan = SimpleNamespace(budget_bytes=self.budget, segments=() if fits else ("segment_0",),
                                verified_peak=None)
         compiled = SimpleNamespace(plan=plan)
         plan.verified_peak = self.peak(compiled, batch)
@@ -121,7 +121,7 @@ def test_plans_per_capture_are_bounded_least_recently_used_first() -> None:
         def build(self, args: tuple, kwargs: dict, budget: object = None,
                   eager: object = None) -> Any:
             built.append(tuple(args[0].shape))
-            plan = SimpleNamespace(budget=None, verified_peak=None, segments=())
+            plan = SimpleNamespace(budget_bytes=None, verified_peak=None, segments=())
             return SimpleNamespace(plan=plan, shape=tuple(args[0].shape))
 
     planner = Unverified(budget=0)

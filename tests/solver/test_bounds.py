@@ -184,4 +184,4 @@ def test_a_heuristic_plan_says_so_in_its_notes() -> None:
     plan = fxckpt.inspect(tm).plan
     notes = [n for n in plan.notes if n.startswith("solver: heuristic after")]
     assert len(notes) == 1 and "states at one cut" in notes[0]
-    assert plan.segments and plan.predicted_peak <= plan.budget
+    assert plan.segments and plan.predicted_peak <= plan.budget_bytes

@@ -299,7 +299,7 @@ class DynamoDriver:
         if plan.verified_peak is None or budget is None:
             return None
         if budget.bytes is None:
-            return plan.budget
+            return plan.budget_bytes
         held = sum(r.held_bytes for r in self.step)
         return max(1, budget.bytes - held - self.reserves.get(len(self.step), 0))
 
