@@ -224,7 +224,7 @@ class Plan:
 
     @property
     def budget(self) -> int | None:
-        """Deprecated: :attr:`budget_bytes` (a budget is the user's value, ``0.5`` or ``"6GiB"``)."""
+        """Deprecated: :attr:`budget_bytes` (a budget is what the user writes, ``"6GiB"``)."""
         warnings.warn("Plan.budget is deprecated: use Plan.budget_bytes", DeprecationWarning,
                       stacklevel=2)
         return self.budget_bytes

@@ -42,7 +42,7 @@ __all__ = [
     "describe_signature",
     "is_static_value",
     "value_key",
-    "signature_key",
+    "variant_key",
 ]
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -117,7 +117,7 @@ def call_key(modules: tuple[tuple[bool, bool, bool], ...], args: tuple,
     return CallKey(modules, _autocast_state(), spec, tuple(keys)), tuple(shapes)
 
 
-def signature_key(training: bool, args: tuple, kwargs: dict) -> Hashable:
+def variant_key(training: bool, args: tuple, kwargs: dict) -> Hashable:
     """The root mode, call structure, tensor shapes/dtypes/devices and values: what a saved
     export's variants are matched by (see :mod:`fxckpt.export.loaded`)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))

@@ -84,7 +84,7 @@ def test_the_graph_sees_the_package() -> None:
 def test_the_top_level_holds_at_most_twelve_modules() -> None:
     """The package's top level is its vocabulary (the API, config, strategy, budget, plan,
     errors and the few types users name); running and measuring a step, showing plans, the
-    command line and every stage of the pipeline live in the package whose concern they are."""
+    command line and every phase of the compiler live in the package whose concern they are."""
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 12, f"{len(top)} modules at fxckpt/'s top level: {', '.join(top)}"
 
@@ -136,7 +136,7 @@ def test_framework_rules_live_in_integrations() -> None:
     assert not found, "\n".join(found)
 
 
-def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
+def test_each_phase_of_the_compiler_imports_only_earlier_phases() -> None:
     """capture -> cost -> passes -> planning -> pipeline -> serve: no package reaches a later
     one (fit lowers each candidate plan to verify it, so the rewrites come before the
     planning; serve runs them all for a call)."""
@@ -144,8 +144,8 @@ def test_each_stage_of_the_pipeline_imports_only_earlier_stages() -> None:
              "fxckpt.pipeline", "fxckpt.serve"]
     graph = _graph()
     later = []
-    for i, stage in enumerate(order):
-        for module in (m for m in graph if m.startswith(stage + ".")):
+    for i, phase in enumerate(order):
+        for module in (m for m in graph if m.startswith(phase + ".")):
             later += [f"{module} -> {target}" for target in graph.successors(module)
                       if target.startswith(tuple(s + "." for s in order[i + 1:]))]
     assert not later, "\n".join(later)

@@ -25,6 +25,7 @@ RETIRED = {
     "Chosen": "Placement",
     "Choose": "PlanAt",
     "choose_actions": "decide_actions",
+    "signature_key": "variant_key",  # a signature is text for people; keys are matched
 }
 
 

@@ -260,14 +260,14 @@ def weight_computing_hooks() -> tuple[type, ...]:
 
 @contextlib.contextmanager
 def hooks_off(modules: Iterable[torch.nn.Module],
-              keep: tuple[type, ...] = ()) -> Iterator[None]:
+              spare: tuple[type, ...] = ()) -> Iterator[None]:
     """Switch off the modules' own hooks for the duration (they are put back on exit), except
-    hooks that are instances of ``keep``."""
+    hooks that are instances of ``spare``."""
     saved = [(m, {t: m.__dict__[t] for t in _HOOK_TABLES}) for m in modules]
     for m, tables in saved:
         for table in _HOOK_TABLES:
             m.__dict__[table] = type(tables[table])(
-                (k, h) for k, h in tables[table].items() if isinstance(h, keep))
+                (k, h) for k, h in tables[table].items() if isinstance(h, spare))
     try:
         yield
     finally:

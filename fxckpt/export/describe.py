@@ -79,7 +79,7 @@ def describe(tm: torch.nn.Module) -> Described:
     last = dispatcher.last if dispatcher.last in whole else (whole[-1] if whole else None)
     if last is None:
         raise ExportError("this module has not planned yet, so there is no graph to save")
-    items = sorted(((c.key, c) for c in whole), key=lambda kv: kv[1] is not last)
+    items = sorted(((c.variant_key, c) for c in whole), key=lambda kv: kv[1] is not last)
     tensors = _Tensors()
     state = _state(tm, tensors)
     texts: dict[str, str] = {}

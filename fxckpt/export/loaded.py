@@ -23,7 +23,7 @@ from fxckpt.errors import ExportError
 from fxckpt.export.codec import decode
 from fxckpt.export.rebuild import Slot, check_name, put
 from fxckpt.plan import Plan
-from fxckpt.signature import signature_key
+from fxckpt.signature import variant_key
 
 __all__ = ["LoadedModule", "Variant"]
 
@@ -73,7 +73,7 @@ class Variant:
     def check(self, args: tuple, kwargs: dict) -> None:
         """The first call of new input shapes: its step measured on fake tensors first
         (:mod:`fxckpt.export.bound`). Pipelined graphs are measured at load only."""
-        key = repr(signature_key(self.training, args, kwargs))
+        key = repr(variant_key(self.training, args, kwargs))
         if key in self.checked or self.pipeline is not None:
             return
         import torch.utils._pytree as pytree
@@ -204,7 +204,7 @@ class LoadedModule(torch.nn.Module):
     def _variant_for(self, args: tuple, kwargs: dict) -> Variant:
         from fxckpt.export.describe import loose_key
 
-        key = signature_key(self.training, args, kwargs)
+        key = variant_key(self.training, args, kwargs)
         variants: list[Variant] = self.__dict__["_variants"]
         for v in variants:
             if v.key == repr(key):

@@ -87,8 +87,8 @@ def place(strategy: Optional[Strategy], order: Sequence[torch.fx.Node], problem:
                                                keepable)
         # The solver's segments all pay off by its own account: only the correctness rules here.
         return Placement(
-            tuple(r for r in map(safe, apply_force(order, solved, force)) if r), budget_bytes=limit,
-            keeps=keeps, notes=notes,
+            tuple(r for r in map(safe, apply_force(order, solved, force)) if r),
+            budget_bytes=limit, keeps=keeps, notes=notes,
         )
     if isinstance(strategy, Replay):
         runs, names = replayed(order, strategy.plan)

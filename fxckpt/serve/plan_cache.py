@@ -192,7 +192,7 @@ class PlanCache(Generic[P]):
             compiled = planner.build(args, kwargs, Budget(bytes=e.min_budget))
         if key is not None:
             self.growth.saw(compiled, volume(key), _verified(compiled))
-        return self._keep(key, compiled), True
+        return self._store(key, compiled), True
 
     def _bucketed(self, key: Shapes, args: tuple, kwargs: dict,
                   planner: Planner[P]) -> Optional[tuple[P, bool]]:
@@ -213,11 +213,11 @@ class PlanCache(Generic[P]):
             if sizes == bucketed:
                 ahead = self._ahead(latest, key, grown, args, kwargs, planner)
                 if ahead is not None:
-                    return self._keep(planner.shapes(*ahead), latest), False
+                    return self._store(planner.shapes(*ahead), latest), False
             held, peak = self._check(latest, sizes, a, k, planner)
             if held:
                 log.debug("the latest plan holds its budget at %s too", sizes)
-                return self._keep(sizes, latest), False
+                return self._store(sizes, latest), False
             if peak is not None and sizes == bucketed and not _segments(latest):
                 eager = peak  # the unmodified step's peak at the bucket
         if bucketed != key and bucketed not in self.beyond and planner.accepts(bucketed):
@@ -226,7 +226,7 @@ class PlanCache(Generic[P]):
                 if _unverified(compiled):
                     raise RuntimeError("the plan could not be verified at those sizes")
                 self.growth.saw(compiled, volume(bucketed), _verified(compiled))
-                return self._keep(bucketed, compiled), True
+                return self._store(bucketed, compiled), True
             except BudgetInfeasibleError:  # the budget binds before the bucket's sizes
                 self.beyond.add(bucketed)
             except Exception as e:  # sizes the model or its loss_fn cannot take
@@ -276,7 +276,7 @@ class PlanCache(Generic[P]):
         """``(tensor, dim)`` positions where ``key`` is larger than the largest plan so far."""
         return grown_dims([s for s in self.plans if s is not None], key)
 
-    def _keep(self, key: Optional[Shapes], compiled: P) -> P:
+    def _store(self, key: Optional[Shapes], compiled: P) -> P:
         self.served = key
         self.plans[key] = compiled
         self.plans.move_to_end(key)

@@ -35,7 +35,7 @@ class Growth(Generic[K]):
     were measured at; from them, the bytes that do not grow with the inputs and a plan's peak at
     a larger size (a straight line through its latest peak and those fixed bytes)."""
 
-    KEEP = 16
+    REMEMBERED = 16
     """Peaks remembered (the latest)."""
 
     def __init__(self) -> None:
@@ -44,7 +44,7 @@ class Growth(Generic[K]):
     def saw(self, compiled: K, volume: int, peak: Optional[int]) -> None:
         if peak is not None:
             self.points.append((compiled, volume, peak))
-            del self.points[:-self.KEEP]
+            del self.points[:-self.REMEMBERED]
 
     def fixed(self) -> Optional[float]:
         """The bytes at size 0 of the line through the latest two peaks one plan had at two

@@ -36,7 +36,7 @@ from fxckpt.capture.traceless import hooks_off, weight_computing_hooks
 from fxckpt.plan import Plan
 from fxckpt.runtime.assign import assign
 from fxckpt.runtime.segment import Offloading
-from fxckpt.signature import describe_signature, signature_key
+from fxckpt.signature import describe_signature, variant_key
 from fxckpt.measure.loss_probe import LossProbe
 from fxckpt.measure.verify import STAND_IN, fake_step_peak
 
@@ -55,8 +55,9 @@ class Compiled:
     pipeline: Optional[PipelinedModule] = None
     """The pipelined module (``fxckpt.pipeline.build.PipelinedModule``) when stages were asked for.
     """
-    key: Any = None
-    """The signature key of the call it was planned for (what an export matches calls by)."""
+    variant_key: Any = None
+    """The :func:`~fxckpt.signature.variant_key` of the call it was planned for (what an
+    export matches calls by)."""
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.pipeline is not None and not _batch_is_dynamic(self.captured):
@@ -173,7 +174,7 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
             balance=None if config.balance is None else list(config.balance),
         )
         plan = dataclasses.replace(plan, pipeline=pipeline.view())
-    return Compiled(captured, gm, plan, pipeline, signature_key(training, args, kwargs))
+    return Compiled(captured, gm, plan, pipeline, variant_key(training, args, kwargs))
 
 
 def _refuse_assignments(gm: torch.fx.GraphModule) -> None:
@@ -200,7 +201,7 @@ def _verifier(captured: Captured, config: TransformConfig, args: tuple, kwargs: 
             output = captured.call(gm, a, k)
             return output if probe is None else probe.saw(output)
 
-        with hooks_off(hooked, keep=weight_computing_hooks()), \
+        with hooks_off(hooked, spare=weight_computing_hooks()), \
                 fused_attention(plans_fused(config.device_profile, device)):
             return fake_step_peak(gm, run, args, kwargs, loss_fn=config.loss_fn, device=device)
     return verify

@@ -42,7 +42,7 @@ class Space:
     """... and entries whose objective falls by at least this fraction from the last kept."""
     grain: float = 0.0
     """... and by at least this fraction of the objective's scale (cost cap or total; peak)."""
-    keep: int = 32
+    front_size: int = 32
     """The spread part is thinned further (ratio doubled) until at most this many remain."""
 
 
@@ -115,5 +115,5 @@ class Moves:
 
 def moves(ix: Index, space: Space) -> Moves:
     """The cached :class:`Moves` of ``space`` for this problem."""
-    space = dataclasses.replace(space, hull=False, ratio=0.0, grain=0.0, keep=0)
+    space = dataclasses.replace(space, hull=False, ratio=0.0, grain=0.0, front_size=0)
     return ix.memo.get(Key[Moves]("moves", space), lambda: Moves(ix, profiles(ix), space))

@@ -96,12 +96,13 @@ def _spread(front: list[_Entry], ratio: float, grain: float) -> list[_Entry]:
 
 
 def _thin(front: list[_Entry], space: Space, grain: float) -> list[_Entry]:
-    """Bounded front: the lower hull plus entries spread in objective, at most ~``space.keep``."""
+    """Bounded front: the lower hull plus entries spread in objective, at most about
+    ``space.front_size``."""
     if len(front) <= 2 or space.exact:
         return front
     ratio = space.ratio
     kept = _spread(front, ratio, grain)
-    while space.keep and len(kept) > space.keep:
+    while space.front_size and len(kept) > space.front_size:
         ratio = max(2 * ratio, 0.01)
         kept = _spread(front, ratio, grain)
     if space.hull:
@@ -352,7 +353,8 @@ def lower_bound(ix: Index, space: Space, budget: float, *, by_peak: bool = False
     if ix.n == 0:
         return 0.0 if budget >= 0 else None
     # Dropped entries lower the bound (relax): fronts four times finer than the fast search's.
-    fine = dataclasses.replace(space, ratio=min(space.ratio, 0.01), keep=max(space.keep, 64))
+    fine = dataclasses.replace(space, ratio=min(space.ratio, 0.01),
+                               front_size=max(space.front_size, 64))
     with _no_gc():
         found = _Search(ix, fine, budget, by_peak, cost_cap, limits, "relaxed",
                         limits.relaxed_kept).run()

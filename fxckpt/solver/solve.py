@@ -59,7 +59,7 @@ stops below that size: solving stays under a second."""
 Mode = Literal["auto", "exact", "fast"]
 _EXACT = Space(exact=True)
 _FAST = Space(exact=False)
-_REFINE = Space(exact=False, ratio=0.01, keep=64)
+_REFINE = Space(exact=False, ratio=0.01, front_size=64)
 _REPAIRS = 3
 
 

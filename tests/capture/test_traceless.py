@@ -75,7 +75,7 @@ def test_hooks_off_silences_hooks_and_keeps_the_kinds_asked_for() -> None:
             fired.append("kept")
 
     model.register_forward_hook(Kept())
-    with hooks_off([model], keep=(Kept,)):
+    with hooks_off([model], spare=(Kept,)):
         model(torch.ones(1, 2))
     assert fired == ["user", "kept"]  # the user's hook stays silent, the kept kind runs
 

@@ -108,9 +108,9 @@ def test_growth_finds_the_fixed_bytes_from_one_plans_two_peaks() -> None:
     assert growth.predict(a, 60) == 700.0  # 100 + 300 * 60 / 30
     assert growth.predict(b, 20) == 200.0  # 100 + 50 * 20 / 10
     growth.saw(None, 0, 5)
-    for i in range(Growth.KEEP + 1):
+    for i in range(Growth.REMEMBERED + 1):
         growth.saw(b, i + 1, i)
-    assert len(growth.points) == Growth.KEEP
+    assert len(growth.points) == Growth.REMEMBERED
 
 
 def test_plans_per_capture_are_bounded_least_recently_used_first() -> None:

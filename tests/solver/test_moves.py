@@ -27,7 +27,7 @@ def views() -> Problem:
 
 def test_space_defaults() -> None:
     s = Space(exact=False)
-    assert (s.short, s.spacing, s.reach, s.hull, s.ratio, s.grain, s.keep) \
+    assert (s.short, s.spacing, s.reach, s.hull, s.ratio, s.grain, s.front_size) \
         == (10, 8, 24, True, 0.05, 0.0, 32)
 
 
@@ -69,7 +69,7 @@ def test_moves_and_profiles_are_cached_per_problem_and_space() -> None:
     assert profiles(ix) is profiles(ix) and profiles(ix) == Profiles.build(ix)
     fast = moves(ix, Space(exact=False))
     # Front thinning does not change the moves: one table serves every thinning.
-    assert moves(ix, Space(exact=False, hull=False, ratio=0.5, grain=0.1, keep=3)) is fast
+    assert moves(ix, Space(exact=False, hull=False, ratio=0.5, grain=0.1, front_size=3)) is fast
     assert moves(ix, Space(exact=False, short=2)) is not fast
     assert moves(ix, Space(exact=True)) is moves(ix, Space(exact=True, ratio=0.9))
 
