@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 from fxckpt.errors import FxckptError, VerifyError
 from fxckpt.measure.tracker import LiveTensorTracker
 from fxckpt.measure.meta_run import fake_twin, meta_twin, on_meta
-from fxckpt.runtime.offload import offload_suspended
+from fxckpt.runtime.offload import offload_simulated
 from fxckpt.cost.scratch import call_scratch
 
 __all__ = ["VerifyError", "LossFn", "fake_step_peak", "stand_in_loss", "STAND_IN"]
@@ -74,12 +74,12 @@ def fake_step_peak(
         return memo[id(t)]
 
     try:
-        # Segments a plan offloads keep their tensors on the device here (offload_suspended).
+        # Segments a plan offloads drop what they would move until backward (offload_simulated).
         # Fake and meta tensors draw nothing from torch's generators: no fork (a fork would
         # rewind another thread's draws, fxckpt.runtime.state).
         # A user's saved_tensors_hooks around the call that plans (the first step) must not
         # see the fake step: hooks of its own, innermost, stand in front of them.
-        with _swapped_state(root, fake), mode, offload_suspended(), \
+        with _swapped_state(root, fake), mode, offload_simulated(), \
                 torch.autograd.graph.saved_tensors_hooks(_same, _same):
             fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
             _existing_grads(memo.values())

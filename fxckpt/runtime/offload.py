@@ -52,7 +52,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxckpt.runtime.host_pool import HostPool, host_device
 from fxckpt.runtime.segment import SegmentModule
 
-__all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region", "offload_suspended"]
+__all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region", "offload_simulated"]
 
 log = logging.getLogger(__name__)
 
@@ -298,23 +298,57 @@ def _graph_task() -> int:
     return int(current()) if current is not None else -1
 
 
-_SUSPENDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "fxckpt_offload_suspended", default=False)
+_SIMULATED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fxckpt_offload_simulated", default=False)
 
 
 @contextlib.contextmanager
-def offload_suspended() -> Iterator[None]:
-    """Within it (on this thread), segments the plan offloads keep what they save on the device.
+def offload_simulated() -> Iterator[None]:
+    """Within it (on this thread), segments the plan offloads move nothing, but what the device
+    holds is what offload leaves on it.
 
-    Verification runs a step on fake tensors (:mod:`fxckpt.measure.verify`): copies to the host
-    would move nothing real, and the side streams and pinned pool have no fake counterpart; its
-    figure for such a plan is the one without offload, which is never smaller.
+    Verification runs a step on fake or meta tensors (:mod:`fxckpt.measure.verify`), where there
+    is nothing to copy and no stream or pinned pool. What the offloader would move (the same
+    tensors: not the module's state, not under its threshold) is dropped from the device in
+    forward and made again, empty and of the same layout, when backward unpacks it: the device
+    holds it from then on, as it holds the copy brought back. A step verified so has the peak of
+    the plan with offload, not of the plan without it.
     """
-    token = _SUSPENDED.set(True)
+    token = _SIMULATED.set(True)
     try:
         yield
     finally:
-        _SUSPENDED.reset(token)
+        _SIMULATED.reset(token)
+
+
+class _Away:
+    """A saved tensor offload would have moved: its layout, made again on unpack."""
+
+    __slots__ = ("size", "stride", "dtype", "device")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.size, self.stride = tuple(t.shape), tuple(t.stride())
+        self.dtype, self.device = t.dtype, t.device
+
+
+def _simulated_hooks(offloader: "Offloader",
+                     module: torch.nn.Module) -> torch.autograd.graph.saved_tensors_hooks:
+    """The saved-tensor hooks of :func:`offload_simulated` for a forward of ``module``."""
+    state = {t.untyped_storage()._cdata for t in (*module.parameters(), *module.buffers())}
+
+    def pack(t: torch.Tensor) -> Any:
+        storage = t.untyped_storage()
+        if storage._cdata in state or storage.nbytes() < max(offloader.threshold, 1):
+            return t
+        return _Away(t)
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Away):
+            return packed
+        return torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype,
+                                   device=packed.device)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
@@ -322,13 +356,15 @@ def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
 
     The segment's offloader is given to it when its graph is lowered
     (:attr:`SegmentModule.offloader`, :func:`fxckpt.passes.lower.lower`); in ``eval()``, under
-    ``torch.no_grad()`` or :func:`offload_suspended` nothing goes to the host, so the segment is
-    simply called.
+    ``torch.no_grad()`` nothing goes to the host, so the segment is simply called; under
+    :func:`offload_simulated` nothing moves, but what would is off the device until backward.
     """
     offloader = segment.offloader
-    if offloader is None or _SUSPENDED.get() or not (segment.training
-                                                     and torch.is_grad_enabled()):
+    if offloader is None or not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
+    if _SIMULATED.get():
+        with _simulated_hooks(offloader, segment):
+            return segment(*inputs)
     with offloader.hooks(segment, new_step=False):
         return segment(*inputs)
 

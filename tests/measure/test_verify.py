@@ -252,3 +252,26 @@ def test_a_loss_that_is_not_a_scalar_is_refused() -> None:
         fxckpt.transform(MLP(depth=4, width=8), budget=0.8, loss_fn=lambda out, *a: out,
                          example_inputs=(torch.randn(4, 8),))
     assert "loss_fn must return a scalar tensor (got a tensor of shape (4, 4))" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_plan_for_a_gpu_that_offloads_is_verified_at_its_peak_with_offload() -> None:
+    """Planned on the meta device for an H100 (long sequences: attention costs more to recompute
+    than its saved tensors cost to move), ``offload="auto"`` offloads a segment, and its step,
+    run on meta tensors, holds what offload leaves on the device: within the budget."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=1024, intermediate_size=3584, num_hidden_layers=4,
+                         num_attention_heads=16, num_key_value_heads=4, vocab_size=1000)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).train()
+    ids = torch.zeros(2, 2048, dtype=torch.long, device="meta")
+
+    def plan(offload: str) -> fxckpt.Plan:
+        tm = fxckpt.transform(model, budget=0.35, offload=offload, device_profile="h100",
+                              capture="graph", example_inputs=(ids,))
+        return fxckpt.inspect(tm).plan
+
+    auto = plan("auto")  # verified as if nothing moved, no offloading plan fitted
+    assert "offload" in [s.action for s in auto.segments]
+    assert auto.verified_peak is not None and auto.verified_peak <= auto.budget_bytes

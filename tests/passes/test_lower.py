@@ -20,7 +20,7 @@ from support import assert_steps_equal, run_step
 from fxckpt.errors import PlanError
 from fxckpt.passes.lower import lower
 from fxckpt.runtime.checkpoint import checkpoint
-from fxckpt.runtime.offload import Offloader, offload_region, offload_suspended
+from fxckpt.runtime.offload import Offloader, offload_region
 from fxckpt.runtime.segment import SegmentModule, segment_of
 
 X = (3, 4)
@@ -181,18 +181,31 @@ def test_the_offloader_is_given_to_the_segments_the_plan_offloads_only() -> None
     assert segment_of(lowered(off, FC2), "segment_0").offloader is None  # none given
 
 
-def test_verification_runs_offloaded_segments_without_their_hooks() -> None:
-    """On fake tensors a copy to the host moves nothing: offload_suspended keeps what the
-    segment saves on the device, and the offloader packs nothing."""
-    off = segment("segment_0", ("fc1", "relu"), ("x",), ("relu",), action="offload")
+def test_verification_runs_offloaded_segments_with_what_offload_leaves_on_the_device() -> None:
+    """On fake tensors a copy to the host moves nothing: under offload_simulated the offloader
+    packs nothing, and what it would move is off the device until backward unpacks it, so the
+    verified peak is the plan's with offload: under the same plan's without it."""
+    from fxckpt.measure.verify import fake_step_peak
+
+    off = segment("segment_0", WIDE.nodes, WIDE.inputs, WIDE.outputs, action="offload")
     offloader = Offloader("cpu", threshold=0)
-    gm = lower(traced(Tiny(), torch.randn(*X)), plan(off, FC2), offloader)
-    x = torch.randn(*X, requires_grad=True)
-    with offload_suspended():
+    moved = lower(traced(Tiny(), torch.randn(*X)), plan(off), offloader)
+    kept = lower(traced(Tiny(), torch.randn(*X)), plan(off))  # no offloader: nothing moves
+    x = torch.randn(64, 4, requires_grad=True)
+
+    def peak(gm: torch.fx.GraphModule) -> int:
+        return fake_step_peak(gm, lambda a, k: gm(*a), (x,), {})
+
+    assert peak(moved) < peak(kept)
+    assert offloader.stats.packed == 0  # the real hooks never ran
+    with torch.no_grad():  # the simulation changes no value: same step as the real offload
+        for a, b in zip(moved.parameters(), kept.parameters()):
+            b.copy_(a)
+    for gm in (moved, kept):
+        torch.manual_seed(0)  # the same dropout mask
         gm(x).sum().backward()
-    assert offloader.stats.packed == 0
-    gm(x).sum().backward()
     assert offloader.stats.packed > 0
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(moved.parameters(), kept.parameters()))
 
 
 def test_placeholders_move_before_every_other_node() -> None:
