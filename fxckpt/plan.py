@@ -2,20 +2,20 @@
 
 A Plan is plain data. It says which graph nodes are grouped into recompute segments, what each
 segment keeps alive for backward (its inputs) and what it lets go (its intermediate tensors),
-and how much work recomputing it costs. It prints as an aligned table, converts to JSON-ready
-dicts and back, and never holds a reference to a graph or a tensor, so it can be saved, diffed
-and handed back later.
+and how much work recomputing it costs. It converts to JSON-ready dicts and back, and never holds
+a reference to a graph or a tensor, so it can be saved, diffed and handed back later. It prints
+as an aligned table, shows as HTML and diffs through :mod:`fxckpt.viz.plan_text`, where every
+view of it is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import html
 import warnings
 from typing import Any
 
 from fxckpt.runtime.schedule import bubble_fraction, checkpoint_stop, schedule_chart
-from fxckpt.viz.text import aligned, count_kinds, format_bytes, html_table, shorten
+from fxckpt.viz.text import format_bytes
 
 __all__ = ["Plan", "PipelineView", "SegmentSpec", "StageView", "format_bytes"]
 
@@ -122,26 +122,27 @@ class PipelineView:
         return schedule_chart(self.chunks, len(self.stages), recompute_stop=self.stop)
 
     def head(self) -> str:
-        return (f"pipeline: {len(self.stages)} stage(s), chunks={self.chunks}, "
-                f"checkpoint={self.checkpoint}, bubble {self.bubble:.0%} ({self.method})")
+        from fxckpt.viz.plan_text import pipeline_head
+
+        return pipeline_head(self)
 
     def rows(self, width: int = 50) -> list[tuple[str, ...]]:
         """The stage table: header row, then one row per stage (modules cut to ``width``)."""
-        rows: list[tuple[str, ...]] = [("stage", "device", "nodes", "cost", "modules")]
-        rows += [(str(s.stage), s.device, str(s.nodes), f"{s.cost:,.0f}",
-                  shorten(", ".join(s.modules) or "-", width)) for s in self.stages]
-        return rows
+        from fxckpt.viz.plan_text import pipeline_rows
+
+        return pipeline_rows(self, width)
 
     def lines(self) -> list[str]:
         """The pipeline as text: a head line, the stage table and the schedule chart."""
-        header, *rows = self.rows()
-        return [self.head(), *aligned(header, rows), self.schedule]
+        from fxckpt.viz.plan_text import pipeline_lines
+
+        return pipeline_lines(self)
 
     def html(self) -> str:
         """The same as HTML: head line, stage table (full module lists), schedule chart."""
-        header, *rows = self.rows(width=10_000)
-        return (f"<p>{html.escape(self.head())}</p>{html_table(header, rows)}"
-                f"<pre>{html.escape(self.schedule)}</pre>")
+        from fxckpt.viz.plan_text import pipeline_html
+
+        return pipeline_html(self)
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -294,102 +295,23 @@ class Plan:
     def summary(self) -> str:
         """One line: strategy, segments, bytes kept and freed, recompute share, peak and budget
         (per micro-batch for a pipelined plan), all from the plan's own figures."""
-        share = self.recompute_share
-        work = (f"recompute ~{share:.0%} of a forward pass" if share is not None
-                else f"recompute {self.recompute_flops:,} FLOPs")
-        if share and self.recompute_floor is not None:
-            work += f" (any plan at this peak: at least {self.recompute_floor:.0%})"
-        return (
-            f"{self.strategy}: {len(self.segments)} segment(s) over {self.node_count} nodes, "
-            f"saves {format_bytes(self.saved_bytes)} of segment inputs{self._kept_text()}, frees "
-            f"{format_bytes(self.freed_bytes)}, {work}{self._peak_text()} ({self.capture}, "
-            f"{'train' if self.training else 'eval'})"
-        )
+        from fxckpt.viz.plan_text import summary
 
-    def _kept_text(self) -> str:
-        kept = [s for s in self.segments if s.keeps]
-        if not kept:
-            return ""
-        count = sum(len(s.keeps) for s in kept)
-        return (f" and {count} output(s) of its ops "
-                f"({format_bytes(sum(s.kept_bytes for s in kept))}, selective)")
-
-    def _peak_text(self) -> str:
-        per = " per micro-batch" if self.micro_batched else ""
-        peak, eager, text = self.peak_bytes, self.eager_peak_bytes, ""
-        if peak is not None:
-            kind = "verified" if self.verified_peak is not None else "predicted"
-            text = f"; {kind} peak {format_bytes(peak)}{per}"
-            if eager:
-                text += f" ({peak / eager:.0%} of {format_bytes(eager)} eager)"
-        if self.budget_bytes is not None:
-            text += f" under a budget of {format_bytes(self.budget_bytes)}{per}"
-        return text
+        return summary(self)
 
     def diff(self, other: "Plan") -> str:
         """What changed from this plan to ``other``: segments added, removed, resized; totals."""
-        mine = {s.nodes: s for s in self.segments}
-        theirs = {s.nodes: s for s in other.segments}
-        lines = [f"- {s.name}: {', '.join(s.module_paths)} ({len(s.nodes)} nodes)"
-                 for k, s in mine.items() if k not in theirs]
-        lines += [f"+ {s.name}: {', '.join(s.module_paths)} ({len(s.nodes)} nodes)"
-                  for k, s in theirs.items() if k not in mine]
-        for label, a, b in (
-            ("segments", len(self.segments), len(other.segments)),
-            ("kept bytes", format_bytes(self.saved_bytes), format_bytes(other.saved_bytes)),
-            ("recompute FLOPs", f"{self.recompute_flops:,}", f"{other.recompute_flops:,}"),
-            ("peak", _opt_bytes(self.peak_bytes), _opt_bytes(other.peak_bytes)),
-        ):
-            if a != b:
-                lines.append(f"  {label}: {a} -> {b}")
-        return "\n".join(lines) if lines else "the plans are the same"
+        from fxckpt.viz.plan_text import diff
+
+        return diff(self, other)
 
     def _repr_html_(self) -> str:
         """The summary, the segment table, the notes and, when pipelined, stages and schedule."""
-        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
-        pipeline = "" if self.pipeline is None else self.pipeline.html()
-        return (f"<div><p><b>fxckpt plan</b>: {html.escape(self.summary())}</p>"
-                f"{html_table(_HEADER, self._rows(), _HINTS)}"
-                f"{'<ul>' + notes + '</ul>' if notes else ''}{pipeline}</div>")
+        from fxckpt.viz.plan_text import plan_html
 
-    def _rows(self) -> list[tuple[str, ...]]:
-        return [
-            (
-                s.name,
-                shorten(", ".join(s.module_paths) or "-", 40),
-                str(len(s.nodes)),
-                format_bytes(s.saved_bytes),
-                format_bytes(s.freed_bytes),
-                f"{s.recompute_flops:,}" if s.action == "recompute" else "offloaded",
-                _kept_text(s),
-                shorten(count_kinds(s.recomputed_ops), 40) if s.action == "recompute" else "-",
-                s.reason,
-            )
-            for s in self.segments
-        ]
+        return plan_html(self)
 
     def __str__(self) -> str:
-        rows = self._rows()
-        lines = [self.summary(), *(aligned(_HEADER, rows) if rows else [])]
-        lines += [f"note: {n}" for n in self.notes]
-        if self.pipeline is not None:
-            lines += ["", *self.pipeline.lines()]
-        return "\n".join(lines)
+        from fxckpt.viz.plan_text import plan_text
 
-
-_HEADER = ("segment", "modules", "nodes", "saved inputs", "frees", "recompute FLOPs",
-           "kept outputs", "recomputes", "why")
-_HINTS = {
-    "saved inputs": "segment inputs checkpoint holds for backward",
-    "kept outputs": "outputs inside the segment kept from forward, not recomputed (selective)",
-    "recomputes": "the ops run again in backward, by kind",
-    "frees": "what the step no longer holds between forward and backward",
-}
-
-
-def _kept_text(s: SegmentSpec) -> str:
-    return f"{count_kinds(s.kept_ops)} ({format_bytes(s.kept_bytes)})" if s.keeps else "-"
-
-
-def _opt_bytes(n: int | None) -> str:
-    return "-" if n is None else format_bytes(n)
+        return plan_text(self)

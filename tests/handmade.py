@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from fxckpt.capture.captured import capture
 from fxckpt.capture.graphs import copy_graph_module
-from fxckpt.plan import PipelineView, Plan, SegmentSpec
+from fxckpt.plan import PipelineView, Plan, SegmentSpec, StageView
 
 __all__ = ["Tiny", "segment", "plan", "traced"]
 
@@ -53,3 +53,12 @@ def plan(*segments: SegmentSpec, training: bool = True,
 def traced(model: nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
     """A fresh graph module of ``model`` (its own graph, the model's modules and tensors)."""
     return copy_graph_module(capture(model, args, {}).gm)
+
+
+def pipeline_view(checkpoint: str = "except_last", stop: int = 3) -> PipelineView:
+    """Two stages (cpu, cuda:1) of four micro-batches, as a plan shows them."""
+    stages = (StageView(stage=0, device="cpu", nodes=3, cost=1234.4, modules=("layers.0",)),
+              StageView(stage=1, device="cuda:1", nodes=2, cost=99.0,
+                        modules=("layers.1", "head")))
+    return PipelineView(stages=stages, chunks=4, checkpoint=checkpoint, stop=stop,
+                        method="balanced", stage_of={"fc": 0, "relu": 0, "head": 1})

@@ -50,7 +50,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxckpt.runtime.host_pool import HostPool, host_device
-from fxckpt.runtime.segment import SegmentModule
+from fxckpt.runtime.segment import Offloading, SegmentModule
 
 __all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region", "offload_simulated"]
 
@@ -331,7 +331,7 @@ class _Away:
         self.dtype, self.device = t.dtype, t.device
 
 
-def _simulated_hooks(offloader: "Offloader",
+def _simulated_hooks(offloader: Offloading,
                      module: torch.nn.Module) -> torch.autograd.graph.saved_tensors_hooks:
     """The saved-tensor hooks of :func:`offload_simulated` for a forward of ``module``."""
     state = {t.untyped_storage()._cdata for t in (*module.parameters(), *module.buffers())}

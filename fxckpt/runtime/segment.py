@@ -37,6 +37,9 @@ class Offloading(Protocol):
     """What a segment needs of its offloader (:class:`fxckpt.runtime.offload.Offloader`, which
     imports this module: the protocol keeps the dependency one way)."""
 
+    threshold: int
+    """Saved tensors whose storage is smaller than this many bytes stay where they are."""
+
     def hooks(self, module: torch.nn.Module, new_step: bool = True) -> ContextManager[Any]:
         """Saved-tensor hooks for a forward of ``module``."""
 
