@@ -26,6 +26,7 @@ RETIRED = {
     "Choose": "PlanAt",
     "choose_actions": "decide_actions",
     "signature_key": "variant_key",  # a signature is text for people; keys are matched
+    "integration": "frameworks (the marker of tests/frameworks: integrations/ is fxckpt's code)",
 }
 
 

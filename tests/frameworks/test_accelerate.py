@@ -22,7 +22,7 @@ import fxckpt
 import tiny
 import gloo
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.frameworks
 
 accelerate = pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")

@@ -31,7 +31,7 @@ from fxckpt.measure import run_in_subprocess, step_memory
 
 pytest.importorskip("diffusers")
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.frameworks
 
 STEPS = 3
 Batch = dict[str, torch.Tensor]  # latents, noise, timesteps and the model's conditioning

@@ -31,7 +31,7 @@ import gloo
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
 
 STEPS, LAYERS = 3, 2
 LAYER_PATHS = [(f"base_model.model.model.layers.{i}",) for i in range(LAYERS)]

@@ -20,7 +20,7 @@ import torch.nn as nn
 import fxckpt
 import gloo
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
 
 STEPS = 2
 

@@ -29,7 +29,7 @@ import fxckpt
 import tiny
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.frameworks,
     # transformers 5 renames gradient_checkpointing* to activation_checkpointing* (old names kept
     # until v6); users still write the old ones, which work with transformers 4 too
     pytest.mark.filterwarnings("ignore:.*will be removed in v6:FutureWarning"),

@@ -25,7 +25,7 @@ from models import ResNet
 
 L = pytest.importorskip("lightning")
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.frameworks
 
 STEPS = 3
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -23,7 +23,7 @@ import tiny
 from fxckpt.module import is_transformed
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.frameworks,
     # PEFT reads model.is_gradient_checkpointing, which transformers 5 renames (kept until v6)
     pytest.mark.filterwarnings("ignore:.*will be removed in v6:FutureWarning"),
 ]

@@ -1,4 +1,4 @@
-"""The tiny Llama the integration tests train (random weights from a fixed seed, no download)."""
+"""The tiny Llama the framework tests train (random weights from a fixed seed, no download)."""
 
 from __future__ import annotations
 
