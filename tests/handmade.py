@@ -62,3 +62,12 @@ def pipeline_view(checkpoint: str = "except_last", stop: int = 3) -> PipelineVie
                         modules=("layers.1", "head")))
     return PipelineView(stages=stages, chunks=4, checkpoint=checkpoint, stop=stop,
                         method="balanced", stage_of={"fc": 0, "relu": 0, "head": 1})
+
+
+def mlp_plan(**options: object) -> Plan:
+    """The plan ``fxckpt.transform`` makes for a 4-block MLP at batch 4 with ``options``."""
+    import fxckpt
+    from models import MLP
+
+    tm = fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))
+    return fxckpt.inspect(tm).plan

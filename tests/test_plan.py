@@ -8,18 +8,12 @@ import pytest
 import torch
 
 import fxckpt
-from handmade import pipeline_view
+from handmade import mlp_plan, pipeline_view
 from models import MLP
 
 
-def _plan(**options) -> fxckpt.Plan:
-    return fxckpt.inspect(
-        fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))
-    ).plan
-
-
 def test_json_round_trip() -> None:
-    plan = _plan(every=2)
+    plan = mlp_plan(every=2)
     again = fxckpt.Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again == plan
 
@@ -59,7 +53,7 @@ def test_replaying_a_plan_for_another_model_is_refused() -> None:
 
     from models import ResNet
 
-    plan = _plan(every=1)
+    plan = mlp_plan(every=1)
     tm = fxckpt.transform(ResNet(), plan=plan)
     with pytest.raises(
         fxckpt.PlanError, match="names node 'layers_0_fc', which this model's graph does not have"
@@ -134,7 +128,7 @@ def test_the_old_name_of_a_plan_segment_still_resolves_with_a_warning() -> None:
 def test_every_plan_states_a_floor_no_plan_at_its_peak_goes_under(options: dict) -> None:
     """Whatever strategy made it, a plan carries the recompute floor at its predicted peak
     (:mod:`fxckpt.solver.floor`), its gap to it, and says both in its summary."""
-    plan = _plan(**options)
+    plan = mlp_plan(**options)
     assert plan.recompute_share is not None and plan.recompute_floor is not None
     assert 0 < plan.recompute_floor <= plan.recompute_share
     assert plan.gap == pytest.approx(1 - plan.recompute_floor / plan.recompute_share)
@@ -145,7 +139,7 @@ def test_every_plan_states_a_floor_no_plan_at_its_peak_goes_under(options: dict)
 
 
 def test_a_plan_saved_before_floors_loads_without_one() -> None:
-    d = _plan(every=2).to_dict()
+    d = mlp_plan(every=2).to_dict()
     del d["recompute_floor"]
     old = fxckpt.Plan.from_dict(d)
     assert old.recompute_floor is None and old.gap is None
@@ -154,7 +148,7 @@ def test_a_plan_saved_before_floors_loads_without_one() -> None:
 
 def test_budget_bytes_names_the_bytes_and_the_old_name_still_reads_with_a_warning() -> None:
     """A budget is what the user writes (``0.7``); the plan's figure is ``budget_bytes``."""
-    plan = _plan(budget=0.7)
+    plan = mlp_plan(budget=0.7)
     assert plan.budget_bytes == int(0.7 * plan.eager_peak_bytes)
     with pytest.warns(DeprecationWarning, match="use Plan.budget_bytes"):
         assert plan.budget == plan.budget_bytes

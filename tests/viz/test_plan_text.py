@@ -8,18 +8,12 @@ import json
 import torch
 
 import fxckpt
-from handmade import pipeline_view
+from handmade import mlp_plan, pipeline_view
 from models import MLP
 
 
-def _plan(**options) -> fxckpt.Plan:
-    return fxckpt.inspect(
-        fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))
-    ).plan
-
-
 def test_text_table_has_a_row_per_segment_in_human_units() -> None:
-    plan = _plan(depth=2)
+    plan = mlp_plan(depth=2)
     text = str(plan)
     lines = text.splitlines()
     assert lines[0] == plan.summary()
@@ -34,13 +28,13 @@ def test_text_table_has_a_row_per_segment_in_human_units() -> None:
 
 
 def test_html_has_a_row_per_segment() -> None:
-    plan = _plan(every=1)
+    plan = mlp_plan(every=1)
     html = plan._repr_html_()
     assert html.count("<tr>") == len(plan.segments) + 1 and "fxckpt plan" in html
 
 
 def test_diff_names_what_changed() -> None:
-    a, b = _plan(every=1), _plan(every=2)
+    a, b = mlp_plan(every=1), mlp_plan(every=2)
     text = a.diff(b)
     assert "- segment_0" in text and "+ segment_0" in text
     assert f"segments: {len(a.segments)} -> {len(b.segments)}" in text
@@ -82,7 +76,7 @@ def test_every_view_shows_the_plans_own_figures() -> None:
 
     from fxckpt.plan import format_bytes
 
-    plan = _plan(every=2, verify=False)  # the simulator's figures (verified ones: below)
+    plan = mlp_plan(every=2, verify=False)  # the simulator's figures (verified ones: below)
     assert plan.peak_bytes == plan.predicted_peak and plan.recompute_share is not None
     share = f"recompute ~{plan.recompute_share:.0%} of a forward pass"
     peak = (f"predicted peak {format_bytes(plan.peak_bytes)} ("
