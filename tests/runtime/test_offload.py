@@ -218,7 +218,7 @@ def test_offload_device_must_be_cpu_or_an_existing_cuda_device() -> None:
     with pytest.raises(fxckpt.ConfigError, match=must):
         Offloader("not a device")
     if not torch.cuda.is_available():
-        missing = "offload_device 'cuda' does not exist: this machine has 0 CUDA device"
+        missing = "offload_device 'cuda' does not exist: this machine has no CUDA device"
         with pytest.raises(fxckpt.ConfigError, match=missing):
             Offloader("cuda")
         no_cuda = "'cuda' does not exist: this machine has no CUDA device"
