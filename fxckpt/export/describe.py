@@ -127,26 +127,16 @@ def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:
         prefix = f"{path}." if path else ""
         for name in [*mod._parameters, *mod._buffers]:
             _check_name(prefix + name, f"the model's tensor {prefix + name!r}")
-        for name, p in mod._parameters.items():
-            if p is not None:
-                entries.append(
-                    {
-                        "name": prefix + name,
-                        "key": tensors.key(p, prefix + name),
-                        "kind": "parameter",
-                        "requires_grad": p.requires_grad,
-                    }
-                )
-        for name, b in mod._buffers.items():
-            if b is not None:
-                entries.append(
-                    {
-                        "name": prefix + name,
-                        "key": tensors.key(b, prefix + name),
-                        "kind": "buffer",
-                        "persistent": name not in mod._non_persistent_buffers_set,
-                    }
-                )
+        for kind, held in (("parameter", mod._parameters), ("buffer", mod._buffers)):
+            for name, t in held.items():
+                if t is None:
+                    continue
+                entry = {"name": prefix + name, "key": tensors.key(t, prefix + name), "kind": kind}
+                if kind == "parameter":
+                    entry["requires_grad"] = t.requires_grad
+                else:
+                    entry["persistent"] = name not in mod._non_persistent_buffers_set
+                entries.append(entry)
     return entries
 
 
