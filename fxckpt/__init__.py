@@ -52,7 +52,7 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("fxckpt.pipeline.distributed")
-    if name == "Segment":  # the plan's segment type before it was named SegmentSpec
+    if name == "Segment":  # a deprecated alias of SegmentSpec, the plan's segment type
         import warnings
 
         warnings.warn("fxckpt.Segment is now fxckpt.SegmentSpec (a plan's segment; the runtime's "

@@ -324,7 +324,7 @@ def _exception_classes_outside_errors(package: Path) -> list[str]:
 
 
 def test_every_exception_class_is_defined_in_errors_py() -> None:
-    """One home for every error (issue 45): other modules import theirs from ``fxckpt.errors``
+    """One home for every error: other modules import theirs from ``fxckpt.errors``
     (and re-export it where users or tests name it there). Allowed elsewhere: a private signal
     that never leaves its module (raised and caught there, e.g. cli's ``_IdsFound`` stopping a
     model at its first embedding lookup)."""
