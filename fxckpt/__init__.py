@@ -13,19 +13,8 @@ from typing import Any
 from fxckpt.api import pareto, transform
 from fxckpt.config import TransformConfig
 from fxckpt.export import load, save
-from fxckpt.errors import (
-    BudgetInfeasibleError,
-    CaptureError,
-    ConfigError,
-    ConfigTypeError,
-    ExportError,
-    FxckptError,
-    InputError,
-    MeasureError,
-    NotPlannedError,
-    PlanError,
-    VerifyError,
-)
+from fxckpt import errors
+from fxckpt.errors import *  # noqa: F403  every error of errors.__all__, fxckpt.CaptureError
 from fxckpt.viz.inspection import Inspection, inspect
 from fxckpt.module import TransformedModule
 from fxckpt.plan import PipelineView, Plan, SegmentSpec, StageView
@@ -45,7 +34,6 @@ __all__ = [
     "plot_schedule",
     "save",
     "load",
-    "BudgetInfeasibleError",
     "checkpoint",
     "TransformConfig",
     "TransformedModule",
@@ -53,18 +41,9 @@ __all__ = [
     "SegmentSpec",
     "PipelineView",
     "StageView",
-    "FxckptError",
-    "ConfigError",
-    "ConfigTypeError",
-    "CaptureError",
-    "PlanError",
-    "NotPlannedError",
-    "InputError",
-    "VerifyError",
-    "MeasureError",
-    "ExportError",
     "distributed",
 ]
+__all__ += errors.__all__
 
 
 def __getattr__(name: str) -> Any:
@@ -73,7 +52,7 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("fxckpt.pipeline.distributed")
-    if name == "Segment":  # the plan's segment type before it was named SegmentSpec
+    if name == "Segment":  # a deprecated alias of SegmentSpec, the plan's segment type
         import warnings
 
         warnings.warn("fxckpt.Segment is now fxckpt.SegmentSpec (a plan's segment; the runtime's "

@@ -7,7 +7,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from fxckpt.config import TransformConfig
-from fxckpt.errors import ConfigError, ConfigTypeError
+from fxckpt.checks import check_example_inputs, check_model
+from fxckpt.errors import ConfigError
 from fxckpt.planning.pareto import pareto
 from fxckpt.module import TransformedModule, dispatcher_of, is_transformed, make_transformed
 from fxckpt.plan import Plan
@@ -101,11 +102,7 @@ def transform(
     itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's
     plan and code with :func:`fxckpt.inspect`.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigTypeError(
-            f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
-            "nn.Module whose forward calls it"
-        )
+    check_model(model)
     if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
         raise ConfigError(
             f"model is a torch.compile'd {type(model._orig_mod).__name__} (OptimizedModule), "
@@ -142,13 +139,8 @@ def transform(
     ).validate(model)
     tm = make_transformed(model, config)
     if example_inputs is not None or example_kwargs is not None:
-        if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
-            raise ConfigError(
-                f"example_inputs must be a tuple of positional inputs "
-                f"(got {type(example_inputs).__name__}); "
-                "write example_inputs=(x,)"
-            )
-        dispatcher_of(tm).compiled_for(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
+        inputs = check_example_inputs(example_inputs)
+        dispatcher_of(tm).compiled_for(tm, inputs, dict(example_kwargs or {}))
     return tm
 
 

@@ -11,11 +11,13 @@ distributed stages, the pictures, the measuring helpers). The solver keeps its o
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional, Sequence
 
-from fxckpt.errors import ConfigError
+import torch
 
-__all__ = ["check_int", "check_number", "is_int"]
+from fxckpt.errors import ConfigError, ConfigTypeError
+
+__all__ = ["check_example_inputs", "check_int", "check_model", "check_number", "is_int"]
 
 
 def is_int(value: object) -> bool:
@@ -53,6 +55,24 @@ def check_number(name: str, value: object, *, low: float = 0.0, strict: bool = F
         suffix = f" {unit}" if unit else ""
         raise ConfigError(f"{name} must be a {rule} number{suffix} (got {value!r})")
     return float(value)  # type: ignore[arg-type]
+
+
+def check_model(model: object) -> torch.nn.Module:
+    """``model`` if it is a ``torch.nn.Module``; :class:`ConfigTypeError` otherwise."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigTypeError(
+            f"model must be a torch.nn.Module (got {type(model).__name__}); wrap a function in an "
+            "nn.Module whose forward calls it"
+        )
+    return model
+
+
+def check_example_inputs(value: Optional[Sequence[Any]]) -> tuple:
+    """``example_inputs=`` as a tuple (``()`` for ``None``); a list is taken as the tuple."""
+    if value is not None and not isinstance(value, (tuple, list)):
+        raise ConfigError(f"example_inputs must be a tuple of positional inputs (got "
+                          f"{type(value).__name__}); write example_inputs=(x,)")
+    return tuple(value or ())
 
 
 def _int_rule(low: int, high: Optional[int]) -> str:

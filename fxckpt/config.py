@@ -15,7 +15,7 @@ import torch
 
 from fxckpt.budget import Budget
 from fxckpt.checks import check_int, check_number
-from fxckpt.errors import ConfigError
+from fxckpt.errors import ConfigError, dynamo_needs_whole_graph
 from fxckpt.strategy import Budgeted, Depth, Every, Strategy, strategy_from
 
 __all__ = ["TransformConfig", "FORCE_MODES", "CAPTURES"]
@@ -221,10 +221,7 @@ def _check_dynamo(config: TransformConfig) -> None:
     """What needs one whole graph of the model is not on the Dynamo path (yet)."""
     whole = config.whole_graph_needed
     if whole:
-        raise ConfigError(
-            f"capture='dynamo' plans each graph Dynamo breaks the forward into, and {whole} "
-            "needs one whole graph of the model: use capture='auto' (which captures one for it) "
-            "or capture='graph'")
+        raise ConfigError(dynamo_needs_whole_graph(f"{whole} needs one whole graph of the model"))
 
 
 def _depth(path: str) -> int:
@@ -282,17 +279,12 @@ def _check_verify(config: TransformConfig) -> None:
 
 
 def _check_pipeline(config: TransformConfig) -> None:
-    from fxckpt.runtime.pipeline import check_checkpoint, check_chunks, check_device
+    from fxckpt.runtime.pipeline import check_checkpoint, check_chunks, check_devices
 
     check_chunks(1 if config.chunks is None else config.chunks)
     check_checkpoint(config.checkpoint)
     if config.devices is not None:
-        if isinstance(config.devices, (str, torch.device)) or not config.devices:
-            raise ConfigError(
-                f"devices must be a non-empty list, one device per stage (got {config.devices!r})"
-            )
-        for d in config.devices:
-            check_device(d)
+        check_devices(config.devices)
     if config.stages is not None:
         check_int("stages", config.stages)
     if config.balance is not None and (
@@ -330,6 +322,6 @@ def _check_offload(config: TransformConfig) -> None:
             "tests do), or device_profile= to plan for a GPU"
         )
     if config.offload_device is not None:
-        from fxckpt.runtime.pipeline import check_device
+        from fxckpt.runtime.host_pool import host_device
 
-        check_device(config.offload_device, "offload_device")
+        host_device(config.offload_device)

@@ -52,12 +52,42 @@ class CaptureError(FxckptError, RuntimeError):
     """The model could not be turned into a ``torch.fx`` graph by any capture method."""
 
 
+def grad_mode_left(forward: str, on: bool) -> str:
+    """Why ``forward`` (``"the forward"``, ``"GPT.forward"``) cannot be captured when it turns
+    gradients ``on`` (or off) and returns so; every capture method refuses it with this message.
+    """
+    return (f"{forward} turns gradients {'on' if on else 'off'} (torch.set_grad_enabled) and "
+            "leaves them so when it returns; a graph cannot leave the caller's grad mode "
+            "changed. Use `with torch.no_grad():` around the part that needs it")
+
+
 class PlanError(FxckptError, RuntimeError):
     """A pass could not build or apply a plan for this graph."""
 
 
 class NotPlannedError(FxckptError, RuntimeError):
     """The transformed module has not planned yet (no call and no ``example_inputs``)."""
+
+
+def not_planned(needs: str, remedy: str) -> str:
+    """The message for a module that has not planned yet: ``needs``, what is missing for the
+    request (``"there is no graph to save"``); ``remedy``, how to plan it."""
+    return (f"this module has not planned yet, so {needs}: it plans at its first training call "
+            f"(eval() and no_grad() calls run the model itself); {remedy}")
+
+
+def dynamo_needs_whole_graph(need: str) -> str:
+    """The refusal of ``capture='dynamo'`` for what needs one whole graph of the model
+    (``need``: ``"selective= needs one whole graph of the model"``)."""
+    return (f"capture='dynamo' plans each graph Dynamo breaks the forward into, and {need}: "
+            "use capture='auto' (the default: it trains through Dynamo and captures one whole "
+            "graph where one is needed) or capture='graph'")
+
+
+def not_transformed(who: str, got: object) -> str:
+    """``who`` (``"fxckpt.save"``) was given ``got``, which fxckpt.transform did not return."""
+    return (f"{who} takes a module fxckpt.transform returned (got {type(got).__name__}); "
+            "transform the model first: tm = fxckpt.transform(model, ...)")
 
 
 class InputError(FxckptError, TypeError):
@@ -75,6 +105,20 @@ class MeasureError(FxckptError, RuntimeError):
 
 class ExportError(FxckptError, RuntimeError):
     """A module cannot be saved, or a directory is not a valid, intact fxckpt export."""
+
+    @classmethod
+    def offloads(cls, what: str) -> ExportError:
+        """``what`` (``"this module"``, ``"segment_0"``) offloads saved tensors, which no export
+        holds."""
+        return cls(f"{what} moves saved tensors with offload=, which an export does not hold: "
+                   "exports hold recompute plans only (transform without offload= to save this "
+                   "model)")
+
+    @classmethod
+    def hash_mismatch(cls, root: object, what: str) -> ExportError:
+        """``what`` of the export at ``root`` does not match the hash its manifest records."""
+        return cls(f"export {root} is corrupted or was modified: {what} does not match its "
+                   "manifest (hash mismatch); save the module again")
 
 
 class BudgetInfeasible(ValueError):

@@ -1,6 +1,6 @@
 """More forms of the classes in ``tests/dynamo_patterns.py``, as training code writes them.
 
-Each class the user probe found (issue 43) has several forms; these are the ones the first list
+Each class the user probe found has several forms; these are the ones the first list
 does not hold: Python state on helpers (a stats dict, a history of floats, a MoCo queue pointer,
 a printed log), facts read through Python idioms (a ``namedtuple`` replaced, a ``property``
 derived from another field, an ``Enum`` mode, a ``functools.partial`` activation, a plain tensor

@@ -1,6 +1,6 @@
 """Python around a model's tensors that a frozen graph gets wrong, in the forms users write it.
 
-The classes a probe of 119 hand-written models found (issue 43): side effects on objects that
+The classes a probe of 119 hand-written models found: side effects on objects that
 are not modules (counters, memory banks, logs), facts the old guards did not reach (configs
 nested three deep or held in containers, ``slots`` dataclasses, callable schedules, class
 attributes, module globals, closures), modules called but not registered, pruning and

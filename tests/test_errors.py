@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import builtins
 import re
 from pathlib import Path
@@ -196,7 +197,7 @@ def test_a_call_the_model_refuses_raises_what_the_model_raises(call, capture_wit
 @pytest.mark.parametrize("options,message", [
     ({"budget": "1e400GiB"}, "budget='1e400GiB' is not valid: it is larger than any memory"),
     ({"every": 1, "offload": True, "offload_device": "nonsense"},
-     "offload_device must be a torch device or a string like 'cpu'"),
+     "offload_device must be 'cpu' or a CUDA device like 'cuda:0'"),
     ({"every": 1, "offload_device": "cpu"}, "offload_device='cpu' was given without offload="),
     ({"force": []}, r"force must be a dict of module path -> 'recompute' \| 'save' \(got list\)"),
     ({"force": 0}, r"force must be a dict .* \(got int\)"),
@@ -323,7 +324,7 @@ def _exception_classes_outside_errors(package: Path) -> list[str]:
 
 
 def test_every_exception_class_is_defined_in_errors_py() -> None:
-    """One home for every error (issue 45): other modules import theirs from ``fxckpt.errors``
+    """One home for every error: other modules import theirs from ``fxckpt.errors``
     (and re-export it where users or tests name it there). Allowed elsewhere: a private signal
     that never leaves its module (raised and caught there, e.g. cli's ``_IdsFound`` stopping a
     model at its first embedding lookup)."""
@@ -362,3 +363,36 @@ def test_the_errors_that_moved_keep_their_old_import_paths() -> None:
     assert issubclass(fxckpt.BudgetInfeasibleError, errors.BudgetInfeasible)
     assert "exact search gave up after 7 steps (2 states at a cut)" in str(
         errors.Exhausted(fxckpt.solver.bounds.GaveUp(work=7, states=2)))
+
+
+def _message_text(node: ast.expr) -> str:
+    """The literal text of a message argument: ``{}`` for each value put in, ``""`` when the
+    message is built elsewhere (a call, a name)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _message_text(node.left) + _message_text(node.right)
+    return ""
+
+
+def test_each_error_message_is_built_at_one_raise_site() -> None:
+    """Two ``raise X("...")`` sites that open with the same words state one rule twice, and
+    drift apart: the message belongs in one function (``fxckpt.errors.not_planned``,
+    ``ExportError.hash_mismatch``, ``fxckpt.checks.check_model``) that both call. Messages
+    compare on their first 40 characters, case and spacing folded, values as ``{}``."""
+    package = Path(fxckpt.__file__).parent
+    sites: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and node.exc.args):
+                continue
+            text = " ".join(_message_text(node.exc.args[0]).lower().split())[:40]
+            if len(text.replace("{}", "").strip(" :;,.()")) >= 12:  # not "{}: {}"
+                where = f"{path.relative_to(package.parent)}:{node.lineno}"
+                sites.setdefault(text, []).append(where)
+    repeated = {text: where for text, where in sites.items() if len(where) > 1}
+    assert not repeated, "messages built at more than one raise site:\n" + "\n".join(
+        f"{text!r}: {', '.join(where)}" for text, where in sorted(repeated.items()))

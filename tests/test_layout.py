@@ -1,4 +1,4 @@
-"""The tests mirror the package: a newcomer finds a module's tests from its path (issue 45).
+"""The tests mirror the package: a newcomer finds a module's tests from its path.
 
 ``fxckpt/<package>/<module>.py`` is tested in ``tests/<package>/test_<module>.py``; a package's
 ``__init__.py`` with functions or classes of its own in ``tests/<package>/test_<package>.py``.

@@ -1,4 +1,4 @@
-"""Planning on the meta device (issue 14): plan a model with no memory for it, then train the real
+"""Planning on the meta device: plan a model with no memory for it, then train the real
 one with the same plan, exact against eager; and ``fxckpt plan CONFIG.json --meta``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Same bits under ordinary Python, or a refusal that names the cause (issue 30's harness).
+"""Same bits under ordinary Python, or a refusal that names the cause (a differential harness).
 
 Every case of ``tests/python_patterns.py`` runs through the unmodified model and through
 ``fxckpt.transform`` with every strategy (none, ``every``, ``depth``, a budget with and without

@@ -1,6 +1,6 @@
 """Repeated blocks found in real graphs (planning/blocks.py) and solved once: on the benchmark's
 GPT-2, BERT and Llama-style models the shared plan costs at most 5% more recompute than the full
-search's at the same budget (issue 14), and the planner takes the cheaper of the two."""
+search's at the same budget, and the planner takes the cheaper of the two."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """The smallest plan is at or under per-block checkpointing, one of the plans fxckpt could choose.
 
 A budget below every plan is refused with ``min_budget``, the smallest verified peak; per-block
-checkpointing (each decoder layer under ``torch.utils.checkpoint``) must not reach lower. On a
-Llama-style model with a squared loss it did: the simulator assumed the loss held two logits
-where it holds five, so the plan with the smallest simulated peak kept much until the loss and
-peaked there (issue 33: 73.4 MiB against per-block's 62.3 MiB measured). The loss is now
-measured (:mod:`fxckpt.measure.loss_probe`), and the per-block plan is verified beside the
-smallest one.
+checkpointing (each decoder layer under ``torch.utils.checkpoint``) must not reach lower. The
+case that tests it: a Llama-style model with a squared loss, which holds five logits' worth at
+once; a simulator that assumed two would choose a plan that keeps much until the loss and peaks
+there (73.4 MiB against per-block's 62.3 MiB measured). So the loss is measured
+(:mod:`fxckpt.measure.loss_probe`), and the per-block plan is verified beside the smallest one.
 """
 
 from __future__ import annotations

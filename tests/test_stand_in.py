@@ -1,4 +1,4 @@
-"""Without ``loss_fn`` a budget holds under the common losses (issue 33, part 4).
+"""Without ``loss_fn`` a budget holds under the common losses.
 
 The stand-in loss must hold at least what cross-entropy over the output's last dimension, mean
 squared error and a reduction of the output's square in fp32 hold, with the caller keeping the

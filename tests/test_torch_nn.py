@@ -1,4 +1,4 @@
-"""torch.nn's transformer modules are traced through: each layer is a candidate (issue 33).
+"""torch.nn's transformer modules are traced through: each layer is a candidate.
 
 Exactness over every strategy and both captures is in ``tests/test_python_facts.py`` (the cases
 of ``tests/torch_nn_patterns.py``); here: what the plans find and save, and what they say when a

@@ -1,4 +1,4 @@
-"""torch.nn's own transformer modules, in the forms users write them (issue 33).
+"""torch.nn's own transformer modules, in the forms users write them.
 
 Cases for the differential harness of ``tests/test_python_facts.py``: ``nn.TransformerEncoder``,
 ``nn.TransformerDecoder``, ``nn.Transformer`` and their layers, with both ``norm_first``

@@ -33,7 +33,7 @@ import torch.utils._pytree as pytree
 import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode
 
-from fxckpt.errors import CaptureError
+from fxckpt.errors import CaptureError, grad_mode_left
 from fxckpt.capture.opaque import function_callers, recording, swapped
 from fxckpt.capture.simplify import simplify
 from fxckpt.signature import Binder, Shapes
@@ -83,11 +83,7 @@ def export_graph(
     with recording(model) as calls, _GradUnderAutocast() as nested:
         ep = _export_program(model, args, kwargs, opaque)
     if nested.left is not None:
-        raise CaptureError(
-            f"{type(model).__name__}.forward turns gradients {'on' if nested.left else 'off'} "
-            "(torch.set_grad_enabled) and leaves them so when it returns; use `with "
-            "torch.no_grad():` around the part that needs it"
-        )
+        raise CaptureError(grad_mode_left(f"{type(model).__name__}.forward", bool(nested.left)))
     if nested.seen:
         raise CaptureError(
             f"{type(model).__name__}.forward changes grad mode inside a torch.autocast block "

@@ -41,7 +41,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxckpt.errors import CaptureError
+from fxckpt.errors import CaptureError, grad_mode_left
 from fxckpt.capture.graphs import subgraph
 from fxckpt.runtime.state import TensorValues
 
@@ -190,11 +190,7 @@ def _first_region(graph: torch.fx.Graph) -> Optional[tuple[list[torch.fx.Node], 
                 if later.op == "call_function" and later.target is _SET_GRAD:
                     if bool(later.args[0]) == ambient:
                         return nodes[i:j + 1], ("grad", bool(node.args[0]))
-            raise CaptureError(
-                "the forward turns gradients off (torch.set_grad_enabled(False)) and does not "
-                "turn them back on before it returns; a graph cannot leave the caller's grad "
-                "mode changed. Use `with torch.no_grad():` around the part that needs it"
-            )
+            raise CaptureError(grad_mode_left("the forward", bool(node.args[0])))
         if node.target is _ENTER:
             for j in range(i + 1, len(nodes)):
                 later = nodes[j]

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 
 from fxckpt.capture import generators
+from fxckpt.errors import grad_mode_left
 from fxckpt.capture.caches import caches_kept
 from fxckpt.runtime.state import (
     alone,
@@ -102,10 +103,7 @@ class Traceless:
     def __exit__(self, *exc: Any) -> None:
         try:
             if torch.is_grad_enabled() != self._grad and exc[0] is None:
-                self.changes.append(
-                    f"the forward turns gradients {'off' if self._grad else 'on'} "
-                    "(torch.set_grad_enabled) and leaves them so when it returns; use `with "
-                    "torch.no_grad():` around the part that needs it")
+                self.changes.append(grad_mode_left("the forward", not self._grad))
             self._check_random()
             for path, generator, state in self._held:
                 if not generators.same_state(generators.state_of(generator), state):

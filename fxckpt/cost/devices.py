@@ -82,7 +82,7 @@ def _rates(bf16: float, fp32: float) -> Mapping[str, float]:
 
 PROFILES: dict[str, Optional[DeviceProfile]] = {
     # H100 SXM: 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 (torch's default: no TF32 for matmul),
-    # 3.35 TB/s HBM3; host link 53 GB/s measured device to host over PCIe 5 (issue 32's figure).
+    # 3.35 TB/s HBM3; host link 53 GB/s, measured device to host over PCIe 5.
     "h100": DeviceProfile("h100", _rates(780e12, 52e12), memory=2.8e12, link=53e9),
     # H200: the H100's compute with 4.8 TB/s HBM3e.
     "h200": DeviceProfile("h200", _rates(780e12, 52e12), memory=4.0e12, link=53e9),

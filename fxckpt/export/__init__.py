@@ -39,7 +39,8 @@ from fxckpt.export.bound import check_saved
 from fxckpt.export.files import (MAX_JSON_BYTES, as_key, verify, versions, write_atomically,
                                  write_export)
 from fxckpt.export.loaded import LoadedModule, Variant
-from fxckpt.errors import ConfigError, ExportError  # ExportError re-exported
+from fxckpt.errors import (ConfigError, ExportError,  # ExportError re-exported
+                           dynamo_needs_whole_graph, not_transformed)
 from fxckpt import integrations
 
 __all__ = ["save", "load", "ExportError", "LoadedModule"]
@@ -59,24 +60,16 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
     existing export at ``path`` is replaced; any other existing, non-empty directory is refused.
     """
     secret = as_key(key)
-    from fxckpt.export.describe import describe
+    from fxckpt.export.describe import describe, unplanned
     from fxckpt.module import dispatcher_of, is_transformed
 
     if not is_transformed(tm):
-        raise ExportError(
-            f"fxckpt.save takes the module fxckpt.transform returned (got {type(tm).__name__})"
-        )
+        raise ExportError(not_transformed("fxckpt.save", tm))
     dispatcher = dispatcher_of(tm)
     if dispatcher.config.capture == "dynamo":
-        raise ExportError(
-            "capture='dynamo' plans each graph Dynamo breaks the forward into, and an export "
-            "holds one whole graph per call: transform with capture='auto' (the default: it "
-            "trains through Dynamo and captures a whole graph to save) to save the model")
+        raise ExportError(dynamo_needs_whole_graph("an export holds one whole graph per call"))
     if dispatcher.config.offload:
-        raise ExportError(
-            "offload= moves saved tensors with hooks around the whole step, which an export does "
-            "not carry yet; transform without offload= to save this model"
-        )
+        raise ExportError.offloads("this module")
     if example_inputs is not None or example_kwargs is not None:
         _plan_both_modes(tm, tuple(example_inputs or ()), dict(example_kwargs or {}))
     if dispatcher.dynamo is not None and not dispatcher.whole_graphs():
@@ -85,10 +78,7 @@ def save(tm: torch.nn.Module, path: PathLike, *, example_inputs: Optional[Sequen
             "graph of the model: pass example_inputs= to fxckpt.save to capture and plan one to "
             "save")
     if dispatcher.last is None:
-        raise ExportError(
-            "this module has not planned yet, so there is no graph to save: call it once, or pass "
-            "example_inputs= to fxckpt.transform or to fxckpt.save"
-        )
+        raise unplanned()
     described = describe(tm)
     # what a training call adds to the caller's keywords (use_cache=False for a Hugging Face
     # model): the loaded module adds the same, so the same calls find their graphs

@@ -24,7 +24,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fxckpt.errors import ExportError, Unencodable  # re-exported: tests name them here
-from fxckpt.export.targets import DTYPES, LAYOUTS, MEMORY_FORMATS, lookup, table_name
+from fxckpt.export.targets import (DTYPES, LAYOUTS, MEMORY_FORMATS, holds_function, lookup,
+                                  table_name)
 from fxckpt import integrations
 
 __all__ = ["ExportError", "Unencodable", "encode", "decode", "dump_spec", "load_spec"]
@@ -54,10 +55,10 @@ def encode(value: Any, where: str, nodes: Optional[NodeNamer] = None) -> Any:
     if tagged is not None:
         return tagged
     if callable(value) and nodes is None:
-        raise Unencodable(f"{where} holds the function {value!r:.80}, which is not one of the "
-                          "functions an export can name (torch tensor functions, operator.*, "
-                          "fxckpt runtime functions); use a torch function (F.gelu) or a "
-                          "torch.nn module (nn.GELU(approximate='tanh')) in its place")
+        raise Unencodable(holds_function(
+            where, f"{value!r:.80}", ", which is not one of the functions an export can name "
+            "(torch tensor functions, operator.*, fxckpt runtime functions); use a torch "
+            "function (F.gelu) or a torch.nn module (nn.GELU(approximate='tanh')) in its place"))
     raise Unencodable(f"{where} holds a {type(value).__name__} ({value!r:.80}), which an export "
                       "cannot store")
 
@@ -187,7 +188,7 @@ def load_spec(text: str, where: str) -> Any:
     try:
         protocol, schema = json.loads(text)
     except (TypeError, ValueError):
-        raise ExportError(f"{where}: the pytree structure is not valid") from None
+        raise _invalid_spec(where) from None
     if protocol != 1:
         raise ExportError(f"{where}: unknown pytree format {str(protocol)[:20]!r}")
     for type_name in _type_names(schema, where):
@@ -196,8 +197,11 @@ def load_spec(text: str, where: str) -> Any:
     try:
         return pytree.treespec_loads(text)
     except Exception as e:
-        raise ExportError(f"{where}: the pytree structure is not valid "
-                          f"({type(e).__name__}: {e})") from None
+        raise _invalid_spec(where, f" ({type(e).__name__}: {e})") from None
+
+
+def _invalid_spec(where: str, why: str = "") -> ExportError:
+    return ExportError(f"{where}: the pytree structure is not valid{why}")
 
 
 def _check_type(type_name: str, where: str) -> None:
@@ -211,11 +215,11 @@ def _check_type(type_name: str, where: str) -> None:
 def _type_names(schema: Any, where: str) -> list[str]:
     """Every node type of a spec's JSON schema, each checked; no context may hold a JSON object."""
     if not (isinstance(schema, dict) and isinstance(schema.get("children_spec"), list)):
-        raise ExportError(f"{where}: the pytree structure is not valid")
+        raise _invalid_spec(where)
     found: list[str] = []
     if schema.get("type") is not None:
         if not (isinstance(schema["type"], str) and isinstance(schema.get("context"), str)):
-            raise ExportError(f"{where}: the pytree structure is not valid")
+            raise _invalid_spec(where)
         _check_type(schema["type"], where)
         json.loads(schema["context"], object_hook=_no_objects(where))
         found.append(schema["type"])

@@ -33,7 +33,7 @@ import torch.utils._pytree as pytree
 from fxckpt.export.allowlist import names_used, outside, refusal
 from fxckpt.export.codec import dump_spec, encode
 from fxckpt.export.program import check_part, describe_graph
-from fxckpt.errors import ExportError
+from fxckpt.errors import ExportError, not_planned
 from fxckpt.export.targets import module_class_path
 from fxckpt.export.views import view_to_json
 from fxckpt.runtime.segment import SegmentModule
@@ -70,6 +70,13 @@ class _Tensors:
         return name
 
 
+def unplanned() -> ExportError:
+    """The refusal to save a module that has not planned yet."""
+    return ExportError(not_planned(
+        "there is no graph to save",
+        "call it once in training, or pass example_inputs= to fxckpt.transform or to fxckpt.save"))
+
+
 def describe(tm: torch.nn.Module) -> Described:
     """Describe every planned variant of the transformed module ``tm`` (latest first)."""
     from fxckpt.module import dispatcher_of
@@ -78,7 +85,7 @@ def describe(tm: torch.nn.Module) -> Described:
     whole = dispatcher.whole_graphs()
     last = dispatcher.last if dispatcher.last in whole else (whole[-1] if whole else None)
     if last is None:
-        raise ExportError("this module has not planned yet, so there is no graph to save")
+        raise unplanned()
     items = sorted(((c.variant_key, c) for c in whole), key=lambda kv: kv[1] is not last)
     tensors = _Tensors()
     state = _state(tm, tensors)
@@ -120,26 +127,16 @@ def _state(tm: torch.nn.Module, tensors: _Tensors) -> list[dict[str, Any]]:
         prefix = f"{path}." if path else ""
         for name in [*mod._parameters, *mod._buffers]:
             _check_name(prefix + name, f"the model's tensor {prefix + name!r}")
-        for name, p in mod._parameters.items():
-            if p is not None:
-                entries.append(
-                    {
-                        "name": prefix + name,
-                        "key": tensors.key(p, prefix + name),
-                        "kind": "parameter",
-                        "requires_grad": p.requires_grad,
-                    }
-                )
-        for name, b in mod._buffers.items():
-            if b is not None:
-                entries.append(
-                    {
-                        "name": prefix + name,
-                        "key": tensors.key(b, prefix + name),
-                        "kind": "buffer",
-                        "persistent": name not in mod._non_persistent_buffers_set,
-                    }
-                )
+        for kind, held in (("parameter", mod._parameters), ("buffer", mod._buffers)):
+            for name, t in held.items():
+                if t is None:
+                    continue
+                entry = {"name": prefix + name, "key": tensors.key(t, prefix + name), "kind": kind}
+                if kind == "parameter":
+                    entry["requires_grad"] = t.requires_grad
+                else:
+                    entry["persistent"] = name not in mod._non_persistent_buffers_set
+                entries.append(entry)
     return entries
 
 
@@ -151,10 +148,7 @@ def _variant(
     plan = compiled.plan
     offloaded = [s.name for s in plan.segments if getattr(s, "action", "recompute") != "recompute"]
     if offloaded:
-        raise ExportError(
-            f"segments {offloaded} offload their saved tensors; exports hold recompute plans only "
-            "(transform without offload= to save this model)"
-        )
+        raise ExportError.offloads(f"this plan (segments {offloaded})")
     method = compiled.captured.method
     texts[f"graphs/v{i}.json"] = view_to_json(labelled_graph(compiled.gm, plan))
     return {
@@ -301,7 +295,7 @@ def _graph(
     gm: torch.fx.GraphModule, path: str, file: str, texts: dict[str, str]
 ) -> dict[str, Any]:
     if isinstance(gm, SegmentModule) and gm.offloader is not None:
-        raise ExportError(f"{path} offloads its saved tensors; exports hold recompute plans only")
+        raise ExportError.offloads(path)
     program = describe_graph(gm, path)
     for n in gm.graph.nodes:
         if n.op == "get_attr":

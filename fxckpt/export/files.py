@@ -179,7 +179,7 @@ class Verified:
         _check_size(self.root, rel, self.max_json_bytes)
         data = path.read_bytes()
         if sha256_bytes(data) != self.files[rel]:
-            raise ExportError(_mismatch(self.root, rel))
+            raise ExportError.hash_mismatch(self.root, f"the sha256 of {rel}")
         return data.decode()
 
     def tensors(self, *, max_bytes: Optional[int] = None, use_mmap: bool = False,
@@ -221,12 +221,10 @@ def verify(path: PathLike, key: Optional[bytes] = None,
         if rel.endswith(".json"):
             _check_size(root, rel, max_json_bytes)
         if not rel.startswith("weights.") and _sha256_file(root / rel) != digest:
-            raise ExportError(_mismatch(root, rel))  # the weights: checked as they are read
+            # the weights are checked as they are read
+            raise ExportError.hash_mismatch(root, f"the sha256 of {rel}")
     if manifest.get("content_hash") != content_hash(files):
-        raise ExportError(
-            f"export {root} was modified: its content hash does not match its manifest "
-            "(hash mismatch)"
-        )
+        raise ExportError.hash_mismatch(root, "its content hash")
     return Verified(root, manifest, max_json_bytes)
 
 
@@ -316,13 +314,6 @@ def _check_relative(root: Path, rel: str) -> None:
         or root.resolve() not in resolved.parents
     ):
         raise ExportError(f"export {root} lists {rel!r}, which is outside the export directory")
-
-
-def _mismatch(root: Path, rel: str) -> str:
-    return (
-        f"export {root} is corrupted or was modified: {rel} does not match the sha256 in its "
-        "manifest (hash mismatch); save the module again"
-    )
 
 
 def versions() -> dict[str, str]:

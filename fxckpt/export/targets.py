@@ -161,6 +161,12 @@ def _namespace_functions() -> dict[str, Any]:
     return found
 
 
+def holds_function(where: str, shown: str, why: str) -> str:
+    """The refusal of a function (``shown``) a saved value holds, saving or loading it: ``why``
+    (``", which ..."``)."""
+    return f"{where} holds the function {shown}{why}"
+
+
 def resolve_attribute_function(name: str, where: str) -> Callable[..., Any]:
     """A function a saved module attribute holds: a tensor function of torch's namespaces only
     (never ``getattr``, ``operator.*`` or fxckpt's runtime functions, which a module could call
@@ -168,12 +174,13 @@ def resolve_attribute_function(name: str, where: str) -> Callable[..., Any]:
     on the allowlist."""
     found = _namespace_functions().get(name) if isinstance(name, str) else None
     if found is not None and not permits("attribute_functions", name):
-        raise ExportError(f"{where} holds the function {name[:80]!r}, which is not on fxckpt's "
-                          f"allowlist of what a loaded export may use{_ALLOW_HINT}")
+        raise ExportError(holds_function(where, f"{name[:80]!r}", ", which is not on fxckpt's "
+                                         "allowlist of what a loaded export may use"
+                                         + _ALLOW_HINT))
     if found is None:
-        raise ExportError(f"{where} holds the function {str(name)[:80]!r}; a saved module's "
-                          "attribute may hold a torch tensor function only (torch.*, "
-                          "torch.nn.functional.*)")
+        raise ExportError(holds_function(where, f"{str(name)[:80]!r}", "; a saved module's "
+                                         "attribute may hold a torch tensor function only "
+                                         "(torch.*, torch.nn.functional.*)"))
     return found  # type: ignore[no-any-return]
 
 

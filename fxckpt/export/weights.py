@@ -111,9 +111,7 @@ def read_weights(path: Path, rel: str, expected_sha256: str, *, max_bytes: Optio
     else:
         buffer = _aligned_read(path, size, where)
     if sha256_bytes(buffer) != expected_sha256:
-        raise ExportError(f"export {path.parent} is corrupted or was modified: {rel} does not "
-                          "match the sha256 in its manifest (hash mismatch); save the module "
-                          "again")
+        raise ExportError.hash_mismatch(path.parent, f"the sha256 of {rel}")
     if rel == LEGACY:
         return _legacy(bytes(buffer), where, max_bytes)
     return _safetensors(buffer, where, align=1 if use_mmap else ALIGN)

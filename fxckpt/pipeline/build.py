@@ -25,7 +25,8 @@ from fxckpt.pipeline.batch_outputs import batch_outputs
 from fxckpt.pipeline.partition import Balance, StagePlan, partition, stage_order
 from fxckpt.pipeline.split import pytree_specs, split_stages
 from fxckpt.plan import PipelineView, Plan, StageView
-from fxckpt.runtime.pipeline import Device, Pipeline, check_checkpoint, check_chunks, check_device
+from fxckpt.runtime.pipeline import (Device, Pipeline, check_checkpoint, check_chunks,
+                                     check_devices, one_device_per_stage)
 
 __all__ = ["PipelinedModule", "build_pipeline"]
 
@@ -128,7 +129,7 @@ def build_pipeline(
     check_chunks(chunks)
     check_checkpoint(checkpoint)
     _refuse_batch_outputs(gm, chunks)
-    devs = _check_devices(devices)
+    devs = check_devices(devices)
     k = _stage_count(stages, devs, balance)
     if len(devs) == 1 and k > 1:
         devs = devs * k
@@ -139,10 +140,7 @@ def build_pipeline(
         )
     stage_plan = partition(gm, k, balance=balance, plan=plan, cost=cost)
     if len(devs) != stage_plan.stages:
-        raise ConfigError(
-            f"give one device per stage: balance makes {stage_plan.stages} stage(s) but "
-            f"devices={[str(d) for d in devs]}"
-        )
+        raise one_device_per_stage(stage_plan.stages, devs, "balance makes ")
     modules = split_stages(gm, stage_plan.stage_of)
     names = [p.name for p in gm.graph.nodes if p.op == "placeholder"]
     pipe = Pipeline(modules, devs, chunks, checkpoint, input_names=names)
@@ -162,19 +160,6 @@ def _refuse_batch_outputs(gm: torch.fx.GraphModule, chunks: int) -> None:
             "not the batch's. Return it as a tensor with a batch dimension, compute it outside "
             "the model, or use chunks=1"
         )
-
-
-def _check_devices(devices: object) -> list[torch.device]:
-    if (
-        isinstance(devices, (str, torch.device))
-        or not isinstance(devices, (list, tuple))
-        or not devices
-    ):
-        raise ConfigError(
-            f"devices must be a non-empty list of devices, one per stage (got {devices!r}); "
-            "e.g. devices=['cuda:0', 'cuda:1']"
-        )
-    return [check_device(d) for d in devices]
 
 
 def _stage_count(

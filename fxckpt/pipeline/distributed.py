@@ -36,8 +36,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from fxckpt.checks import check_int
-from fxckpt.errors import ConfigError
+from fxckpt.checks import check_example_inputs, check_int
+from fxckpt.errors import ConfigError, not_planned
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.capture.tracer import ORIGINAL_PATH
 from fxckpt.runtime.checkpoint import checkpoint as run_checkpointed
@@ -237,16 +237,13 @@ def _stages_of(tm: nn.Module, dispatcher: Any, example_inputs: Optional[Sequence
             "chunks=4)"
         )
     if example_inputs is not None or example_kwargs is not None:
-        if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
-            raise ConfigError(f"example_inputs must be a tuple of positional inputs (got "
-                              f"{type(example_inputs).__name__}); write example_inputs=(x,)")
-        compiled = dispatcher.compiled_for(tm, tuple(example_inputs or ()),
-                                           dict(example_kwargs or {}))
+        inputs = check_example_inputs(example_inputs)
+        compiled = dispatcher.compiled_for(tm, inputs, dict(example_kwargs or {}))
     elif dispatcher.last is None:
-        raise ConfigError(
-            "this transformed module has not planned its stages yet: pass example_inputs=(batch,) "
-            "to build_stage (or to fxckpt.transform), or call it once in training"
-        )
+        raise ConfigError(not_planned(
+            "it has no stages to build",
+            "pass example_inputs=(batch,) to build_stage (or to fxckpt.transform), or call it "
+            "once in training"))
     else:
         compiled = dispatcher.last
     return list(compiled.pipeline.stage_modules), dispatcher.model

@@ -26,6 +26,15 @@ from fxckpt.cost.annotate import module_path_of
 __all__ = ["anchors_of", "remap", "target_name"]
 
 
+def not_in_graph(segment: str, names: str, *, nor: str = "", signature: str = "") -> PlanError:
+    """A saved plan's ``segment`` ``names`` a place this model's graph does not have (``nor``:
+    what else was looked for): the refusal of every way of replaying a saved plan."""
+    made = f" ({signature})" if signature else ""
+    return PlanError(f"the saved plan's {segment} {names}, which this model's graph does not "
+                     f"have{nor}: the plan was made for another model, mode or input "
+                     f"signature{made}")
+
+
 def anchors_of(order: Sequence[torch.fx.Node]) -> dict[str, str]:
     """Node name -> anchor, for the planned nodes ``order`` (in graph order)."""
     seen: dict[tuple[str, str], int] = {}
@@ -67,11 +76,7 @@ def remap(order: Sequence[torch.fx.Node], segments: Sequence[tuple[str, tuple[st
         ends = [position.get(a) for a in anchors[:2]]
         if ends[0] is None or ends[1] is None or ends[1] < ends[0]:
             missing = anchors[0] if ends[0] is None else anchors[1]
-            raise PlanError(
-                f"the saved plan's {name} starts or ends at {missing!r} (module|op|occurrence), "
-                "which this model's graph does not have: the plan was made for another model, "
-                "mode or input signature"
-            )
+            raise not_in_graph(name, f"starts or ends at {missing!r} (module|op|occurrence)")
         lo, hi = ends[0], ends[1]
         runs.append(list(order[lo:hi + 1]))
         keeps += [order[position[a]].name for a in anchors[2:]

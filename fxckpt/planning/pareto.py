@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from fxckpt.errors import ConfigTypeError
+from fxckpt.checks import check_model
 
 __all__ = ["pareto"]
 
@@ -33,8 +33,7 @@ def pareto(
     predicted peak. With ``selective`` (as ``transform``'s default) each plan may keep costly
     outputs inside its segments (:mod:`fxckpt.solver.selective`).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    check_model(model)
     from fxckpt.cost.annotate import annotate
     from fxckpt.capture.captured import capture
     from fxckpt.cost.prediction import recompute_share

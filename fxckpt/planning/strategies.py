@@ -30,7 +30,7 @@ import torch.fx
 
 from fxckpt.budget import Budget
 from fxckpt.errors import BudgetInfeasible, PlanError
-from fxckpt.planning.anchors import remap
+from fxckpt.planning.anchors import not_in_graph, remap
 from fxckpt.cost.annotate import info
 from fxckpt.planning.blocks import block_ranges
 from fxckpt.planning.cleanup import apply_force, frees_memory, opaque_modules, safe
@@ -236,11 +236,8 @@ def replayed(order: Sequence[torch.fx.Node], plan: Plan) -> tuple[list[Run], lis
     for seg in plan.segments:
         missing = [name for name in seg.nodes if name not in position]
         if missing:
-            raise PlanError(
-                f"the saved plan's {seg.name} names node {missing[0]!r}, which this model's graph "
-                f"does not have{nor}; was the plan made for another model, mode or input "
-                f"signature ({plan.signature})?"
-            )
+            raise not_in_graph(seg.name, f"names node {missing[0]!r}", nor=nor,
+                               signature=str(plan.signature))
         idx = [position[name] for name in seg.nodes]
         if idx != list(range(idx[0], idx[0] + len(idx))):
             raise PlanError(

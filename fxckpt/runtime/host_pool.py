@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 import torch
 
 from fxckpt.errors import ConfigError
+from fxckpt.runtime.pipeline import check_device
 
 __all__ = ["HostPool", "host_device"]
 
@@ -74,18 +75,10 @@ class HostPool:
 def host_device(device: Union[torch.device, str]) -> torch.device:
     """``device`` as where offloaded tensors may live: the CPU or an existing CUDA device."""
     try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
+        dev, why = torch.device(device), ""
+    except (RuntimeError, TypeError, ValueError) as e:
+        dev, why = None, f": {e}"
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"offload_device must be 'cpu' or a CUDA device like 'cuda:0' (got "
-                          f"{device!r}: {e})") from e
-    if dev.type == "cpu":
-        return dev
-    if dev.type != "cuda":
-        raise ConfigError(f"offload_device must be 'cpu' or a CUDA device (got {device!r}); "
-                          "offloaded tensors are copied there and back")
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = 0 if dev.index is None else dev.index
-    if index >= n:
-        raise ConfigError(f"offload_device {device!r} does not exist: this machine has {n} CUDA "
-                          "device(s); use offload_device='cpu'")
-    return torch.device("cuda", index)
+                          f"{device!r}{why}); offloaded tensors are copied there and back")
+    return check_device(dev, "offload_device")

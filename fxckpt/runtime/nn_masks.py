@@ -47,9 +47,8 @@ def check_transformer_inputs(src: torch.Tensor, tgt: torch.Tensor, batch_first: 
                              d_model: int) -> None:
     """``nn.Transformer.forward``'s checks of ``src`` and ``tgt``, with its messages."""
     is_batched = src.dim() == 3
-    if not batch_first and src.size(1) != tgt.size(1) and is_batched:
-        raise RuntimeError("the batch number of src and tgt must be equal")
-    if batch_first and src.size(0) != tgt.size(0) and is_batched:
+    batch = 0 if batch_first else 1
+    if is_batched and src.size(batch) != tgt.size(batch):
         raise RuntimeError("the batch number of src and tgt must be equal")
     if src.size(-1) != d_model or tgt.size(-1) != d_model:
         raise RuntimeError("the feature number of src and tgt must be equal to d_model")

@@ -85,21 +85,38 @@ def check_device(device: object, name: str = "devices") -> torch.device:
         return torch.device("cpu")
     if dev.type == "cuda":
         n = torch.cuda.device_count()
-        if n == 0:
-            raise ConfigError(
-                f"device {device!r} does not exist: this machine has no CUDA device; use 'cpu'"
-            )
-        index = torch.cuda.current_device() if dev.index is None else dev.index
+        index = dev.index if dev.index is not None else torch.cuda.current_device() if n else 0
         if index >= n:
-            raise ConfigError(
-                f"device {device!r} does not exist: this machine has {n} CUDA device(s), "
-                f"cuda:0 to cuda:{n - 1}"
-            )
+            label = "device" if name == "devices" else name
+            has = (f"{n} CUDA device(s), cuda:0 to cuda:{n - 1}" if n
+                   else "no CUDA device; use 'cpu'")
+            raise ConfigError(f"{label} {str(dev)!r} does not exist: this machine has {has}")
         return torch.device("cuda", index)
     backend = getattr(torch, dev.type, None)
     if backend is None or not getattr(backend, "is_available", lambda: False)():
-        raise ConfigError(f"device {device!r} is not available on this machine")
+        raise ConfigError(f"device {str(dev)!r} is not available on this machine")
     return dev
+
+
+def one_device_per_stage(stages: int, devices: Any, made: str = "") -> ConfigError:
+    """``devices=`` does not name one device for each of the ``stages`` (``made``: what made
+    that many, ``"balance makes "``)."""
+    shown = devices if isinstance(devices, (str, torch.device)) else [str(d) for d in devices]
+    return ConfigError(f"give one device per stage: {made}{stages} stage(s) but devices={shown!r}")
+
+
+def check_devices(devices: object) -> list[torch.device]:
+    """``devices=`` (one per stage) as the devices that exist, or :class:`ConfigError`."""
+    if (
+        isinstance(devices, (str, torch.device))
+        or not isinstance(devices, (list, tuple))
+        or not devices
+    ):
+        raise ConfigError(
+            f"devices must be a non-empty list of devices, one per stage (got {devices!r}); "
+            "e.g. devices=['cuda:0', 'cuda:1']"
+        )
+    return [check_device(d) for d in devices]
 
 
 class _Stage(Recomputable):
@@ -224,9 +241,7 @@ class Pipeline(nn.Module):
         if not stages or not all(isinstance(s, nn.Module) for s in stages):
             raise ConfigError(f"stages must be a non-empty list of nn.Module (got {stages!r})")
         if isinstance(devices, (str, torch.device)) or len(devices) != len(stages):
-            raise ConfigError(
-                f"give one device per stage: {len(stages)} stage(s) but devices={devices!r}"
-            )
+            raise one_device_per_stage(len(stages), devices)
         self.chunks = check_chunks(chunks)
         self.checkpoint = check_checkpoint(checkpoint)
         self.devices = [check_device(d) for d in devices]

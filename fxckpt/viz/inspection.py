@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from fxckpt.config import TransformConfig
-from fxckpt.errors import ConfigError, NotPlannedError
+from fxckpt.errors import ConfigError, NotPlannedError, not_planned, not_transformed
 from fxckpt.plan import Plan
 
 if TYPE_CHECKING:
@@ -138,11 +138,10 @@ class Inspection:
     def _current(self) -> Any:
         compiled = self._dispatcher.last
         if compiled is None:
-            raise NotPlannedError(
-                "this module has not planned yet: it plans at its first training call (eval() and "
-                "no_grad() calls run the model itself); call it once in training, pass "
-                "example_inputs= to fxckpt.transform, or use fxckpt.inspect(tm).plan_for(*inputs)"
-            )
+            raise NotPlannedError(not_planned(
+                "there is no plan to inspect",
+                "call it once in training, pass example_inputs= to fxckpt.transform, or use "
+                "fxckpt.inspect(tm).plan_for(*inputs)"))
         return compiled
 
     def __repr__(self) -> str:
@@ -199,8 +198,5 @@ def inspect(tm: torch.nn.Module) -> Union[Inspection, LoadedInspection]:
     if isinstance(tm, LoadedModule):
         return LoadedInspection(tm)
     if not is_transformed(tm):
-        raise ConfigError(
-            f"fxckpt.inspect takes a module fxckpt.transform returned (got {type(tm).__name__}); "
-            "transform the model first: tm = fxckpt.transform(model, ...)"
-        )
+        raise ConfigError(not_transformed("fxckpt.inspect", tm))
     return Inspection(tm)

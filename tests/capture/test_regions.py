@@ -83,7 +83,7 @@ class Unbalanced(nn.Module):
 def test_a_forward_that_leaves_grad_off_is_refused() -> None:
     gm = _traced(Unbalanced())
     torch.set_grad_enabled(True)
-    with pytest.raises(CaptureError, match="does not turn them back on before it returns"):
+    with pytest.raises(CaptureError, match="turns gradients off .* leaves them so when it"):
         outline_regions(gm)
 
 

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from fxckpt.capture.generators import same_state
 from fxckpt.capture.traceless import Traceless, hooks_off
+from fxckpt.errors import grad_mode_left
 
 
 class Busy(nn.Module):
@@ -56,9 +57,10 @@ def test_grad_mode_left_off_is_reported() -> None:
     with Traceless(Off()) as guard:
         Off()(torch.ones(1))
     assert torch.is_grad_enabled()
-    assert guard.changes == [
+    assert guard.changes == [grad_mode_left("the forward", False)]
+    assert guard.changes[0].startswith(
         "the forward turns gradients off (torch.set_grad_enabled) and leaves them so when it "
-        "returns; use `with torch.no_grad():` around the part that needs it"]
+        "returns")
 
 
 def test_hooks_off_silences_hooks_and_keeps_the_kinds_asked_for() -> None:

@@ -81,7 +81,8 @@ def test_a_meta_model_without_a_profile_is_priced_with_the_cpus_rates(
 
 
 def test_offload_auto_plans_a_meta_model_for_a_gpu_at_the_bandwidth_asked_for() -> None:
-    """It used to time a matmul on the meta device ("Cannot copy out of meta tensor")."""
+    """Nothing is timed on the meta device (a matmul there fails: "Cannot copy out of meta
+    tensor"): the bandwidth asked for is the rate."""
     import fxckpt
 
     torch.manual_seed(0)

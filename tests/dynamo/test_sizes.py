@@ -23,7 +23,7 @@ def _mlp() -> nn.Module:
 
 def _tracked(module: nn.Module, args: tuple) -> int:
     """The step's peak, tracked as it runs (under Dynamo), with a loss that holds no more than
-    the plans' stand-in (a loss that holds more is issue 44's: docs/standin.md)."""
+    the plans' stand-in (a loss that holds more needs loss_fn=: docs/standin.md)."""
     with LiveTensorTracker() as tracker:
         out = module(*args)
         out = out.logits if hasattr(out, "logits") else out

@@ -1,4 +1,4 @@
-"""A corpus of crafted exports, one class of attack after another (issue 42's six classes).
+"""A corpus of crafted exports, one class of attack after another (six classes).
 
 Each case edits a valid export the way anyone who can write its files can (hashes recomputed)
 and must be refused with an :class:`ExportError` that names its file or node, without running

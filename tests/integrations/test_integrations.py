@@ -1,4 +1,4 @@
-"""Framework rules behind one protocol (issue 45, item 7b): the rest of fxckpt asks the
+"""Framework rules behind one protocol: the rest of fxckpt asks the
 frameworks around a model only through :mod:`fxckpt.integrations`, which asks every registered
 :class:`~fxckpt.integrations.framework.Framework` (Hugging Face's always). A fake second
 framework, registered for a test, is consulted through the same entry points and the callers

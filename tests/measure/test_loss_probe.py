@@ -34,7 +34,7 @@ def _peak(loss_fn, output: object = None) -> int:
 
 def test_a_squared_loss_holds_five_times_the_logits() -> None:
     """The logits it saved, the gradient of the mean, 2 * logits, the product: five at once
-    (the planner used to assume two: one kept tensor and the gradient)."""
+    (not two, one kept tensor and the gradient, as a guess from the loss's output would say)."""
     assert _times_logits(_peak(lambda out: out["logits"].float().square().mean())) == 5
 
 

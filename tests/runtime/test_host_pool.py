@@ -29,5 +29,5 @@ def test_only_the_cpu_or_an_existing_cuda_device_holds_offloaded_tensors() -> No
     with pytest.raises(fxckpt.ConfigError, match="like 'cuda:0'"):
         host_device("not a device")
     if not torch.cuda.is_available():
-        with pytest.raises(fxckpt.ConfigError, match="this machine has 0 CUDA device"):
+        with pytest.raises(fxckpt.ConfigError, match="this machine has no CUDA device"):
             host_device("cuda:0")

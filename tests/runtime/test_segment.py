@@ -131,8 +131,8 @@ def test_a_model_with_segment_field_names_keeps_them_and_trains_bit_exact() -> N
 
 
 def test_early_stop_leaves_a_segment_without_a_traceback_walk(monkeypatch) -> None:
-    # checkpoint ends each recompute by raising through the segment; fx's wrapper used to walk
-    # the traceback (a stat per frame) every time: 16 segments, 16 walks a step.
+    # checkpoint ends each recompute by raising through the segment; fx's wrapper would walk
+    # the traceback (a stat per frame) every time, 16 walks a step for 16 segments: it must not.
     import traceback
 
     walks = []
