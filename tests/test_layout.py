@@ -19,7 +19,7 @@ PACKAGE = ROOT / "fxckpt"
 TESTS = ROOT / "tests"
 
 SUITES = {
-    "frameworks": "the framework tier (-m frameworks): fxckpt inside Trainer, PEFT, accelerate, Lightning, ...",
+    "frameworks": "the framework tier (-m frameworks): fxckpt in Trainer, PEFT, Lightning, ...",
     "bench": "the benchmarks/ package (python -m benchmarks), not fxckpt",
     "cuda": "the CUDA tier: tests that need a GPU, across modules",
     "dynamo": "the Dynamo path end to end (fxckpt/serve/dynamo/ through torch.compile)",
