@@ -60,7 +60,6 @@ UNMIRRORED = {
     "serve/dynamo/sized.py": "tests/dynamo/test_sizes.py",
     "serve/sizes.py": "tests/serve/test_plan_cache.py, tests/dynamo/test_sizes.py",
     "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
-    "signature.py": f"no direct test: {_BEHAVIOUR} (tests/test_shapes.py)",
     "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
     "viz/charts.py": "tests/viz/test_viz.py",
