@@ -28,8 +28,6 @@ SUITES = {
 
 _BEHAVIOUR = "fxckpt.transform end to end"
 UNMIRRORED = {
-    "__init__.py": "lazy attributes of import fxckpt: tests/test_imports.py",
-    "api.py": f"transform()'s arguments and plans: tests/test_transform.py ({_BEHAVIOUR})",
     "capture/captured.py": "the capture every pass starts from: tests/planning/, tests/runtime/",
     "capture/eager_attention.py": "tests/capture/test_simplify.py (Hugging Face SDPA models)",
     "capture/nn_modules.py": "tests/test_torch_nn.py, tests/export/test_functions.py",
@@ -40,7 +38,6 @@ UNMIRRORED = {
     "integrations/framework.py": "the protocol alone: tests/integrations/test_integrations.py",
     "measure/timeline.py": "plot_memory's measured curve: tests/viz/test_viz.py",
     "measure/tracker.py": "tests/measure/test_protocol.py, tests/measure/test_meta_run.py",
-    "module.py": "the transformed module: tests/test_identity.py, tests/runtime/",
     "pipeline/build.py": "tests/runtime/test_pipeline.py, tests/test_pipeline_transform.py",
     "pipeline/split.py": "tests/pipeline/test_partition.py, tests/pipeline/test_distributed.py",
     "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
