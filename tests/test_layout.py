@@ -36,8 +36,6 @@ UNMIRRORED = {
     "capture/sharing.py": f"no direct test: {_BEHAVIOUR} (tests/test_transform.py)",
     "cli/model_source.py": "fxckpt plan on a factory or config: tests/cli/test_cli.py",
     "integrations/framework.py": "the protocol alone: tests/integrations/test_integrations.py",
-    "measure/timeline.py": "plot_memory's measured curve: tests/viz/test_viz.py",
-    "measure/tracker.py": "tests/measure/test_protocol.py, tests/measure/test_meta_run.py",
     "pipeline/build.py": "tests/runtime/test_pipeline.py, tests/test_pipeline_transform.py",
     "pipeline/split.py": "tests/pipeline/test_partition.py, tests/pipeline/test_distributed.py",
     "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
