@@ -32,8 +32,6 @@ UNMIRRORED = {
     "capture/eager_attention.py": "tests/capture/test_simplify.py (Hugging Face SDPA models)",
     "capture/nn_modules.py": "tests/test_torch_nn.py, tests/export/test_functions.py",
     "capture/opaque.py": "swapped modules: tests/export/test_functions.py, tests/test_torch_nn.py",
-    "capture/own_error.py": f"no direct test: {_BEHAVIOUR} (tests/cli/test_cli.py)",
-    "capture/sharing.py": f"no direct test: {_BEHAVIOUR} (tests/test_transform.py)",
     "pipeline/build.py": "tests/runtime/test_pipeline.py, tests/test_pipeline_transform.py",
     "pipeline/split.py": "tests/pipeline/test_partition.py, tests/pipeline/test_distributed.py",
     "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
