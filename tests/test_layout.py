@@ -42,12 +42,8 @@ UNMIRRORED = {
     "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
     "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
-    "viz/charts.py": "tests/viz/test_viz.py",
-    "viz/common.py": "tests/viz/test_viz.py",
-    "viz/graph.py": "tests/viz/test_viz.py",
     "viz/inspection.py": "fxckpt.inspect: tests/test_plan.py, tests/test_transform.py",
     "viz/layout.py": "tests/viz/test_viz.py",
-    "viz/memory.py": "tests/viz/test_viz.py",
     "viz/report.py": "reports on disk: tests/cli/test_cli.py",
 }
 """Modules with logic and no ``tests/<package>/test_<module>.py``: where they are tested."""
