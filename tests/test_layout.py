@@ -42,9 +42,7 @@ UNMIRRORED = {
     "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
     "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
-    "viz/inspection.py": "fxckpt.inspect: tests/test_plan.py, tests/test_transform.py",
     "viz/layout.py": "tests/viz/test_viz.py",
-    "viz/report.py": "reports on disk: tests/cli/test_cli.py",
 }
 """Modules with logic and no ``tests/<package>/test_<module>.py``: where they are tested."""
 
