@@ -30,8 +30,6 @@ _BEHAVIOUR = "fxckpt.transform end to end"
 UNMIRRORED = {
     "capture/captured.py": "the capture every pass starts from: tests/planning/, tests/runtime/",
     "capture/eager_attention.py": "tests/capture/test_simplify.py (Hugging Face SDPA models)",
-    "pipeline/build.py": "tests/runtime/test_pipeline.py, tests/test_pipeline_transform.py",
-    "pipeline/split.py": "tests/pipeline/test_partition.py, tests/pipeline/test_distributed.py",
     "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
     "serve/dynamo/backend.py": "tests/dynamo/ (the Dynamo suite)",
     "serve/dynamo/cache.py": "tests/dynamo/ (the Dynamo suite)",
