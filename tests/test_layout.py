@@ -30,7 +30,6 @@ _BEHAVIOUR = "fxckpt.transform end to end"
 UNMIRRORED = {
     "capture/captured.py": "the capture every pass starts from: tests/planning/, tests/runtime/",
     "capture/eager_attention.py": "tests/capture/test_simplify.py (Hugging Face SDPA models)",
-    "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
     "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
     "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
