@@ -33,7 +33,6 @@ UNMIRRORED = {
     "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
     "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
-    "viz/layout.py": "tests/viz/test_viz.py",
 }
 """Modules with logic and no ``tests/<package>/test_<module>.py``: where they are tested."""
 

@@ -7,7 +7,7 @@ import pytest
 
 import fxckpt
 from models import MLP
-from viz_support import X
+from .viz_support import X
 
 
 @pytest.fixture(scope="session")

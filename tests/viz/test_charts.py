@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import fxckpt  # noqa: E402
 from fxckpt.viz import plot_schedule  # noqa: E402
 from models import MLP  # noqa: E402
-from viz_support import X  # noqa: E402
+from .viz_support import X  # noqa: E402
 
 
 def test_plot_pareto_draws_the_curve_and_marked_plans(plain) -> None:

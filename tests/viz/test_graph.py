@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import fxckpt  # noqa: E402
 from fxckpt.viz.layout import parse_plain  # noqa: E402
 from models import MLP  # noqa: E402
-from viz_support import X, _labels, _legend, _segment_artists  # noqa: E402
+from .viz_support import X, _labels, _legend, _segment_artists  # noqa: E402
 
 
 def test_show_colours_every_segment(plain, tmp_path: Path) -> None:

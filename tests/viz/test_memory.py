@@ -11,7 +11,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 import fxckpt  # noqa: E402
-from viz_support import X  # noqa: E402
+from .viz_support import X  # noqa: E402
 
 
 def test_plot_memory_predicts_and_measures(plain) -> None:

@@ -11,7 +11,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 import fxckpt  # noqa: E402
-from viz_support import _segment_artists  # noqa: E402
+from .viz_support import _segment_artists  # noqa: E402
 
 
 def test_pictures_of_a_loaded_module(plain, tmp_path: Path) -> None:
