@@ -28,7 +28,6 @@ SUITES = {
 
 _BEHAVIOUR = "fxckpt.transform end to end"
 UNMIRRORED = {
-    "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
     "solver/choose.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
     "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
 }
