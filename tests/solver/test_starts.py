@@ -12,7 +12,7 @@ from fxckpt.solver import BudgetInfeasible, Problem, peak_bytes, simulate
 from fxckpt.solver.choose import min_peak_plan, solve_plan
 from fxckpt.solver.selective import Selection
 from fxckpt.solver.starts import Start, fit_start
-from test_shared import stack
+from .test_shared import stack
 
 
 def layers(count: int) -> tuple[Problem, list[tuple[int, int]]]:
