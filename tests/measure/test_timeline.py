@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fxckpt.measure.timeline import OpTimeline, default_loss, measure_step
+from fxckpt.runtime.state import alone
 
 
 class Net(torch.nn.Module):
@@ -48,13 +49,14 @@ def test_a_measured_step_has_both_phases_and_leaves_the_module_as_it_was() -> No
     mean = model.bn.running_mean.clone()
     x = torch.randn(32, 64)
     rng = torch.get_rng_state()
+    was_alone = alone()  # with another thread alive the step's draws are left as drawn
     step = measure_step(model, (x,))
     assert step.forward and step.backward
     assert step.peak_bytes >= max(step.forward + step.backward) > 0
     assert torch.equal(model.fc.weight.grad, torch.full_like(model.fc.weight, 7.0))
     assert model.bn.bias.grad is None
     assert torch.equal(model.bn.running_mean, mean)
-    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(torch.get_rng_state(), rng) or not was_alone
 
 
 def test_a_given_loss_is_used() -> None:
