@@ -4,7 +4,9 @@
 ``__init__.py`` with functions or classes of its own in ``tests/<package>/test_<package>.py``.
 A module with no function or class (data, re-exports) has no logic to test. The modules still
 without a test file of their own are listed in ``UNMIRRORED``, each with where it is tested: the
-list only shrinks (a listed module that gains a test file, or is gone, fails here too).
+list only shrinks (a listed module that gains a test file, or is gone, fails here too). A folder
+whose test file shares a basename with another test file (``tests/viz/test_layout.py`` and this
+one) is a package, with an ``__init__.py``: pytest's default import mode needs that.
 
 Test folders that name no package of fxckpt are suites, listed in ``SUITES`` with what they are.
 """
@@ -26,60 +28,7 @@ SUITES = {
 }
 """Folders under tests/ that mirror no package: what each holds."""
 
-_BEHAVIOUR = "fxckpt.transform end to end"
 UNMIRRORED = {
-    "__init__.py": "lazy attributes of import fxckpt: tests/test_imports.py",
-    "api.py": f"transform()'s arguments and plans: tests/test_transform.py ({_BEHAVIOUR})",
-    "capture/captured.py": "the capture every pass starts from: tests/planning/, tests/runtime/",
-    "capture/eager_attention.py": "tests/capture/test_simplify.py (Hugging Face SDPA models)",
-    "capture/nn_modules.py": "tests/test_torch_nn.py, tests/export/test_functions.py",
-    "capture/opaque.py": "swapped modules: tests/export/test_functions.py, tests/test_torch_nn.py",
-    "capture/own_error.py": f"no direct test: {_BEHAVIOUR} (tests/cli/test_cli.py)",
-    "capture/sharing.py": f"no direct test: {_BEHAVIOUR} (tests/test_transform.py)",
-    "cli/model_source.py": "fxckpt plan on a factory or config: tests/cli/test_cli.py",
-    "config.py": "TransformConfig: tests/planning/test_select.py, tests/test_errors.py",
-    "export/bound.py": "no direct test: save and load in tests/export/test_export.py",
-    "export/checked.py": "weight_norm models: tests/test_fidelity.py, tests/test_compile.py",
-    "export/codec.py": "tests/export/test_functions.py, tests/export/test_export.py",
-    "export/describe.py": "what fxckpt.save writes: tests/export/test_export.py",
-    "export/files.py": "tests/export/test_corpus.py, tests/export/test_export.py",
-    "export/loaded.py": "LoadedModule: tests/export/test_export.py",
-    "export/program.py": "no direct test: save and load in tests/export/test_export.py",
-    "export/rebuild.py": "tests/export/test_export.py",
-    "export/targets.py": "tests/export/test_allowlist.py, tests/export/test_fuzz_ops.py",
-    "export/views.py": "no direct test: save and load in tests/export/test_export.py",
-    "export/weights.py": "saved weights and hashes: tests/export/test_forged.py, test_export.py",
-    "integrations/framework.py": "the protocol alone: tests/integrations/test_integrations.py",
-    "measure/timeline.py": "plot_memory's measured curve: tests/viz/test_viz.py",
-    "measure/tracker.py": "tests/measure/test_protocol.py, tests/measure/test_meta_run.py",
-    "module.py": "the transformed module: tests/test_identity.py, tests/runtime/",
-    "pipeline/build.py": "tests/runtime/test_pipeline.py, tests/test_pipeline_transform.py",
-    "pipeline/split.py": "tests/pipeline/test_partition.py, tests/pipeline/test_distributed.py",
-    "planning/pareto.py": "plot_pareto's points: tests/viz/test_viz.py",
-    "runtime/assign.py": f"no direct test: {_BEHAVIOUR} (tests/runtime/test_segment.py)",
-    "runtime/nn_masks.py": "torch.nn transformer masks: tests/test_torch_nn.py",
-    "runtime/schedule.py": "tests/runtime/test_pipeline.py, tests/test_checks.py",
-    "runtime/selective.py": f"tests/test_selective.py ({_BEHAVIOUR})",
-    "runtime/user_checkpoint.py": "models that call checkpoint: tests/test_python_facts.py",
-    "serve/dynamo/backend.py": "tests/dynamo/ (the Dynamo suite)",
-    "serve/dynamo/cache.py": "tests/dynamo/ (the Dynamo suite)",
-    "serve/dynamo/driver.py": "tests/dynamo/test_driver.py, tests/dynamo/test_loops.py",
-    "serve/dynamo/refusals.py": "tests/dynamo/test_driver.py, tests/test_fsdp.py",
-    "serve/dynamo/share.py": "no direct test: tests/dynamo/ (the Dynamo suite)",
-    "serve/dynamo/sized.py": "tests/dynamo/test_sizes.py",
-    "serve/sizes.py": "tests/serve/test_plan_cache.py, tests/dynamo/test_sizes.py",
-    "serve/whole_graph.py": f"tests/test_shapes.py, tests/test_transform.py ({_BEHAVIOUR})",
-    "signature.py": f"no direct test: {_BEHAVIOUR} (tests/test_shapes.py)",
-    "solver/portfolio.py": "tests/solver/test_starts.py, tests/solver/test_shared.py",
-    "solver/selective.py": "tests/solver/test_bounds.py, tests/solver/test_floor.py",
-    "strategy.py": "tests/planning/test_select.py, tests/planning/test_strategies.py",
-    "viz/charts.py": "tests/viz/test_viz.py",
-    "viz/common.py": "tests/viz/test_viz.py",
-    "viz/graph.py": "tests/viz/test_viz.py",
-    "viz/inspection.py": "fxckpt.inspect: tests/test_plan.py, tests/test_transform.py",
-    "viz/layout.py": "tests/viz/test_viz.py",
-    "viz/memory.py": "tests/viz/test_viz.py",
-    "viz/report.py": "reports on disk: tests/cli/test_cli.py",
 }
 """Modules with logic and no ``tests/<package>/test_<module>.py``: where they are tested."""
 

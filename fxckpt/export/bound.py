@@ -72,12 +72,17 @@ def example_from(data: Any, where: str) -> dict[str, Any]:
 def input_bytes(values: Any) -> int:
     """Bytes of the tensors among ``values`` (or the examples standing for them)."""
     total = 0
-    for v in pytree.tree_leaves(values):
+    for v in pytree.tree_leaves(values, is_leaf=_is_example):  # an example is counted whole
         if isinstance(v, torch.Tensor):
             total += v.numel() * v.element_size()
-        elif isinstance(v, dict) and "shape" in v:
+        elif _is_example(v):
             total += math.prod(v["shape"]) * _dtype(v["dtype"]).itemsize
     return total
+
+
+def _is_example(v: Any) -> bool:
+    """A saved example standing for a tensor: ``{"shape": [...], "dtype": ...}``."""
+    return isinstance(v, dict) and "shape" in v and "dtype" in v
 
 
 def _dtype(name: str) -> torch.dtype:

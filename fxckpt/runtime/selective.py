@@ -54,6 +54,17 @@ def _is_main_candidate(func: Any) -> bool:
             and getattr(func, "namespace", "") != "prim")
 
 
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    """``t.detach()`` that shares ``t``'s version counter, so a later in-place write to the kept
+    output is seen. Below autograd (in a dispatch mode) the ADInplaceOrView key that shares it is
+    excluded; it is let through for the detach, as torch's selective checkpoint does."""
+    guard = getattr(torch._C, "_SetExcludeDispatchKeyGuard", None)
+    if guard is None:  # pragma: no cover - other torch versions
+        return t.detach()
+    with guard(torch._C.DispatchKey.ADInplaceOrView, False):
+        return t.detach()
+
+
 class _Record(TorchDispatchMode):
     """Forward: run the node's calls; remember the last candidate's output and its position.
     A node with no candidate (a cast, ``x.to(torch.float32)``, is a copy only) keeps its last
@@ -76,7 +87,7 @@ class _Record(TorchDispatchMode):
         if candidate or _is_copy(func):
             leaves, spec = pytree.tree_flatten(out)
             if any(isinstance(t, torch.Tensor) for t in leaves):
-                leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
+                leaves = [_detached(t) if isinstance(t, torch.Tensor) else t for t in leaves]
                 versions = [t._version if isinstance(t, torch.Tensor) else None for t in leaves]
                 if candidate:
                     self.last = (self.count, str(func), leaves, versions, spec, False)

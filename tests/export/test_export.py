@@ -477,44 +477,6 @@ def test_loaded_segments_are_segments_with_the_saved_name_and_restores(tmp_path:
     assert any("running_mean" in name for s in plan.segments for name in s.restores)
 
 
-def test_exports_that_kept_segment_fields_as_graph_attributes_still_load() -> None:
-    from fxckpt.export.codec import encode
-    from fxckpt.export.rebuild import _segment_fields
-
-    legacy = {"program": "programs/v0/segment_0.json", "attrs": {
-        "_fxckpt_name": encode("segment_0", "name"),
-        "_fxckpt_restores": encode(("bn.running_mean",), "restores")}}
-    # none kept; early stop on
-    assert _segment_fields(legacy) == dict(name="segment_0", restores=("bn.running_mean",),
-                                           kept=0, early_stop=True, draws=True)
-    assert _segment_fields({"program": "p", "attrs": {}}) is None
-    with pytest.raises(ExportError, match="a graph module has no saved attribute 'code'"):
-        _segment_fields({"program": "p", "attrs": {"code": "x"}})
-    with pytest.raises(ExportError, match="a segment needs a name and a list of buffers"):
-        _segment_fields({"program": "p", "attrs": {}, "segment": ["segment_0"]})
-    with pytest.raises(ExportError, match="is not a name an export may use"):
-        _segment_fields({"program": "p", "attrs": {},
-                         "segment": {"name": "s", "restores": ["a b"]}})
-
-
-def test_a_segments_kept_count_must_be_a_non_negative_int() -> None:
-    from fxckpt.export.rebuild import _segment_fields
-
-    entry = {"program": "p", "attrs": {}, "segment": {"name": "segment_0", "restores": []}}
-    fields = dict(name="segment_0", restores=(), kept=0, early_stop=True, draws=True)
-    assert _segment_fields({**entry, "segment": {**entry["segment"], "kept": 3}}) == {
-        **fields, "kept": 3}
-    for bad in (-1, "2", True, 1.5):
-        with pytest.raises(ExportError, match="kept count must be an int >= 0"):
-            _segment_fields({**entry, "segment": {**entry["segment"], "kept": bad}})
-    for flag in ("early_stop", "draws"):
-        assert _segment_fields({**entry, "segment": {**entry["segment"], flag: False}}) == {
-            **fields, flag: False}
-        for bad in (0, "no", None):
-            with pytest.raises(ExportError, match=f"{flag} must be true or false"):
-                _segment_fields({**entry, "segment": {**entry["segment"], flag: bad}})
-
-
 def test_a_segment_without_early_stop_saves_and_loads_so(tmp_path) -> None:
     """RReLU in a segment turns torch's early stop off there; the loaded export keeps it off."""
     nn = torch.nn

@@ -1,27 +1,21 @@
-"""The partition pass: balanced stages, explicit balance, and stage GraphModules that carry
-skips."""
+"""The partition pass: balanced stages, explicit balance, checkpoint segments kept in one stage
+(the stage GraphModules themselves: test_split.py)."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Optional
 
 import pytest
 import torch
 import torch.nn as nn
 
-from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
-from fxckpt.cost.annotate import annotate
-from fxckpt.capture.captured import capture
-from fxckpt.passes.lower import lower
-from fxckpt.planning.select import select
 from fxckpt.cost.annotate import info
 from fxckpt.pipeline.partition import legal_cuts, node_costs, partition, stage_order
-from fxckpt.pipeline.split import split_stages
 from fxckpt.plan import Plan
 from fxckpt.solver.stages import stage_costs
-from models import MLP, UNet
+from models import MLP
+from stage_graphs import annotated_graph as _graph
 
 
 class Uneven(nn.Module):
@@ -37,30 +31,6 @@ class Uneven(nn.Module):
         for fc in self.fcs:
             x = torch.relu(fc(x))
         return x
-
-
-def _graph(model: nn.Module, x: torch.Tensor, every: Optional[int] = None, lowered: bool = False):
-    captured = capture(model, (x,), {})
-    annotate(captured.gm, [x])
-    plan = None
-    if every is not None:
-        plan = select(
-            captured.gm,
-            TransformConfig.from_options(every=every),
-            capture=captured.method,
-            training=True,
-            signature="",
-        )
-        if lowered:
-            lower(captured.gm, plan)
-    return captured.gm, plan
-
-
-def _chain(stages: list, *inputs: torch.Tensor):
-    value = stages[0](*inputs)
-    for s in stages[1:]:
-        value = s(*value)
-    return value
 
 
 def _exhaustive(costs: list, stages: int, allowed: list) -> float:
@@ -96,24 +66,6 @@ def test_balance_by_memory() -> None:
         partition(gm, 2, cost="time")
 
 
-def test_stages_carry_values_that_skip_stages() -> None:
-    x = torch.randn(2, 1, 8, 8)
-    model = UNet()
-    gm, _ = _graph(model, x)
-    sp = partition(gm, 3)
-    stages = split_stages(gm, sp.stage_of)
-    assert torch.equal(_chain(stages, x), gm(x))
-    nodes = {n.name: n for n in gm.graph.nodes}
-    skips = [name for name, s in sp.stage_of.items()
-             if s == 0 and any(sp.stage_of.get(u.name) == 2 for u in nodes[name].users)]
-    assert skips, "the U-Net should have a skip from stage 0 to stage 2"
-    middle = stages[1].meta["fxckpt_stage"]
-    for name in skips:
-        assert name in middle["inputs"] and name in middle["outputs"]
-    shared = {id(p) for s in stages for p in s.parameters()}
-    assert shared == {id(p) for p in model.parameters()}  # the same Parameter objects, not copies
-
-
 def test_checkpoint_segments_stay_in_one_stage_and_cost_their_recompute() -> None:
     x = torch.randn(4, 32)
     gm, plan = _graph(MLP(depth=6), x, every=2)
@@ -122,24 +74,6 @@ def test_checkpoint_segments_stay_in_one_stage_and_cost_their_recompute() -> Non
     for seg in plan.segments:
         assert len({sp.stage_of[name] for name in seg.nodes}) == 1, seg.name
     assert sum(sp.costs) == plan.total_flops + plan.recompute_flops
-
-
-def test_lowered_graphs_split_around_checkpoint_calls() -> None:
-    x = torch.randn(4, 32)
-    torch.manual_seed(0)
-    gm, plan = _graph(MLP(depth=6, p=0.0), x, every=2, lowered=True)
-    assert plan is not None
-    sp = partition(gm, 3, plan=plan)
-    assert sum(sp.costs) == plan.total_flops + plan.recompute_flops
-    stages = split_stages(gm, sp.stage_of)
-    calls = [
-        n
-        for s in stages
-        for n in s.graph.nodes
-        if n.op == "get_attr" and n.target.startswith("segment_")
-    ]
-    assert sorted(c.target for c in calls) == sorted(seg.name for seg in plan.segments)
-    torch.testing.assert_close(_chain(stages, x), gm(x), rtol=0, atol=0)
 
 
 def test_balance_by_node_counts_and_module_paths() -> None:
@@ -174,50 +108,3 @@ def test_bad_partition_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as e:
         partition(gm, **kwargs)
     assert isinstance(e.value, ValueError)
-
-
-def test_split_rejects_stages_that_are_not_contiguous() -> None:
-    gm, _ = _graph(MLP(depth=2), torch.randn(4, 32))
-    names = [n.name for n in stage_order(gm)]
-    with pytest.raises(ConfigError, match="stages must be contiguous"):
-        split_stages(gm, {name: i % 2 for i, name in enumerate(names)})
-    with pytest.raises(ConfigError, match="missing"):
-        split_stages(gm, {names[0]: 0})
-
-
-class Flatten(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, h: torch.Tensor, b: int, s: int) -> torch.Tensor:
-        return self.fc(h.reshape(b * s, 8)).reshape(b, s, 8)
-
-
-class Reshaping(nn.Module):
-    """Sizes read early and used late; a Python test on a size, so torch.export captures it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc, self.head = nn.Linear(4, 8), Flatten()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s = x.shape[0], x.shape[1]
-        if b > 0:  # symbolic_trace cannot branch on a size: export captures, with dynamic dims
-            x = x * 2
-        return self.head(self.fc(x), b, s)
-
-
-def test_sizes_are_read_off_carried_tensors_not_sent() -> None:
-    """An exported graph's ``sym_size`` values are not tensors: the next stage reads them off a
-    tensor it receives instead, so only tensors cross stage boundaries (as pipelining needs)."""
-    model, x = Reshaping(), torch.randn(4, 3, 4)
-    captured = capture(model, (x,), {})
-    assert captured.method == "export" and captured.shape_free
-    annotate(captured.gm, captured.graph_args((x,), {}))
-    stages = split_stages(captured.gm, partition(captured.gm, balance=["head"]).stage_of)
-    carried = [n for n in stages[1].graph.nodes if n.op == "placeholder"]
-    assert carried and all(info(n).is_tensor for n in carried), [n.name for n in carried]
-    x = torch.randn(5, 2, 4)  # another batch and sequence length
-    (out,) = stages[1](*stages[0](x))  # exported graphs' stages: flat inputs, a flat output
-    torch.testing.assert_close(out, model(x))

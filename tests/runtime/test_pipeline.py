@@ -315,55 +315,6 @@ def test_schedule_and_description() -> None:
     assert "layers.0" in text and text.count("cpu") >= 3
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, message",
-    [
-        ({"chunks": 0}, ConfigError, r"chunks must be a positive integer \(got 0\)"),
-        ({"chunks": -2}, ConfigError, r"chunks must be a positive integer \(got -2\)"),
-        ({"chunks": 2.5}, ConfigError, r"chunks must be a positive integer \(got 2.5\)"),
-        ({"chunks": True}, ConfigError, r"chunks must be a positive integer \(got True\)"),
-        (
-            {"checkpoint": "sometimes"},
-            ConfigError,
-            r"checkpoint must be one of 'always', 'except_last', 'never' \(got 'sometimes'\)",
-        ),
-        (
-            {"devices": ["cpu"] * 21},
-            ConfigError,
-            r"stages must be at most the graph's 19 compute node\(s\) \(got 21 stages\)",
-        ),
-        (
-            {"stages": 2, "devices": ["cpu"] * 3},
-            ConfigError,
-            r"stages=2 needs 2 devices or a single one \(got 3",
-        ),
-        (
-            {"balance": [5, 5]},
-            ConfigError,
-            r"balance must sum to the graph's 19 compute node\(s\) "
-            r"\(got \[5, 5\], which sums to 10\)",
-        ),
-        ({"devices": ["cuda:7"]}, ConfigError, r"device 'cuda:7' does not exist"),
-        (
-            {"devices": ["cpu", "tpu:0"]},
-            ConfigError,
-            r"devices must be torch devices or strings like 'cpu'",
-        ),
-        (
-            {"devices": "cpu"},
-            ConfigError,
-            r"devices must be a non-empty list of devices, one per stage \(got 'cpu'\)",
-        ),
-    ],
-)
-def test_bad_arguments_fail_at_build_time(kwargs: dict, error: type, message: str) -> None:
-    model, x = MLP(depth=6), torch.randn(4, 32)
-    options = {"chunks": 2, "devices": ["cpu", "cpu"], **kwargs}
-    with pytest.raises(error, match=message) as e:
-        build_pipeline(_annotated(model, x), **options)
-    assert isinstance(e.value, ValueError)
-
-
 class Masked(nn.Module):
     """A dict output with non-tensor values the same in every micro-batch (and one that is not)."""
 

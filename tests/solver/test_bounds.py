@@ -14,7 +14,7 @@ import functools
 
 import pytest
 import torch
-from solver_oracle import Scored, all_plans, exhaustive, random_chain, random_dag, \
+from .solver_oracle import Scored, all_plans, exhaustive, random_chain, random_dag, \
     transformer_like
 
 import fxckpt

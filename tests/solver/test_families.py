@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_shared import stack
+from .test_shared import stack
 
 from fxckpt.solver.families import MIN_COPIES, block_problem, families, structure
 

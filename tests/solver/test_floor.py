@@ -10,8 +10,8 @@ import math
 from typing import Optional
 
 import pytest
-from solver_oracle import _segmentations, random_dag, transformer_like
-from test_keep_search import _chain  # mm -> gelu -> mm -> gelu, 100 bytes each
+from .solver_oracle import _segmentations, random_dag, transformer_like
+from .test_keep_search import _chain  # mm -> gelu -> mm -> gelu, 100 bytes each
 
 from fxckpt.solver import Problem, min_feasible_peak, peak_bytes, simulate, solve
 from fxckpt.solver.floor import gap, recompute_floor

@@ -7,7 +7,7 @@ import itertools
 from typing import Optional
 
 import pytest
-from solver_oracle import _segmentations, random_dag, transformer_like
+from .solver_oracle import _segmentations, random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, min_feasible_peak, peak_bytes, simulate, solve
 from fxckpt.solver import BudgetInfeasible

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from solver_oracle import random_dag
+from .solver_oracle import random_dag
 
 from fxckpt.solver import Op, Problem
 from fxckpt.solver.moves import Space, moves, profiles

@@ -14,7 +14,7 @@ import gc
 import math
 
 import pytest
-from solver_oracle import random_chain, random_dag, transformer_like
+from .solver_oracle import random_chain, random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, Spans, peak_bytes
 from fxckpt.solver.moves import Space

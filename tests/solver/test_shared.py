@@ -108,34 +108,6 @@ def test_live_profile_adds_and_maxima_match_a_plain_list() -> None:
         assert live.max(a, b) == (max(plain[a:b]) if b > a else 0)
 
 
-def test_from_ALONE_FROM_ops_the_planner_solves_per_block_only(monkeypatch: pytest.MonkeyPatch
-                                                                ) -> None:
-    """The full search takes seconds from a few hundred ops on; with repeated blocks the planner
-    then uses the per-block plan alone. Below that it runs both and keeps the cheaper."""
-    import fxckpt.solver.portfolio as portfolio
-    from fxckpt.solver.shared import ALONE_FROM
-
-    calls: list[int] = []
-
-    def counted(problem: Problem, *args: object) -> object:
-        calls.append(len(problem.ops))
-        return solve_selective(problem, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(portfolio, "solve_selective", counted)
-    big, big_blocks = stack(ALONE_FROM // 5 + 1)
-    assert len(big.ops) >= ALONE_FROM
-    budget = int(0.5 * simulate(big, ()).peak_bytes)
-    got = portfolio.solve_plan(big, budget, big_blocks, [], [])
-    assert calls == [] and got.predicted_peak <= budget
-    small, small_blocks = stack(16)
-    budget = int(0.5 * simulate(small, ()).peak_bytes)
-    got = portfolio.solve_plan(small, budget, small_blocks, [], [])
-    shared = solve_shared(small, budget, small_blocks, [], [])
-    full = solve_selective(small, budget, [], [])
-    assert calls == [len(small.ops)]
-    assert got.recompute_cost == min(shared.recompute_cost, full.recompute_cost)
-
-
 def test_curves_are_solved_without_the_refining_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """One search per budget for the curves (refine=False); solve() refines by default."""
     import importlib
@@ -156,26 +128,6 @@ def test_curves_are_solved_without_the_refining_pass(monkeypatch: pytest.MonkeyP
     searches.clear()
     refined = solve_module.solve(problem, budget)
     assert len(searches) == 2 and refined.recompute_cost <= plain.recompute_cost
-
-
-def test_where_no_per_block_plan_fits_the_full_search_is_tried_below_SHARED_FROM() -> None:
-    """Near the smallest peak the full search finds plans the per-block solve cannot (here it
-    also puts block boundaries and the head in segments): a 312-op stack solved per block alone
-    must not call a budget infeasible that the full search meets."""
-    import fxckpt.solver.portfolio as portfolio
-    from fxckpt.solver import min_feasible_peak
-    from fxckpt.solver.shared import ALONE_FROM, SHARED_FROM
-
-    problem, blocks = stack(62)
-    assert ALONE_FROM <= len(problem.ops) < SHARED_FROM
-    least_shared = min_peak_shared(problem, blocks)
-    assert least_shared is not None
-    budget = (least_shared[1] + min_feasible_peak(problem)) // 2
-    with pytest.raises(BudgetInfeasible):
-        solve_shared(problem, budget, blocks, [], [])
-    got = portfolio.solve_plan(problem, budget, blocks, [], [])
-    assert got.predicted_peak <= budget and peak_bytes(problem, got.segments) <= budget
-    assert portfolio.min_peak_plan(problem, blocks)[1] == min_feasible_peak(problem)
 
 
 def test_pairs_merges_adjacent_blocks_two_by_two_and_is_tried_below_SHARED_FROM() -> None:

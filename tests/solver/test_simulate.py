@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from solver_oracle import chain4
+from .solver_oracle import chain4
 
 from fxckpt.solver import (
     BudgetInfeasible, Op, Problem, check_segments, held_at_backward, peak_bytes, simulate,

@@ -12,7 +12,7 @@ import math
 import time
 
 import pytest
-from solver_oracle import Scored, all_plans, exhaustive, random_chain, random_dag, \
+from .solver_oracle import Scored, all_plans, exhaustive, random_chain, random_dag, \
     transformer_like
 
 from fxckpt.solver import BudgetInfeasible, Problem, min_feasible_peak, pareto, peak_bytes, \

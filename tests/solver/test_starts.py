@@ -1,18 +1,15 @@
 """Hand-written plans as starts of the budget search (fxckpt.solver.starts): a start is fitted to
 the budget (kept groups given up least dense first, the memory left spent on more kept groups or
-on fewer segments), and the budget search is never dearer than a start that fits."""
+on fewer segments). The search against the starts it is given: tests/solver/test_portfolio.py."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import pytest
 
-from fxckpt.solver import BudgetInfeasible, Problem, peak_bytes, simulate
-from fxckpt.solver.portfolio import min_peak_plan, solve_plan
-from fxckpt.solver.selective import Selection
+from fxckpt.solver import Problem, peak_bytes, simulate
 from fxckpt.solver.starts import Start, fit_start
-from test_shared import stack
+from .test_shared import stack
 
 
 def layers(count: int) -> tuple[Problem, list[tuple[int, int]]]:
@@ -94,45 +91,3 @@ def test_groups_the_solver_is_not_offered_are_never_kept() -> None:
     fitted = fit_start(problem, start, simulate(problem, ()).peak_bytes, ups)
     assert fitted is not None
     assert all(problem.ops[j].name.startswith("up") for j in fitted.keep)
-
-
-@pytest.mark.parametrize("fraction", [0.45, 0.55, 0.65, 0.75, 0.85])
-def test_the_budget_search_is_never_dearer_than_a_start_that_fits(fraction: float) -> None:
-    problem, blocks = layers(3)
-    eager = simulate(problem, ()).peak_bytes
-    budget = int(fraction * eager)
-    starts = [policy(problem, blocks), Start(name="per-block", segments=tuple(blocks))]
-    chosen = solve_plan(problem, budget, blocks, matmuls(problem), [], starts)
-    assert isinstance(chosen, Selection) and chosen.predicted_peak <= budget
-    assert chosen.predicted_peak == peak_bytes(problem, chosen.segments, chosen.keep)
-    for start in starts:
-        fitted = fit_start(problem, start, budget, matmuls(problem))
-        if fitted is not None:
-            assert chosen.recompute_cost <= fitted.recompute_cost + 1e-6
-
-
-def test_with_the_policy_as_a_start_the_search_is_at_most_as_dear_as_either() -> None:
-    """At the op policy's own peak: never dearer than the policy, nor than the search alone.
-    (On this small chain the search alone already beats the policy; on real graphs it does not
-    always: tests/planning/test_peers.py.)"""
-    problem, blocks = layers(3)
-    start = policy(problem, blocks)
-    flat = [j for g in start.keep for j in g]
-    peak = peak_bytes(problem, start.segments, flat)
-    alone = solve_plan(problem, peak, blocks, matmuls(problem), [])
-    both = solve_plan(problem, peak, blocks, matmuls(problem), [], [start])
-    assert both.recompute_cost <= min(cost_of(problem, start.segments, flat),
-                                      alone.recompute_cost)
-    assert both.predicted_peak <= peak
-
-
-def test_the_smallest_peak_counts_the_starts_and_infeasible_budgets_say_it() -> None:
-    problem, blocks = layers(3)
-    start = Start(name="per-block", segments=tuple(blocks))
-    per_block = peak_bytes(problem, start.segments)
-    assert min_peak_plan(problem, blocks, [start])[1] <= per_block
-    least = min_peak_plan(problem, blocks, [start])[1]
-    with pytest.raises(BudgetInfeasible) as e:
-        solve_plan(problem, least - 1, blocks, [], [], [start])
-    assert e.value.min_budget == least
-    assert "smallest budget any plan meets" in str(e.value)

@@ -7,7 +7,7 @@ d = sum(c) 10 B, output d; gradients default to the output size.
 from __future__ import annotations
 
 import pytest
-from solver_oracle import chain4, random_dag, transformer_like
+from .solver_oracle import chain4, random_dag, transformer_like
 
 from fxckpt.solver import Op, Problem, simulate
 from fxckpt.solver.problem import Index
