@@ -97,7 +97,7 @@ def test_a_valid_config_validates_to_itself() -> None:
     ({"verify": "yes"}, "verify must be True, False or None (got 'yes')"),
     ({"loss_fn": 3}, "loss_fn must be a function loss_fn(output, *args, **kwargs) -> scalar "
                      "tensor (got int)"),
-    ({"devices": "cpu"}, "devices must be a non-empty list, one device per stage (got 'cpu')"),
+    ({"devices": "cpu"}, "devices must be a non-empty list of devices, one per stage (got 'cpu')"),
     ({"balance": 3}, "balance must be a list of node counts or module paths (got 3)"),
     ({"stages": 0}, "stages must be a positive integer (got 0)"),
     ({"offload": "sometimes"}, "offload must be True, False or 'auto' (got 'sometimes')"),

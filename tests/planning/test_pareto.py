@@ -36,5 +36,6 @@ def test_every_point_carries_the_same_eager_peak_and_none_exceeds_it(curve) -> N
 
 
 def test_a_non_module_is_a_config_type_error() -> None:
-    with pytest.raises(ConfigTypeError, match=r"^model must be a torch.nn.Module \(got int\)$"):
+    with pytest.raises(ConfigTypeError,
+                       match=r"^model must be a torch.nn.Module \(got int\); wrap a function"):
         pareto(3)

@@ -21,8 +21,9 @@ def test_before_any_plan_the_view_says_how_to_get_one() -> None:
     assert info.config.strategy_name == "every"
     assert (info.plans, info.captures, info.plans_made, info.graphs) == ([], 0, 0, [])
     assert repr(info) == "<fxckpt.inspect of Tiny: not planned yet>"
-    with pytest.raises(NotPlannedError, match="^this module has not planned yet: it plans at "
-                                              "its first training call"):
+    with pytest.raises(NotPlannedError, match="^this module has not planned yet, so there is no "
+                                              "plan to inspect: it plans at its first training "
+                                              "call"):
         info.plan
 
 

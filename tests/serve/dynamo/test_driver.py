@@ -20,7 +20,7 @@ def _driver(config: TransformConfig) -> DynamoDriver:
 
 
 def _plan(nodes: int = 1, verified: int | None = 100, budget: int = 500) -> SimpleNamespace:
-    return SimpleNamespace(node_count=nodes, verified_peak=verified, budget=budget)
+    return SimpleNamespace(node_count=nodes, verified_peak=verified, budget_bytes=budget)
 
 
 def test_each_driver_compiles_a_forward_of_its_own_code_object() -> None:
