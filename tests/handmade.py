@@ -71,3 +71,23 @@ def mlp_plan(**options: object) -> Plan:
 
     tm = fxckpt.transform(MLP(depth=4), **options, example_inputs=(torch.randn(4, 32),))
     return fxckpt.inspect(tm).plan
+
+
+def annotated(model: nn.Module, *inputs: torch.Tensor, every: int | None = None,
+              lowered: bool = False) -> tuple[torch.fx.GraphModule, Plan | None]:
+    """``model`` captured and annotated for ``inputs``, with the plan of ``every=`` when asked
+    (lowered into the graph when ``lowered``)."""
+    from fxckpt.config import TransformConfig
+    from fxckpt.cost.annotate import annotate
+    from fxckpt.passes.lower import lower
+    from fxckpt.planning.select import select
+
+    captured = capture(model, inputs, {})
+    annotate(captured.gm, captured.graph_args(inputs, {}))
+    if every is None:
+        return captured.gm, None
+    plan = select(captured.gm, TransformConfig.from_options(every=every),
+                  capture=captured.method, training=True, signature="")
+    if lowered:
+        lower(captured.gm, plan)
+    return captured.gm, plan

@@ -8,27 +8,10 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from fxckpt.capture.captured import capture
-from fxckpt.config import TransformConfig
-from fxckpt.cost.annotate import annotate
-from fxckpt.passes.lower import lower
-from fxckpt.planning.select import select
+from fxckpt.plan import Plan
+from handmade import annotated
 
 
 def annotated_graph(model: nn.Module, x: torch.Tensor, every: Optional[int] = None,
-                    lowered: bool = False):
-    captured = capture(model, (x,), {})
-    annotate(captured.gm, [x])
-    plan = None
-    if every is not None:
-        plan = select(
-            captured.gm,
-            TransformConfig.from_options(every=every),
-            capture=captured.method,
-            training=True,
-            signature="",
-        )
-        if lowered:
-            lower(captured.gm, plan)
-    return captured.gm, plan
-
+                    lowered: bool = False) -> tuple[torch.fx.GraphModule, Optional[Plan]]:
+    return annotated(model, x, every=every, lowered=lowered)

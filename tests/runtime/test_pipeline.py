@@ -18,15 +18,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fxckpt.config import TransformConfig
 from fxckpt.errors import ConfigError
 from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
-from fxckpt.passes.lower import lower
-from fxckpt.planning.select import select
 from fxckpt.pipeline.build import PipelinedModule, build_pipeline
 from fxckpt.runtime.pipeline import Pipeline
 from fxckpt.runtime.schedule import bubble_fraction, clock_cycles
+from handmade import annotated
 from models import MLP, KwargsDict, ResNet, UNet, gpt2
 from support import loss_of, run_step
 
@@ -47,21 +45,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _annotated(
-    model: nn.Module, *inputs: torch.Tensor, every: int | None = None
-) -> torch.fx.GraphModule:
-    captured = capture(model, inputs, {})
-    annotate(captured.gm, captured.graph_args(inputs, {}))
-    if every is not None:
-        plan = select(
-            captured.gm,
-            TransformConfig.from_options(every=every),
-            capture=captured.method,
-            training=True,
-            signature="",
-        )
-        lower(captured.gm, plan)
-    return captured.gm
+def _annotated(model: nn.Module, *inputs: torch.Tensor,
+               every: int | None = None) -> torch.fx.GraphModule:
+    return annotated(model, *inputs, every=every, lowered=True)[0]
 
 
 def _has_bn(model: nn.Module) -> bool:
