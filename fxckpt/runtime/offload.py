@@ -50,7 +50,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxckpt.runtime.host_pool import HostPool, host_device
-from fxckpt.runtime.segment import Offloading, SegmentModule
+from fxckpt.runtime.segment import SegmentModule
 
 __all__ = ["HostPool", "Offloader", "OffloadStats", "offload_region", "offload_simulated"]
 
@@ -168,7 +168,7 @@ class Offloader:
         """A forward of ``module`` starts: its parameters and buffers stay put (``new_step``:
         the stats count this step's tensors)."""
         state = (*module.parameters(), *module.buffers())
-        self._state = {t.untyped_storage().data_ptr() for t in state}
+        self._state = {t.untyped_storage()._cdata for t in state}  # fake storages have no address
         if new_step:
             self.stats = OffloadStats()
 
@@ -181,18 +181,33 @@ class Offloader:
         """Host copies still referenced by a live autograd graph (0 once every graph is freed)."""
         return len(self._alive)
 
+    def simulating(self, module: torch.nn.Module) -> torch.autograd.graph.saved_tensors_hooks:
+        """The hooks for a forward of ``module`` under :func:`offload_simulated`: what
+        :meth:`hooks` would move is dropped until backward unpacks it, then made again empty."""
+        self.begin(module, new_step=False)
+        return torch.autograd.graph.saved_tensors_hooks(self._pack_away, _made_again)
+
+    def _stays(self, storage: torch.UntypedStorage) -> str:
+        """Why a saved tensor of ``storage`` stays on its device (``""``: it moves)."""
+        if storage._cdata in self._state:
+            return "state"
+        return "small" if storage.nbytes() < max(self.threshold, 1) else ""
+
     def _pack(self, t: torch.Tensor) -> Any:
         self.stats.packed += 1
         storage = t.untyped_storage()
-        if storage.data_ptr() in self._state:
+        why = self._stays(storage) or ("small" if t.device.type == "meta" else "")
+        if why == "state":
             self.stats.skipped_state += 1
             return t
-        nbytes = storage.nbytes()
-        if nbytes == 0 or nbytes < self.threshold or t.device.type == "meta":
+        if why:
             self.stats.skipped_small += 1
             return t
         self.stats.offloaded += 1
         return _Handle(self._stored_for(storage, t), t)
+
+    def _pack_away(self, t: torch.Tensor) -> Any:
+        return t if self._stays(t.untyped_storage()) else _Away(t)
 
     def _stored_for(self, storage: torch.UntypedStorage, t: torch.Tensor) -> _Stored:
         """One host copy per live storage and version. An address alone is not an identity: once
@@ -331,24 +346,12 @@ class _Away:
         self.dtype, self.device = t.dtype, t.device
 
 
-def _simulated_hooks(offloader: Offloading,
-                     module: torch.nn.Module) -> torch.autograd.graph.saved_tensors_hooks:
-    """The saved-tensor hooks of :func:`offload_simulated` for a forward of ``module``."""
-    state = {t.untyped_storage()._cdata for t in (*module.parameters(), *module.buffers())}
-
-    def pack(t: torch.Tensor) -> Any:
-        storage = t.untyped_storage()
-        if storage._cdata in state or storage.nbytes() < max(offloader.threshold, 1):
-            return t
-        return _Away(t)
-
-    def unpack(packed: Any) -> torch.Tensor:
-        if not isinstance(packed, _Away):
-            return packed
-        return torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype,
-                                   device=packed.device)
-
-    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+def _made_again(packed: Any) -> torch.Tensor:
+    """Unpack under :func:`offload_simulated`: an empty tensor of the layout that was dropped."""
+    if not isinstance(packed, _Away):
+        return packed
+    return torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype,
+                               device=packed.device)
 
 
 def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
@@ -363,7 +366,7 @@ def offload_region(segment: SegmentModule, *inputs: Any) -> Any:
     if offloader is None or not (segment.training and torch.is_grad_enabled()):
         return segment(*inputs)
     if _SIMULATED.get():
-        with _simulated_hooks(offloader, segment):
+        with offloader.simulating(segment):
             return segment(*inputs)
     with offloader.hooks(segment, new_step=False):
         return segment(*inputs)

@@ -37,11 +37,11 @@ class Offloading(Protocol):
     """What a segment needs of its offloader (:class:`fxckpt.runtime.offload.Offloader`, which
     imports this module: the protocol keeps the dependency one way)."""
 
-    threshold: int
-    """Saved tensors whose storage is smaller than this many bytes stay where they are."""
-
     def hooks(self, module: torch.nn.Module, new_step: bool = True) -> ContextManager[Any]:
         """Saved-tensor hooks for a forward of ``module``."""
+
+    def simulating(self, module: torch.nn.Module) -> ContextManager[Any]:
+        """The same on fake or meta tensors: nothing moves, what would is off the device."""
 
 # The exception checkpoint raises to stop a recompute early (a private name: if it moves, no
 # exception is let through and fx's wrapper handles all of them, as before).

@@ -54,14 +54,16 @@ def _is_main_candidate(func: Any) -> bool:
             and getattr(func, "namespace", "") != "prim")
 
 
+_GUARD = getattr(torch._C, "_SetExcludeDispatchKeyGuard", None)
+
+
 def _detached(t: torch.Tensor) -> torch.Tensor:
     """``t.detach()`` that shares ``t``'s version counter, so a later in-place write to the kept
     output is seen. Below autograd (in a dispatch mode) the ADInplaceOrView key that shares it is
     excluded; it is let through for the detach, as torch's selective checkpoint does."""
-    guard = getattr(torch._C, "_SetExcludeDispatchKeyGuard", None)
-    if guard is None:  # pragma: no cover - other torch versions
+    if _GUARD is None:  # pragma: no cover - other torch versions
         return t.detach()
-    with guard(torch._C.DispatchKey.ADInplaceOrView, False):
+    with _GUARD(torch._C.DispatchKey.ADInplaceOrView, False):
         return t.detach()
 
 
