@@ -10,8 +10,10 @@ runs, in the same units, and writes ``calibration.md``:
 
 * the **matmul rate** (a 1024 x 1024 fp32 matmul), the unit every other price is taken in;
 * the **call price**: a call on a one-element tensor;
-* the **price per byte written** of the table's ops, on 1 MiB float32 tensors read from memory,
-  not from the cache (:data:`COLD`);
+* the **price per byte written** of the table's ops (read, for reductions), on 1 MiB float32
+  tensors read from memory, as plans for a CPU measure them
+  (:class:`fxckpt.cost.cpu_table.MeasuredTable`: the fastest of 3 passes, rounded to a
+  quarter power of two);
 * the **segment overhead**: a step of 32 tiny ``Linear`` + ``Tanh`` blocks, each a segment
   (``every=1``), against the unmodified step, per segment;
 * the **keep overhead**: the same plan with one kept node per segment, against it, per keep;
@@ -32,13 +34,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from fxckpt.cost import cpu_table
+from fxckpt.cost.cpu_table import matmul_rate
+from fxckpt.cost.prices import TABLE
 from fxckpt.measure import time_step
 
 __all__ = ["Row", "matmul_rate", "measure", "render", "main", "OPS"]
 
-MiB = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,50 +59,19 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return time_step(fn, repeats=repeats, warmup=1)
 
 
-def _ops() -> dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]]:
-    """Op name in the price table -> (a call on a positive float32 tensor, its aten name)."""
-    return {
-        "mul": (lambda x: x * 1.5, "mul"), "add": (lambda x: x + 1.5, "add"),
-        "relu": (torch.relu, "relu"), "clone": (torch.clone, "clone"),
-        "sigmoid": (torch.sigmoid, "sigmoid"), "silu": (F.silu, "silu"),
-        "rsqrt": (torch.rsqrt, "rsqrt"), "gelu": (F.gelu, "gelu"),
-        "gelu (tanh)": (lambda x: F.gelu(x, approximate="tanh"), "gelu_tanh"),
-        "softmax": (lambda x: torch.softmax(x, -1), "_softmax"),
-        "log_softmax": (lambda x: torch.log_softmax(x, -1), "_log_softmax"),
-        "layer_norm": (lambda x: F.layer_norm(x, x.shape[-1:]), "native_layer_norm"),
-        "exp": (torch.exp, "exp"), "log": (torch.log, "log"),
-        "tanh": (torch.tanh, "tanh"),
-        "bernoulli_": (lambda x: x.bernoulli_(0.5), "bernoulli"),
-    }
+OPS = cpu_table.OPS
+"""The ops whose price per byte is measured (:mod:`fxckpt.cost.cpu_table`'s calls)."""
 
 
-OPS = tuple(_ops())
-"""The ops whose price per byte is measured."""
-
-
-COLD = 64
-"""1 MiB inputs an op's price is measured over, in turn: 64 MiB, more than a server CPU's cache
-holds for one core, so each call reads its input from memory as a model's op does (a price
-measured on one cached input was 2-4x too low against the steps of ``benchmarks.step_time``)."""
-
-
-def _cold(fn: Callable[[torch.Tensor], torch.Tensor], xs: list[torch.Tensor]
-          ) -> Callable[[], object]:
-    """One call of ``fn`` on each of ``xs`` in turn."""
-    def run() -> None:
-        for x in xs:
-            fn(x)
-    return run
-
-
-def _code_price(aten: str) -> float:
-    from fxckpt.cost import prices
-
-    if aten == "gelu_tanh":
-        return prices.GELU_TANH_PRICE
-    if aten == "bernoulli":
-        return prices.RANDOM_PRICE
-    return prices.CPU_PRICES.get(aten, prices.DEFAULT_PRICE)
+def _label(key: str) -> str:
+    """The constant in :mod:`fxckpt.cost.prices` that prices ``key``."""
+    if key == "random":
+        return "RANDOM_PRICE"
+    if key == "gelu_tanh":
+        return "GELU_TANH_PRICE"
+    if key.startswith("read:"):
+        return f"REDUCTIONS[{key[5:]!r}]"
+    return f"CPU_PRICES[{key!r}]"
 
 
 def _mlp(layers: int = 32, width: int = 8) -> torch.nn.Sequential:
@@ -169,28 +141,15 @@ def _saved(rate: float, repeats: int) -> Row:
                f"{calls} sin calls in one segment against none, per call, less the call")
 
 
-def matmul_rate(repeats: int = 30) -> float:
-    """FLOP/s of a 1024 x 1024 fp32 matmul here: the unit every CPU price is taken in."""
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    return 2 * 1024 ** 3 / _median_seconds(lambda: a @ b, repeats)
-
-
 def measure(repeats: int = 30) -> dict[str, Any]:
     """The matmul rate (FLOP/s) and a :class:`Row` per constant."""
-    from fxckpt.cost.prices import CALL_PRICE
-
-    rate = matmul_rate(repeats)
-    one = torch.ones(1)
-    rows = [Row("CALL_PRICE", CALL_PRICE, _median_seconds(lambda: one + one, repeats) * rate,
-                "a call on a one-element tensor")]
-    for name, (fn, aten) in _ops().items():
-        xs = [torch.rand(256, 1024) + 0.5 for _ in range(COLD)]  # 1 MiB each, positive
-        seconds = _median_seconds(_cold(fn, xs), repeats) / COLD
-        price = max(0.0, seconds * rate - CALL_PRICE) / MiB
-        label = "RANDOM_PRICE" if aten == "bernoulli" else (
-            "GELU_TANH_PRICE" if aten == "gelu_tanh" else f"CPU_PRICES[{aten!r}]")
-        rows.append(Row(label, _code_price(aten), price,
-                        f"{name}, per byte written (1 MiB, from memory)"))
+    rate = matmul_rate()
+    table = cpu_table.MeasuredTable(rate, cpu_table._call_seconds() * rate)
+    rows = [Row("CALL_PRICE", TABLE.call, table.call, "a call on a one-element tensor")]
+    for key in OPS:
+        what = "read" if key.startswith("read:") else "written"
+        rows.append(Row(_label(key), TABLE.price(key), table.price(key),
+                        f"{key.removeprefix('read:')}, per byte {what} (1 MiB, from memory)"))
     rows += [*_overheads(rate, repeats), _saved(rate, repeats)]
     return {"rate": rate, "rows": [dataclasses.asdict(r) for r in rows], "repeats": repeats}
 
@@ -205,9 +164,11 @@ def render(result: dict[str, Any], machine: Optional[dict[str, Any]] = None) -> 
         "The solver prices recompute in FLOP-equivalents: FLOPs at the matmul rate measured "
         f"here ({result['rate'] / 1e9:.1f} GFLOP/s, a 1024 x 1024 fp32 matmul), bytes written "
         "at a price per byte, and a fixed price per call, per checkpointed segment and per kept "
-        "node (`fxckpt/cost/prices.py`, `fxckpt/cost/bridge.py`). Each row: the value "
-        f"in the code, the value measured here (median of {result['repeats']} runs), and their "
-        "ratio. Prices only rank plans by time; a plan's peak never depends on them.",
+        "node (`fxckpt/cost/prices.py`: the table, measured on the project's benchmark "
+        "machine). Each row: the value in the table, the value measured here (prices per call "
+        "and byte as a plan for this CPU measures them, `fxckpt/cost/cpu_table.py`; the "
+        f"overheads: medians of {result['repeats']} steps), and their ratio. Prices only rank "
+        "plans by time; a plan's peak never depends on them.",
         "",
         "| constant | in the code | measured here | measured / code | how |",
         "|---|---|---|---|---|",

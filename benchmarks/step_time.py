@@ -59,15 +59,25 @@ class Row:
 
 
 def _forward_cost(tm: torch.nn.Module) -> tuple[float, float]:
-    """(one forward pass, one segment's overhead), in the CPU table's FLOP-equivalents, from the
+    """(one forward pass, one segment's overhead), in FLOP-equivalents as plans for this CPU
+    are priced (measured here, or the table under ``FXCKPT_CPU_PRICES=table``), from the
     annotated graph of a module transformed with no strategy (no segment)."""
-    from fxckpt.cost.bridge import problem_of
+    from fxckpt.cost.bridge import priced_problem
     from fxckpt.module import dispatcher_of
 
     compiled = dispatcher_of(tm).last
     assert compiled is not None and not compiled.plan.segments
-    problem = problem_of(compiled.gm)
+    problem = priced_problem(compiled.gm)
     return sum(op.cost for op in problem.ops), problem.segment_overhead
+
+
+def unit() -> float:
+    """FLOP-equivalents per second of the prices plans for this CPU are made with: the matmul
+    rate the measured table was taken at, or this machine's for the table."""
+    from fxckpt.cost.devices import profile_for
+
+    profile = profile_for(None, torch.device("cpu"))
+    return profile.unit if profile is not None else matmul_rate()
 
 
 def measure(model_name: str, quick: bool = False, turns: int = 7,
@@ -79,7 +89,7 @@ def measure(model_name: str, quick: bool = False, turns: int = 7,
     spec = spec_for(model_name)
     torch.manual_seed(0)
     model, inputs, loss = spec.build(spec.quick if quick else spec.full)
-    rate = rate if rate is not None else matmul_rate()
+    rate = rate if rate is not None else unit()
     forward, overhead = _forward_cost(fxckpt.transform(model, example_inputs=inputs))
     plans: dict[str, Any] = {"unmodified": None}
     modules: dict[str, Any] = {"unmodified": model}
@@ -142,7 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    rate = matmul_rate()
+    rate = unit()
     rows = [row for name in args.models.split(",")
             for row in measure(name, args.quick, args.turns, rate)]
     machine = machine_info()

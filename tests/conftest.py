@@ -6,6 +6,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Plans for CPU models are priced with fxckpt's price table, not with prices measured on this
+# machine (fxckpt.cost.cpu_table): the same plans on every machine, in every process the tests
+# start. tests/cost/test_cpu_table.py turns the measured prices on where it tests them.
+os.environ["FXCKPT_CPU_PRICES"] = "table"
+
 
 @pytest.fixture(autouse=True)
 def seed() -> int:

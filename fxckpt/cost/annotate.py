@@ -27,7 +27,7 @@ from fxckpt.errors import PlanError
 from fxckpt.measure.meta_run import fake_twin, on_meta
 from fxckpt.cost.flops import counter as flop_counter
 from fxckpt.cost.fused_attention import no_dropout
-from fxckpt.cost.prices import call_price, traffic
+from fxckpt.cost.prices import TABLE, price_terms, traffic
 from fxckpt.capture.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 from fxckpt.cost.node_info import META_KEY, NodeInfo, has_info, info, module_path_of
 from fxckpt.cost.scratch import backward_scratch, call_scratch
@@ -111,6 +111,7 @@ class _OpRecorder(TorchDispatchMode):
         self.calls: list[str] = []
         self.random = False
         self.work = 0.0
+        self.terms: dict[str, float] = {}
         self.scratch = 0
         self.written: list[torch.Tensor] = []
         self.moved = 0
@@ -135,7 +136,10 @@ class _OpRecorder(TorchDispatchMode):
                 ]
         out = func(*args, **kwargs)
         if counted:
-            self.work += call_price(func, args, kwargs, out, random)
+            terms = price_terms(func, args, kwargs, out, random)
+            self.work += TABLE.work(terms)
+            for key, amount in terms:
+                self.terms[key] = self.terms.get(key, 0.0) + amount
             if not getattr(func, "is_view", False):
                 self.moved += traffic(args, kwargs, out)
         self.scratch = max(self.scratch, call_scratch(func, args, kwargs),
@@ -295,6 +299,7 @@ class _Annotator(torch.fx.Interpreter):
             random=rec.random,
             flops=self._int(flops),
             work=rec.work,
+            priced=tuple(rec.terms.items()),
             is_tensor=bool(tensors),
             is_state=is_state,
             ops=tuple(rec.ops),

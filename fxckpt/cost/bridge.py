@@ -38,6 +38,7 @@ import torch.fx
 from fxckpt.cost.annotate import NodeInfo, has_info, info
 from fxckpt.capture.graphs import planned_nodes
 from fxckpt.cost.devices import DeviceProfile, offload_price, profile_for
+from fxckpt.cost.prices import KEEP_COST, SAVED_COST, SEGMENT_COST
 from fxckpt.cost.rates import device_of
 from fxckpt.solver.problem import Op, Problem
 
@@ -45,22 +46,6 @@ __all__ = ["to_networkx", "to_problem", "problem_of", "SYNTHETIC", "LOSS", "SEGM
            "SAVED_COST", "KEEP_COST"]
 
 SYNTHETIC = "::saved"
-SEGMENT_COST = 3e7
-"""FLOP-equivalents of one checkpointed segment's fixed overhead: about 0.3 ms per segment per
-step (forward, recompute, hooks and RNG state) measured on the benchmark machine, at 94 GFLOP/s
-(``python -m benchmarks.calibrate`` measures it again: ``docs/tuning.md``)."""
-KEEP_COST = 1e7
-"""FLOP-equivalents of keeping one node's output in a checkpointed segment, about 100 us per step
-on the benchmark machine (re-measured by ``python -m benchmarks.calibrate``): the runtime's
-dispatch mode around the node in forward and in the recompute (:mod:`fxckpt.runtime.selective`)
-took 30-40 us alone, and 120 us per kept node in a profiled Llama step. Keeping an op cheaper
-than this would slow the step down."""
-SAVED_COST = 1.5e6
-"""FLOP-equivalents of each tensor an op in a checkpointed segment saves: about 16 us per step
-on the benchmark machine (a segment of 160 ``sin`` calls against none, less the calls' own
-price; re-measured by ``python -m benchmarks.calibrate``): the checkpoint's pack hook in forward
-and in the recompute and its unpack hook in backward. On the bench GPT-2's plan at 0.75 of its
-peak it raised the predicted recompute from 5% to 7% of a forward (``docs/step_time.md``)."""
 LOSS = "loss::assumed"
 
 
@@ -104,6 +89,8 @@ def to_networkx(gm: torch.fx.GraphModule,
 def _cost(i: NodeInfo, profile: Optional[DeviceProfile] = None) -> float:
     if profile is None:
         return float(i.flops + i.work)
+    if profile.table is not None:
+        return float(i.flops + profile.table.work(i.priced))
     return profile.cost(i.flops, i.moved, len(i.calls), i.dtypes[0] if i.dtypes else None)
 
 

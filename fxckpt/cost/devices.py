@@ -22,8 +22,10 @@ Profiles come three ways (:func:`profile_for`):
   sheet's dense peaks; sources beside each);
 * measured, on the model's GPU at the first plan (``device_profile=None``): a bf16 and an fp32
   matmul, a copy through device memory, a copy to pinned host memory and a run of tiny kernels,
-  about a second in all, once per device and process;
-* ``"cpu"``: this project's measured CPU price table (the default for a model on the CPU).
+  about a second in all, once per device and process; on a CPU (the default for a model
+  there), its price table measured op by op as plans need them (:mod:`fxckpt.cost.cpu_table`);
+* ``"cpu"``: the CPU price table measured once on this project's benchmark machine
+  (:data:`fxckpt.cost.prices.TABLE`): the same plan on every machine.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
+from fxckpt.cost.prices import KEEP_COST, SAVED_COST, SEGMENT_COST, Prices
 from fxckpt.errors import ConfigError
 
-__all__ = ["DeviceProfile", "PROFILES", "profile_for", "measure_profile", "offload_price"]
+__all__ = ["DeviceProfile", "PROFILES", "profile_for", "measure_profile", "cpu_profile",
+           "offload_price"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +64,9 @@ class DeviceProfile:
     saved: float = 1.6e-5
     """Seconds per tensor an op in a segment saves: the checkpoint's saved-tensor hooks, in
     Python (16 us measured on this project's CPU, which runs the same Python for a GPU step)."""
+    table: Optional[Prices] = None
+    """A CPU's prices per call and byte (:mod:`fxckpt.cost.cpu_table`): nodes are priced by
+    them, not by the roofline."""
 
     @property
     def unit(self) -> float:
@@ -95,7 +102,8 @@ PROFILES: dict[str, Optional[DeviceProfile]] = {
 
 def profile_for(name: Optional[str], device: torch.device) -> Optional[DeviceProfile]:
     """The profile plans are priced with: the named one, or for ``None`` the device's own
-    (measured on a GPU, the CPU table elsewhere). ``None`` means the CPU price table."""
+    (measured on a GPU or a CPU; the table on the meta device, and on a CPU under
+    ``FXCKPT_CPU_PRICES=table``). ``None`` means the CPU price table."""
     if name is not None:
         if name not in PROFILES:
             raise ConfigError(f"device_profile must be one of {', '.join(map(repr, PROFILES))} "
@@ -103,7 +111,28 @@ def profile_for(name: Optional[str], device: torch.device) -> Optional[DevicePro
         return PROFILES[name]
     if device.type == "cuda":
         return measure_profile(device)
+    if device.type == "cpu":
+        from fxckpt.cost.cpu_table import uses_measured_prices
+
+        return cpu_profile() if uses_measured_prices() else None
     return None
+
+
+@functools.cache
+def cpu_profile() -> DeviceProfile:
+    """This CPU's profile: its price table measured here (:mod:`fxckpt.cost.cpu_table`). The
+    overheads of a segment, a kept node and a saved tensor are the table's in seconds: Python
+    around torch's checkpoint, measured at 300, 120 and 17 us on an Intel Xeon whose aten calls
+    run twice as fast as the benchmark machine's (312, 104, 16 us there). Once per process."""
+    from fxckpt.cost.cpu_table import TABLE_RATE, measured_table
+    from fxckpt.cost.rates import measure_rates
+
+    table = measured_table()
+    _, bandwidth = measure_rates("cpu", "cpu")
+    rates = {"bfloat16": table.rate, "float16": table.rate, "float32": table.rate}
+    return DeviceProfile("measured cpu", rates, memory=bandwidth, link=bandwidth,
+                         launch=table.call / table.rate, segment=SEGMENT_COST / TABLE_RATE,
+                         keep=KEEP_COST / TABLE_RATE, saved=SAVED_COST / TABLE_RATE, table=table)
 
 
 @functools.cache

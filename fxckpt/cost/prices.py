@@ -26,16 +26,19 @@ and ``python -m benchmarks.calibrate`` to measure them again on another machine:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
+from typing import Any, Iterable, Mapping, Protocol
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
+from fxckpt.cost import kernels
 from fxckpt.cost.flops import EXTRA_FORMULAS
 
-__all__ = ["call_price", "traffic", "CALL_PRICE", "CPU_PRICES", "DEFAULT_PRICE", "RANDOM_PRICE",
-           "OTHER_DEVICE_PRICE", "OTHER_DEVICE_RANDOM_PRICE", "REDUCTIONS"]
+__all__ = ["call_price", "price_terms", "Prices", "PriceTable", "TABLE", "traffic", "CALL_PRICE",
+           "CPU_PRICES", "DEFAULT_PRICE", "RANDOM_PRICE", "OTHER_DEVICE_PRICE",
+           "OTHER_DEVICE_RANDOM_PRICE", "REDUCTIONS", "SEGMENT_COST", "KEEP_COST", "SAVED_COST"]
 
 CALL_PRICE = 2e5
 """FLOP-equivalents of one aten call's fixed cost (about 2 us of dispatch from the generated
@@ -53,6 +56,22 @@ OTHER_DEVICE_PRICE = 16.0
 OTHER_DEVICE_RANDOM_PRICE = 128.0
 """Per byte written, a random call on a device other than the CPU."""
 
+SEGMENT_COST = 3e7
+"""FLOP-equivalents of one checkpointed segment's fixed overhead: about 0.3 ms per segment per
+step (forward, recompute, hooks and RNG state) measured on the benchmark machine, at 94 GFLOP/s
+(``python -m benchmarks.calibrate`` measures it again: ``docs/tuning.md``)."""
+KEEP_COST = 1e7
+"""FLOP-equivalents of keeping one node's output in a checkpointed segment, about 100 us per step
+on the benchmark machine (re-measured by ``python -m benchmarks.calibrate``): the runtime's
+dispatch mode around the node in forward and in the recompute (:mod:`fxckpt.runtime.selective`)
+took 30-40 us alone, and 120 us per kept node in a profiled Llama step. Keeping an op cheaper
+than this would slow the step down."""
+SAVED_COST = 1.5e6
+"""FLOP-equivalents of each tensor an op in a checkpointed segment saves: about 16 us per step
+on the benchmark machine (a segment of 160 ``sin`` calls against none, less the calls' own
+price; re-measured by ``python -m benchmarks.calibrate``): the checkpoint's pack hook in forward
+and in the recompute and its unpack hook in backward. On the bench GPT-2's plan at 0.75 of its
+peak it raised the predicted recompute from 5% to 7% of a forward (``docs/step_time.md``)."""
 CPU_PRICES: Mapping[str, float] = {
     "tanh": 62.0, "tanh_backward": 8.0,
     "exp": 27.0, "exp2": 27.0, "expm1": 27.0, "log": 25.0, "log1p": 25.0, "log2": 25.0,
@@ -122,29 +141,102 @@ def _device(args: Any, out: Any) -> str:
     return "cpu"
 
 
-def call_price(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
-               random: bool) -> float:
-    """FLOP-equivalents of one call beyond its FLOPs: :data:`CALL_PRICE`, plus, for a call
-    without a FLOP formula, its bytes written (read, for reductions) at its price. Views write
-    nothing; an in-place call writes its output's bytes."""
+def price_terms(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
+                random: bool) -> tuple[tuple[str, float], ...]:
+    """What one call costs beyond its FLOPs, as ``(key, amount)`` terms a :class:`PriceTable`
+    prices: ``("call", 1)``, then bytes written at an op's price (``("tanh", bytes)``), bytes read
+    by a reduction (``("read:sum", bytes)``), ``("random", bytes)``, ``("gelu_tanh", bytes)``, or
+    the fused CPU attention's extra FLOPs (``("attention", flops)``), or a CPU matmul's or
+    convolution's FLOPs under its shapes' key (:mod:`fxckpt.cost.kernels`: the table prices
+    them at 0, a FLOP being a FLOP-equivalent). Views cost nothing; an in-place call writes its
+    output's bytes."""
     name = func.overloadpacket.__name__
     if getattr(func, "is_view", False) or name in ALIASES:
-        return 0.0
+        return ()
     cpu = _device(args, out) == "cpu"
-    if func.overloadpacket in CPU_ATTENTION and cpu:
-        q, k, v = (tuple(int(d) for d in t.shape) for t in args[:3])
-        return CALL_PRICE + (CPU_ATTENTION_FACTOR - 1) * sdpa_flop_count(q, k, v)
+    if func.overloadpacket in FLOP_OPS and cpu:
+        kernel = kernels.key(func, args, dict(kwargs))
+        if kernel is None and func.overloadpacket in CPU_ATTENTION:
+            q, k, v = (tuple(int(d) for d in t.shape) for t in args[:3])
+            kernel = ("attention", float(sdpa_flop_count(q, k, v)))
+        return (("call", 1.0),) if kernel is None else (("call", 1.0), kernel)
     if func.overloadpacket in FLOP_OPS or name in ALLOCATIONS:
-        return CALL_PRICE
+        return (("call", 1.0),)
     base = name[:-1] if name.endswith("_") and not name.startswith("_") else name
     if not cpu:
-        per = OTHER_DEVICE_RANDOM_PRICE if random else OTHER_DEVICE_PRICE
-        return CALL_PRICE + per * _bytes(out)
+        return (("call", 1.0), ("other_random" if random else "other", float(_bytes(out))))
     if random:
-        return CALL_PRICE + RANDOM_PRICE * _bytes(out)
+        return (("call", 1.0), ("random", float(_bytes(out))))
     if base in REDUCTIONS:
-        return CALL_PRICE + REDUCTIONS[base] * _bytes(args)
+        return (("call", 1.0), ("read:" + base, float(_bytes(args))))
     if base == "gelu" and kwargs.get("approximate", args[1] if len(args) > 1 else "none") \
             == "tanh":
-        return CALL_PRICE + GELU_TANH_PRICE * _bytes(out)
-    return CALL_PRICE + CPU_PRICES.get(base, DEFAULT_PRICE) * _bytes(out)
+        return (("call", 1.0), ("gelu_tanh", float(_bytes(out))))
+    return (("call", 1.0), (base, float(_bytes(out))))
+
+
+_ATTENTION_KEY = kernels.PREFIX + repr((kernels.ATTENTION,))[:-2]
+
+
+class Prices(Protocol):
+    """What prices :func:`price_terms`' terms: :class:`PriceTable`, or a table measured on the
+    machine (:class:`fxckpt.cost.cpu_table.MeasuredTable`)."""
+
+    def price(self, key: str) -> float: ...
+
+    def work(self, terms: Iterable[tuple[str, float]]) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PriceTable:
+    """FLOP-equivalents per unit of each :func:`price_terms` key: the CPU's prices.
+
+    :data:`TABLE` holds this module's constants, measured on the project's benchmark machine;
+    :func:`fxckpt.cost.cpu_table.measured_table` measures the machine a plan runs on."""
+
+    call: float
+    per_byte: Mapping[str, float]
+    """Per byte written, by op name; :attr:`default` for an op with no entry."""
+    default: float
+    random: float
+    gelu_tanh: float
+    reductions: Mapping[str, float]
+    """Per byte read, by reduction name."""
+    attention: float = CPU_ATTENTION_FACTOR - 1
+
+    def price(self, key: str) -> float:
+        """FLOP-equivalents per unit of ``key``."""
+        if key == "call":
+            return self.call
+        if key == "random":
+            return self.random
+        if key == "gelu_tanh":
+            return self.gelu_tanh
+        if key == "attention":
+            return self.attention
+        if key == "other":
+            return OTHER_DEVICE_PRICE
+        if key == "other_random":
+            return OTHER_DEVICE_RANDOM_PRICE
+        if key.startswith("read:"):
+            return self.reductions[key[5:]]
+        if key.startswith(kernels.PREFIX):  # every FLOP alike, but the CPU's attention's
+            return self.attention if key.startswith(_ATTENTION_KEY) else 0.0
+        return self.per_byte.get(key, self.default)
+
+    def work(self, terms: Iterable[tuple[str, float]]) -> float:
+        """FLOP-equivalents of ``terms``."""
+        return sum(self.price(key) * amount for key, amount in terms)
+
+
+TABLE = PriceTable(call=CALL_PRICE, per_byte=CPU_PRICES, default=DEFAULT_PRICE,
+                   random=RANDOM_PRICE, gelu_tanh=GELU_TANH_PRICE, reductions=REDUCTIONS)
+"""This module's constants: the project's benchmark machine (``device_profile="cpu"``)."""
+
+
+def call_price(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
+               random: bool) -> float:
+    """FLOP-equivalents of one call beyond its FLOPs at :data:`TABLE`'s prices: the call price,
+    plus, for a call without a FLOP formula, its bytes written (read, for reductions) at its
+    price. Views write nothing; an in-place call writes its output's bytes."""
+    return TABLE.work(price_terms(func, args, kwargs, out, random))

@@ -14,7 +14,7 @@ from fxckpt.cost.annotate import annotate
 from fxckpt.capture.captured import capture
 from fxckpt.cost.annotate import info
 from fxckpt.planning.actions import _within_the_forward
-from fxckpt.cost.devices import PROFILES, DeviceProfile, profile_for
+from fxckpt.cost.devices import PROFILES, DeviceProfile, cpu_profile, profile_for
 from fxckpt.cost.bridge import problem_of
 from fxckpt.solver import Op, Problem
 from models import MLP
@@ -50,9 +50,12 @@ def test_the_problem_is_priced_by_the_profile() -> None:
     assert fc.cost != next(o for o in cpu.ops if o.name == "layers_0_fc").cost
 
 
-def test_profiles_by_name_and_the_models_own_device() -> None:
+def test_profiles_by_name_and_the_models_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
     assert profile_for("h100", torch.device("cpu")) is H100
-    assert profile_for(None, torch.device("cpu")) is None  # the CPU price table
+    assert profile_for(None, torch.device("cpu")) is None  # the table: FXCKPT_CPU_PRICES=table
+    monkeypatch.setenv("FXCKPT_CPU_PRICES", "measured")
+    assert profile_for(None, torch.device("cpu")) is cpu_profile()  # measured once
+    assert profile_for("cpu", torch.device("cpu")) is None  # named: the table everywhere
     assert profile_for("cpu", torch.device("meta")) is None
     with pytest.raises(fxckpt.ConfigError, match=r"device_profile must be one of 'h100', "
                                                  r"'h200', 'a100', 'cpu' \(got 'tpu'\)"):

@@ -1,0 +1,208 @@
+"""The CPU's prices, measured on the machine a plan runs on.
+
+:data:`fxckpt.cost.prices.TABLE` was measured once, on the project's benchmark machine. Another
+CPU prices the same calls differently, and not by one factor: on an Intel Xeon whose matmul runs
+at 180 GFLOP/s (the AMD EPYC the table was measured on: 90-100), ``mul`` and ``add`` cost 5.5x
+the table's FLOP-equivalents per byte, ``sigmoid`` 3.9x, ``layer_norm`` 1.9x and ``tanh`` 0.6x
+(``python -m benchmarks.calibrate``). A plan priced with the wrong table recomputes what is
+expensive here and keeps what is cheap. So, as a GPU's rates are (:mod:`fxckpt.cost.devices`),
+the CPU's are measured where the model runs, once per process:
+
+* the **unit**: a 1024 x 1024 fp32 matmul's FLOP/s (a matmul costs its FLOPs);
+* the **call price**: a call on a one-element tensor;
+* each op's **price per byte written** (read, for a reduction), on 1 MiB float32 tensors read
+  from memory, not from the cache (:data:`COLD`), measured the first time a graph holds the op;
+  an op with no call here (:func:`_calls`) is priced at the table's price times the median
+  ratio, measured over table, of the ops measured so far;
+* the **overheads** of a segment, a kept node and a saved tensor are the table's, in seconds
+  (:func:`fxckpt.cost.devices.cpu_profile`).
+
+Each price is rounded to a quarter power of two: timings vary by 10-20% from run to run, and a
+rounded price rarely moves, so the same model gets the same plan in every process on a machine.
+Measuring takes 20-60 ms per op a graph holds. ``device_profile="cpu"`` plans with the table instead, and
+the environment variable ``FXCKPT_CPU_PRICES=table`` makes that the default (the test suite
+sets it, so its plans are the same on every machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import statistics
+import time
+from typing import Callable, Iterable, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+
+from fxckpt.cost import kernels
+from fxckpt.cost.prices import TABLE
+
+__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "uses_measured_prices", "OPS",
+           "COLD", "TABLE_RATE", "ENV"]
+
+ENV = "FXCKPT_CPU_PRICES"
+"""``measured`` (the default) or ``table``: what a plan for a CPU model is priced with when no
+``device_profile`` is named."""
+
+TABLE_RATE = 96e9
+"""The matmul rate (FLOP/s) :data:`~fxckpt.cost.prices.TABLE` was measured at: its unit."""
+
+COLD = 16
+"""1 MiB inputs an op's price is measured over, in turn: more than a core's own caches hold, as
+a model's activations are (a price measured on one cached input was 2-4x too low against
+measured steps)."""
+
+MiB = 1 << 20
+
+Call = Callable[[torch.Tensor], object]
+
+
+def _calls() -> dict[str, Call]:
+    """Price key (:func:`~fxckpt.cost.prices.price_terms`) -> a call on a positive 256 x 1024
+    float32 tensor that runs that op."""
+    return {
+        "mul": lambda x: x * 1.5, "add": lambda x: x + 1.5, "sub": lambda x: x - 1.5,
+        "div": lambda x: x / 1.5, "relu": torch.relu, "clone": torch.clone,
+        "sigmoid": torch.sigmoid, "silu": F.silu, "rsqrt": torch.rsqrt, "sqrt": torch.sqrt,
+        "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "_softmax": lambda x: torch.softmax(x, -1),
+        "_log_softmax": lambda x: torch.log_softmax(x, -1),
+        "native_layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+        "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sin": torch.sin,
+        "cos": torch.cos, "erf": torch.erf, "pow": lambda x: x.pow(2),
+        "where": lambda x: torch.where(x > 1.0, x, 0.0),
+        "gt": lambda x: x > 1.0,
+        "random": lambda x: x.bernoulli_(0.5),
+        "read:sum": lambda x: x.sum(-1), "read:mean": lambda x: x.mean(-1),
+        "read:amax": lambda x: x.amax(-1),
+    }
+
+
+OPS = tuple(_calls())
+"""The price keys measured by running their op; the others are scaled (module docstring)."""
+
+
+def cold_seconds(fn: Call, repeats: int = 3, cold: int = COLD) -> float:
+    """Seconds of one call of ``fn`` on a 1 MiB input read from memory: the fastest of
+    ``repeats`` passes over ``cold`` inputs in turn, after one warm-up pass (the fastest, not
+    the median: what else runs on the machine only ever adds time)."""
+    xs = [torch.rand(256, 1024) + 0.5 for _ in range(cold)]
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        for x in xs:
+            fn(x)
+        if i:
+            times.append((time.perf_counter() - start) / cold)
+    return min(times)
+
+
+def matmul_rate(repeats: int = 5) -> float:
+    """FLOP/s of a 1024 x 1024 fp32 matmul here: the unit a measured table is taken in."""
+    a = torch.full((1024, 1024), 0.5)
+    a @ a
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    return 2 * 1024 ** 3 / min(times)
+
+
+def _best(fn: Callable[[], object], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` after a warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _call_seconds(calls: int = 200, repeats: int = 5) -> float:
+    """Seconds of a call on a one-element tensor (the fastest of ``repeats`` loops)."""
+    one = torch.ones(1)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for _ in range(calls):
+            one + one
+        times.append((time.perf_counter() - start) / calls)
+    return min(times[1:])
+
+
+def _rounded(price: float) -> float:
+    """``price`` at the nearest quarter power of two (0 stays 0)."""
+    return 0.0 if price <= 0 else 2.0 ** (round(4 * math.log2(price)) / 4)
+
+
+class MeasuredTable:
+    """Prices (:class:`~fxckpt.cost.prices.PriceTable`'s interface) measured here, each the
+    first time it is asked for (module docstring)."""
+
+    def __init__(self, rate: float, call: float) -> None:
+        self.rate, self.call = rate, call
+        """The matmul rate (FLOP/s, the unit) and a call's price."""
+        self.measured: dict[str, float] = {}
+        self._calls = _calls()
+
+    def price(self, key: str) -> float:
+        """FLOP-equivalents per unit of ``key`` on this machine."""
+        if key == "call":
+            return self.call
+        if key in ("attention", "other", "other_random"):
+            return TABLE.price(key)
+        if key.startswith(kernels.PREFIX):
+            return self._kernel(key)
+        if key not in self.measured:
+            fn = self._calls.get(key)
+            if fn is None:
+                return _rounded(TABLE.price(key) * self.scale)
+            with torch.no_grad():
+                seconds = cold_seconds(fn)
+            self.measured[key] = _rounded(max(0.0, seconds * self.rate - self.call) / MiB)
+        return self.measured[key]
+
+    def _kernel(self, key: str) -> float:
+        """A matmul's or convolution's time per FLOP beyond one FLOP-equivalent (at least
+        -0.9: a call faster than the unit's matmul costs less than its FLOPs)."""
+        if key not in self.measured:
+            name, flops = key, kernels.flops_of(key)
+            with torch.no_grad():
+                seconds = _best(kernels.timed_call(name))
+            factor = seconds * self.rate / max(flops, 1.0)
+            self.measured[key] = max(-0.9, _rounded(factor) - 1.0)
+        return self.measured[key]
+
+    def work(self, terms: Iterable[tuple[str, float]]) -> float:
+        """FLOP-equivalents of ``terms``."""
+        return sum(self.price(key) * amount for key, amount in terms)
+
+    @property
+    def scale(self) -> float:
+        """The median ratio of measured prices to the table's (1 before any is measured)."""
+        ratios = [p / TABLE.price(k) for k, p in self.measured.items()
+                  if not k.startswith(kernels.PREFIX) and TABLE.price(k) > 0]
+        return statistics.median(ratios) if ratios else 1.0
+
+
+@functools.cache
+def measured_table() -> MeasuredTable:
+    """This machine's table (its ops measured as plans need them), once per process."""
+    rate = matmul_rate()
+    call = _call_seconds() * rate
+    return MeasuredTable(rate, _rounded(call))
+
+
+def uses_measured_prices(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether a CPU plan with no named profile is priced with :func:`measured_table` (the
+    default) rather than the table (``FXCKPT_CPU_PRICES=table``)."""
+    value = (os.environ if environ is None else environ).get(ENV, "measured")
+    if value not in ("measured", "table"):
+        from fxckpt.errors import ConfigError
+
+        raise ConfigError(f"{ENV} must be 'measured' or 'table' (got {value!r})")
+    return value == "measured"
