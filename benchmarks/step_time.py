@@ -2,23 +2,28 @@
 
     python -m benchmarks.step_time [--models mlp,gpt2,llama,bert,resnet] [--turns 7] [--out docs]
 
-The CPU plans are priced with a table in FLOP-equivalents (:mod:`fxckpt.cost.prices`): a matmul
-costs its FLOPs, every other call a price per byte it writes plus a price per call. To turn a
-plan into seconds, the unit is this machine's matmul rate (a 1024 x 1024 fp32 matmul, as
-``benchmarks.calibrate`` takes it). A step is then predicted the way ``benchmarks.predict``
-predicts a GPU step:
+Plans for a CPU are priced in FLOP-equivalents at this machine's own prices
+(:mod:`fxckpt.cost.cpu_table`, measured where the plan is made): a matmul, convolution or
+attention call costs its FLOPs at the time per FLOP measured for its shapes, every other call a
+price per byte it writes plus a price per call. The unit is the matmul rate the prices were
+measured at. A step is predicted as
 
-    step = forward x (3 + recompute share) + segments x segment overhead
+    step = forward x (1 + recompute share) + backward + segments x segment overhead
 
-(the backward at twice the forward; the recompute share holds the kept nodes' bookkeeping). For
-each bench model this times the unmodified model and fxckpt's plans at 0.5 and 0.75 of its peak,
-paired by turns (:func:`fxckpt.measure.time_by_turns`), one thread, and reports for each:
+where the forward is the plan's graph priced node by node, and the backward the unmodified
+step's backward priced call by call the same way (its aten calls seen by a dispatch mode during
+one real backward). For each bench model this times the unmodified model and fxckpt's plans at
+0.5 and 0.75 of its peak, and the plans the table (``device_profile="cpu"``, measured once on
+the project's benchmark machine) gives at the same budgets, all paired by turns
+(:func:`fxckpt.measure.time_by_turns`), one thread, and reports:
 
 * the predicted and measured step, and their ratio;
 * what the plan adds to the unmodified step, predicted and measured: the part of the step the
-  plan's recompute decides, apart from how well the forward and backward are priced.
+  plan's recompute decides, apart from how well the forward and backward are priced;
+* the measured step of each plan against the table's plan at the same budget: what pricing
+  with this machine's prices buys.
 
-Predictions, not targets: the table says how far the CPU prices are from this machine.
+Predictions, not targets: the first table says how far the prices are from the measured steps.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.calibrate import matmul_rate
+from fxckpt.cost.cpu_table import uses_measured_prices
 from benchmarks.models import MODEL_NAMES, spec_for
 from benchmarks.report import machine_info
 
@@ -51,6 +58,16 @@ class Row:
     predicted_s: float
     measured_s: float
     """Median of the turns."""
+    forward_s: float = 0.0
+    """The predicted forward, recompute left out."""
+    backward_s: float = 0.0
+    """The predicted backward."""
+    table_s: Optional[float] = None
+    """Median of the same turns for the plan the table's prices give at this budget (``None``
+    for the unmodified model, and when plans are priced with the table anyway)."""
+    table_same: Optional[bool] = None
+    """Whether the table's plan is this plan (same segments and kept nodes)."""
+    table_segments: Optional[int] = None
 
     @property
     def ratio(self) -> float:
@@ -69,6 +86,46 @@ def _forward_cost(tm: torch.nn.Module) -> tuple[float, float]:
     assert compiled is not None and not compiled.plan.segments
     problem = priced_problem(compiled.gm)
     return sum(op.cost for op in problem.ops), problem.segment_overhead
+
+
+class _Backward(TorchDispatchMode):
+    """Sums what the calls it sees cost beyond their FLOPs, priced as plans for this CPU are
+    (each call timed at its own layout, where it can be made again)."""
+
+    def __init__(self, table: Any) -> None:
+        super().__init__()
+        self.table, self.cost = table, 0.0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: Optional[dict] = None) -> Any:
+        from fxckpt.cost import timed_calls
+        from fxckpt.cost.prices import price_terms
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        terms = price_terms(func, args, kwargs, out, random)
+        timed = timed_calls.key(func, args, kwargs, out, terms) if terms else None
+        self.cost += self.table.work(((timed, 1.0),) if timed is not None else terms)
+        return out
+
+
+def backward_cost(model: torch.nn.Module, inputs: tuple[Any, ...],
+                  loss: Callable[[Any], Any]) -> float:
+    """One backward pass of the unmodified step, priced call by call as plans for this CPU are
+    priced (FLOPs, and each call's terms at the measured table), in FLOP-equivalents."""
+    from fxckpt.cost.devices import profile_for
+    from fxckpt.cost.flops import counter
+    from fxckpt.cost.prices import TABLE
+
+    profile = profile_for(None, torch.device("cpu"))
+    table = profile.table if profile is not None and profile.table is not None else TABLE
+    value = loss(model(*inputs))
+    priced, flops = _Backward(table), counter()
+    with flops, priced:
+        value.backward()
+    model.zero_grad(set_to_none=True)
+    return priced.cost + flops.get_total_flops()
 
 
 def unit() -> float:
@@ -91,23 +148,41 @@ def measure(model_name: str, quick: bool = False, turns: int = 7,
     model, inputs, loss = spec.build(spec.quick if quick else spec.full)
     rate = rate if rate is not None else unit()
     forward, overhead = _forward_cost(fxckpt.transform(model, example_inputs=inputs))
+    backward = backward_cost(model, inputs, loss)
     plans: dict[str, Any] = {"unmodified": None}
     modules: dict[str, Any] = {"unmodified": model}
+    compare = uses_measured_prices()
     for budget in BUDGETS:
         tm = fxckpt.transform(model, budget=budget, example_inputs=inputs)
         plans[f"fxckpt {budget}"], modules[f"fxckpt {budget}"] = fxckpt.inspect(tm).plan, tm
+        if compare:
+            priced = fxckpt.transform(model, budget=budget, example_inputs=inputs,
+                                      device_profile="cpu")
+            plans[f"table {budget}"] = fxckpt.inspect(priced).plan
+            modules[f"table {budget}"] = priced
     steps = {name: training_step(m, inputs, loss) for name, m in modules.items()}
     samples = time_by_turns(steps, repeats=turns)
     for m in modules.values():
         m.zero_grad(set_to_none=True)
+    median = {name: statistics.median(times) for name, times in samples.items()}
     rows = []
     for name, plan in plans.items():
+        if name.startswith("table"):
+            continue
         segments = len(plan.segments) if plan is not None else 0
         share = (plan.recompute_share or 0.0) if plan is not None else 0.0
-        predicted = (forward * (3 + share) + segments * overhead) / rate
-        rows.append(Row(model_name, name, segments, share, predicted,
-                        statistics.median(samples[name])))
+        predicted = (forward * (1 + share) + backward + segments * overhead) / rate
+        table = name.replace("fxckpt", "table") if plan is not None else ""
+        rows.append(Row(model_name, name, segments, share, predicted, median[name],
+                        forward / rate, backward / rate, median.get(table),
+                        _same(plan, plans[table]) if table in plans else None,
+                        len(plans[table].segments) if table in plans else None))
     return rows
+
+
+def _same(plan: Any, other: Any) -> bool:
+    return [(s.nodes, s.keeps) for s in plan.segments] == \
+        [(s.nodes, s.keeps) for s in other.segments]
 
 
 def render(rows: list[Row], facts: dict[str, Any]) -> str:
@@ -115,13 +190,14 @@ def render(rows: list[Row], facts: dict[str, Any]) -> str:
         "# Predicted against measured step time on the CPU",
         "",
         f"*Generated by `python -m benchmarks.step_time` in {facts['seconds']:.0f} s on "
-        f"{facts['machine']}, torch {facts['torch']}, {facts['threads']} thread; matmul rate "
-        f"{facts['rate'] / 1e9:.1f} GFLOP/s (the CPU table's unit); medians of {facts['turns']} "
-        "turns.* A step is predicted as forward x (3 + recompute share) + segments x segment "
-        "overhead, from the CPU price table (`benchmarks/step_time.py`).",
+        f"{facts['machine']}, torch {facts['torch']}, {facts['threads']} thread; prices "
+        f"{facts.get('prices', 'measured here')}, in FLOP-equivalents at "
+        f"{facts['rate'] / 1e9:.1f} GFLOP/s; medians of {facts['turns']} turns.* A step is "
+        "predicted as forward x (1 + recompute share) + backward + segments x segment overhead, "
+        "forward and backward priced call by call (`benchmarks/step_time.py`).",
         "",
-        "| model | plan | segments | recompute | predicted step | measured step | predicted / "
-        "measured | added: predicted | added: measured |",
+        "| model | plan | segments | recompute | predicted step (forward, backward) | measured "
+        "step | predicted / measured | added: predicted | added: measured |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     base = {r.model: r for r in rows if r.method == "unmodified"}
@@ -132,13 +208,37 @@ def render(rows: list[Row], facts: dict[str, Any]) -> str:
             f"{(r.measured_s - b.measured_s) * 1e3:+.0f} ms")
         lines.append(
             f"| {r.model} | {r.method} | {r.segments} | {r.recompute_share:.0%} | "
-            f"{r.predicted_s * 1e3:.0f} ms | {r.measured_s * 1e3:.0f} ms | {r.ratio:.2f} | "
-            f"{added[0]} | {added[1]} |")
+            f"{r.predicted_s * 1e3:.0f} ms ({r.forward_s * 1e3:.0f}, {r.backward_s * 1e3:.0f}) | "
+            f"{r.measured_s * 1e3:.0f} ms | {r.ratio:.2f} | {added[0]} | {added[1]} |")
     ratios = [r.ratio for r in rows]
     within = sum(abs(x - 1) <= 0.10 for x in ratios)
     lines += ["", f"{within} of {len(rows)} predicted steps are within 10% of the measured step "
               f"(predicted / measured from {min(ratios):.2f} to {max(ratios):.2f}).", ""]
+    compared = [r for r in rows if r.table_s is not None]
+    if compared:
+        lines += _against_table(compared)
     return "\n".join(lines)
+
+
+def _against_table(rows: list[Row]) -> list[str]:
+    """The plans priced here against the table's plans at the same budgets."""
+    lines = ["## This machine's prices against the table's", "",
+             "The same budgets planned with the table (`device_profile=\"cpu\"`), timed in the "
+             "same turns: a ratio under 1 is a faster step for pricing with what this machine "
+             "measures. Where both price lists give the same plan, the ratio is the timing noise.",
+             "",
+             "| model | budget | segments: here (table) | same plan | step / table plan's step |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.method.split()[-1]} | {r.segments} ({r.table_segments}) | "
+                     f"{'yes' if r.table_same else 'no'} | "
+                     f"{r.measured_s / (r.table_s or 1):.3f} |")
+    differ = [r.measured_s / r.table_s for r in rows if not r.table_same and r.table_s]
+    if differ:
+        lines += ["", f"Where the plans differ ({len(differ)} of {len(rows)}): from "
+                  f"{min(differ):.3f} to {max(differ):.3f}, median "
+                  f"{statistics.median(differ):.3f}.", ""]
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -158,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     machine = machine_info()
     facts = {"seconds": time.perf_counter() - start, "rate": rate, "turns": args.turns,
              "threads": args.threads, "torch": torch.__version__,
-             "machine": f"{machine['cpu']} ({machine['cores']} cores)"}
+             "machine": f"{machine['cpu']} ({machine['cores']} cores)",
+             "prices": "measured here" if uses_measured_prices() else "the table's"}
     text = render(rows, facts)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

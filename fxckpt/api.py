@@ -96,7 +96,9 @@ def transform(
             ``"symbolic_trace"`` or ``"export"``: one whole graph by that method only.
         device_profile: the device plans are priced for: ``"h100"``, ``"h200"``, ``"a100"`` or
             ``"cpu"``, when planning on one device for another (the CPU or ``meta`` for a
-            GPU); ``None`` (default): the model's own device, measured on a GPU.
+            GPU); ``None`` (default): the model's own device, measured (a GPU's rates, a CPU's
+            prices per op: ``fxckpt.cost.cpu_table``; ``FXCKPT_CPU_PRICES=table`` keeps the
+            table ``"cpu"`` names).
 
     With no strategy nothing is checkpointed, and the plan says so. The result is the model
     itself (its class, attributes and methods) with a rewritten training forward; read fxckpt's

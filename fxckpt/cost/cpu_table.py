@@ -2,26 +2,34 @@
 
 :data:`fxckpt.cost.prices.TABLE` was measured once, on the project's benchmark machine. Another
 CPU prices the same calls differently, and not by one factor: on an Intel Xeon whose matmul runs
-at 180 GFLOP/s (the AMD EPYC the table was measured on: 90-100), ``mul`` and ``add`` cost 5.5x
-the table's FLOP-equivalents per byte, ``sigmoid`` 3.9x, ``layer_norm`` 1.9x and ``tanh`` 0.6x
-(``python -m benchmarks.calibrate``). A plan priced with the wrong table recomputes what is
-expensive here and keeps what is cheap. So, as a GPU's rates are (:mod:`fxckpt.cost.devices`),
-the CPU's are measured where the model runs, once per process:
+at 180-200 GFLOP/s (the AMD EPYC the table was measured on: 90-100), ``mul`` and ``add`` cost
+2.8x the table's FLOP-equivalents per byte, ``sigmoid`` 2.5x, dropout's draw 3.1x, ``exp``
+0.4x and ``tanh`` 0.26x (``python -m benchmarks.calibrate``, ``docs/calibration.md``). A plan
+priced with the wrong table recomputes what is expensive here and keeps what is cheap. So, as a
+GPU's rates are (:mod:`fxckpt.cost.devices`), the CPU's are measured where the model runs, once
+per process:
 
-* the **unit**: a 1024 x 1024 fp32 matmul's FLOP/s (a matmul costs its FLOPs);
-* the **call price**: a call on a one-element tensor;
-* each op's **price per byte written** (read, for a reduction), on 1 MiB float32 tensors read
-  from memory, not from the cache (:data:`COLD`), measured the first time a graph holds the op;
-  an op with no call here (:func:`_calls`) is priced at the table's price times the median
-  ratio, measured over table, of the ops measured so far;
+* the **unit**: a 1024 x 1024 fp32 matmul's FLOP/s;
+* **each call** a graph makes, timed at its own shapes, strides and arguments
+  (:mod:`fxckpt.cost.timed_calls`), the first time a graph holds it: its price is its time in
+  FLOP-equivalents, less its FLOPs (which the node counts);
+* for a call that cannot be made again, the **call price** (a call on a one-element tensor) and
+  its op's **price per byte written** (read, for a reduction), on 1 MiB float32 tensors read
+  from memory (:data:`COLD`); an op with no call here (:func:`_calls`) at the table's price
+  times the median ratio, measured over table, of the ops measured so far;
 * the **overheads** of a segment, a kept node and a saved tensor are the table's, in seconds
   (:func:`fxckpt.cost.devices.cpu_profile`).
 
 Each price is rounded to a quarter power of two: timings vary by 10-20% from run to run, and a
-rounded price rarely moves, so the same model gets the same plan in every process on a machine.
-Measuring takes 20-60 ms per op a graph holds. ``device_profile="cpu"`` plans with the table instead, and
-the environment variable ``FXCKPT_CPU_PRICES=table`` makes that the default (the test suite
-sets it, so its plans are the same on every machine).
+rounded price rarely moves, so a model mostly gets the same plan in every process on a machine.
+Timing takes a few ms per distinct call (a model of repeated blocks has few).
+``device_profile="cpu"`` plans with the table instead, and the environment variable
+``FXCKPT_CPU_PRICES=table`` makes that the default (the test suite sets it, so its plans are
+the same on every machine).
+
+Timed alone, calls take about 0.7 of their time inside a training step (the bench models:
+0.64-0.79, ``docs/step_time.md``): the autograd engine, the Python around each call and a busier
+cache are not in them. Plans rank by these prices; the step a plan predicts is that much short.
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from typing import Callable, Iterable, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from fxckpt.cost import kernels
+from fxckpt.cost import timed_calls
 from fxckpt.cost.prices import TABLE
 
-__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "uses_measured_prices", "OPS",
+__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds",
+           "uses_measured_prices", "OPS",
            "COLD", "TABLE_RATE", "ENV"]
 
 ENV = "FXCKPT_CPU_PRICES"
@@ -72,7 +81,6 @@ def _calls() -> dict[str, Call]:
         "native_layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
         "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sin": torch.sin,
         "cos": torch.cos, "erf": torch.erf, "pow": lambda x: x.pow(2),
-        "where": lambda x: torch.where(x > 1.0, x, 0.0),
         "gt": lambda x: x > 1.0,
         "random": lambda x: x.bernoulli_(0.5),
         "read:sum": lambda x: x.sum(-1), "read:mean": lambda x: x.mean(-1),
@@ -111,17 +119,6 @@ def matmul_rate(repeats: int = 5) -> float:
     return 2 * 1024 ** 3 / min(times)
 
 
-def _best(fn: Callable[[], object], repeats: int = 3) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` after a warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def _call_seconds(calls: int = 200, repeats: int = 5) -> float:
     """Seconds of a call on a one-element tensor (the fastest of ``repeats`` loops)."""
     one = torch.ones(1)
@@ -155,8 +152,8 @@ class MeasuredTable:
             return self.call
         if key in ("attention", "other", "other_random"):
             return TABLE.price(key)
-        if key.startswith(kernels.PREFIX):
-            return self._kernel(key)
+        if key.startswith(timed_calls.PREFIX):
+            return self._timed(key)
         if key not in self.measured:
             fn = self._calls.get(key)
             if fn is None:
@@ -166,15 +163,18 @@ class MeasuredTable:
             self.measured[key] = _rounded(max(0.0, seconds * self.rate - self.call) / MiB)
         return self.measured[key]
 
-    def _kernel(self, key: str) -> float:
-        """A matmul's or convolution's time per FLOP beyond one FLOP-equivalent (at least
-        -0.9: a call faster than the unit's matmul costs less than its FLOPs)."""
+    def _timed(self, key: str) -> float:
+        """A call timed at its own shapes and layout, less its FLOPs (which the node's FLOPs
+        count): at its terms' prices here when it cannot be made again."""
         if key not in self.measured:
-            name, flops = key, kernels.flops_of(key)
-            with torch.no_grad():
-                seconds = _best(kernels.timed_call(name))
-            factor = seconds * self.rate / max(flops, 1.0)
-            self.measured[key] = max(-0.9, _rounded(factor) - 1.0)
+            if not timed_calls.known(key):
+                return 0.0
+            try:
+                seconds = timed_calls.timed(key)
+            except Exception:  # noqa: BLE001 - made again wrongly (an index out of range...)
+                self.measured[key] = self.work(timed_calls.terms_of(key))
+            else:
+                self.measured[key] = _rounded(seconds * self.rate) - timed_calls.flops_of(key)
         return self.measured[key]
 
     def work(self, terms: Iterable[tuple[str, float]]) -> float:
@@ -185,7 +185,7 @@ class MeasuredTable:
     def scale(self) -> float:
         """The median ratio of measured prices to the table's (1 before any is measured)."""
         ratios = [p / TABLE.price(k) for k, p in self.measured.items()
-                  if not k.startswith(kernels.PREFIX) and TABLE.price(k) > 0]
+                  if not k.startswith(timed_calls.PREFIX) and TABLE.price(k) > 0]
         return statistics.median(ratios) if ratios else 1.0
 
 

@@ -58,9 +58,10 @@ class NodeInfo:
     """FLOP-equivalents of the node's calls beyond their FLOPs: a fixed price per call and the
     bytes memory-bound calls write, at their op's price (:mod:`fxckpt.cost.prices`)."""
     priced: tuple[tuple[str, float], ...] = ()
-    """What :attr:`work` is made of, as :func:`~fxckpt.cost.prices.price_terms` keys and amounts
-    summed over the node's calls: another machine's :class:`~fxckpt.cost.prices.PriceTable`
-    prices the same calls (:mod:`fxckpt.cost.cpu_table`)."""
+    """The node's calls as price terms, amounts summed by key: each CPU call that can be made
+    again as its own key (:mod:`fxckpt.cost.timed_calls`, timed where the plan is made:
+    :mod:`fxckpt.cost.cpu_table`), the others as their :func:`~fxckpt.cost.prices.price_terms`
+    (bytes at an op's price)."""
     calls: tuple[str, ...] = ()
     """The aten op overloads the node dispatched (``aten.mm.default``), in order, without
     bookkeeping ops that make no value (``detach``, ``prim.device``): what ``force``'s op pins

@@ -33,7 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
-from fxckpt.cost import kernels
+from fxckpt.cost import timed_calls
 from fxckpt.cost.flops import EXTRA_FORMULAS
 
 __all__ = ["call_price", "price_terms", "Prices", "PriceTable", "TABLE", "traffic", "CALL_PRICE",
@@ -146,20 +146,15 @@ def price_terms(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
     """What one call costs beyond its FLOPs, as ``(key, amount)`` terms a :class:`PriceTable`
     prices: ``("call", 1)``, then bytes written at an op's price (``("tanh", bytes)``), bytes read
     by a reduction (``("read:sum", bytes)``), ``("random", bytes)``, ``("gelu_tanh", bytes)``, or
-    the fused CPU attention's extra FLOPs (``("attention", flops)``), or a CPU matmul's or
-    convolution's FLOPs under its shapes' key (:mod:`fxckpt.cost.kernels`: the table prices
-    them at 0, a FLOP being a FLOP-equivalent). Views cost nothing; an in-place call writes its
-    output's bytes."""
+    the fused CPU attention's extra FLOPs (``("attention", flops)``). Views cost nothing; an
+    in-place call writes its output's bytes."""
     name = func.overloadpacket.__name__
     if getattr(func, "is_view", False) or name in ALIASES:
         return ()
     cpu = _device(args, out) == "cpu"
-    if func.overloadpacket in FLOP_OPS and cpu:
-        kernel = kernels.key(func, args, dict(kwargs))
-        if kernel is None and func.overloadpacket in CPU_ATTENTION:
-            q, k, v = (tuple(int(d) for d in t.shape) for t in args[:3])
-            kernel = ("attention", float(sdpa_flop_count(q, k, v)))
-        return (("call", 1.0),) if kernel is None else (("call", 1.0), kernel)
+    if func.overloadpacket in CPU_ATTENTION and cpu:
+        q, k, v = (tuple(int(d) for d in t.shape) for t in args[:3])
+        return (("call", 1.0), ("attention", float(sdpa_flop_count(q, k, v))))
     if func.overloadpacket in FLOP_OPS or name in ALLOCATIONS:
         return (("call", 1.0),)
     base = name[:-1] if name.endswith("_") and not name.startswith("_") else name
@@ -173,9 +168,6 @@ def price_terms(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
             == "tanh":
         return (("call", 1.0), ("gelu_tanh", float(_bytes(out))))
     return (("call", 1.0), (base, float(_bytes(out))))
-
-
-_ATTENTION_KEY = kernels.PREFIX + repr((kernels.ATTENTION,))[:-2]
 
 
 class Prices(Protocol):
@@ -220,8 +212,8 @@ class PriceTable:
             return OTHER_DEVICE_RANDOM_PRICE
         if key.startswith("read:"):
             return self.reductions[key[5:]]
-        if key.startswith(kernels.PREFIX):  # every FLOP alike, but the CPU's attention's
-            return self.attention if key.startswith(_ATTENTION_KEY) else 0.0
+        if key.startswith(timed_calls.PREFIX):  # a call made again to be timed: its terms here
+            return self.work(timed_calls.terms_of(key)) if timed_calls.known(key) else 0.0
         return self.per_byte.get(key, self.default)
 
     def work(self, terms: Iterable[tuple[str, float]]) -> float:

@@ -16,9 +16,13 @@ def test_each_plan_predicts_its_step_from_its_recompute_share_and_segments() -> 
     assert list(by) == ["unmodified", "fxckpt 0.5", "fxckpt 0.75"]
     base = by["unmodified"]
     assert base.segments == 0 and base.recompute_share == 0.0
-    forward = base.predicted_s / 3  # seconds of one forward at the rate given
+    forward = base.forward_s  # seconds of one forward at the rate given
+    assert forward > 0 and base.backward_s > 0  # the backward priced call by call
+    assert base.predicted_s == pytest.approx(forward + base.backward_s)
     for r in rows:
         assert r.measured_s > 0 and r.ratio == r.predicted_s / r.measured_s
+        assert (r.forward_s, r.backward_s) == (forward, base.backward_s)
+        assert r.table_s is None  # the tests price with the table: nothing to compare
     half = by["fxckpt 0.5"]
     assert half.segments > 0 and half.recompute_share > 0
     for r in (half, by["fxckpt 0.75"]):  # the recompute, and each segment's fixed price
@@ -27,3 +31,17 @@ def test_each_plan_predicts_its_step_from_its_recompute_share_and_segments() -> 
     text = step_time.render(rows, {"seconds": 1.0, "rate": 1e10, "turns": 2, "threads": 1,
                                    "torch": "x", "machine": "here"})
     assert text.count("\n| mlp |") == 3 and "of 3 predicted steps are within 10%" in text
+    assert "table's" not in text  # no comparison with the table when it priced the plans
+
+
+@pytest.mark.slow
+def test_plans_priced_here_are_timed_against_the_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FXCKPT_CPU_PRICES", "measured")
+    rows = step_time.measure("mlp", quick=True, turns=2)
+    planned = [r for r in rows if r.method != "unmodified"]
+    assert all(r.table_s is not None and r.table_s > 0 for r in planned)
+    assert all(isinstance(r.table_same, bool) and r.table_segments is not None for r in planned)
+    text = step_time.render(rows, {"seconds": 1.0, "rate": 1e10, "turns": 2, "threads": 1,
+                                   "torch": "x", "machine": "here"})
+    assert "## This machine's prices against the table's" in text
+    assert text.count("\n| mlp | 0.") == 2

@@ -1,0 +1,157 @@
+"""Aten calls by what decides their speed, made again to be timed on this CPU.
+
+A price per byte, measured on one contiguous 1 MiB tensor, says little about the calls a model
+makes. On the bench Llama the forward's ``mul`` calls took 2.8x their per-byte price (broadcast
+operands, transposed heads), ``add`` 3.6x, and its matmuls 1.5x their FLOPs at the rate of a
+1024 x 1024 matmul; the CPU's convolution backward ran at a seventh of that rate. So every call
+a graph makes on the CPU gets a key of its own: the op overload, each tensor argument's shape,
+strides and dtype, and every other argument. :func:`key` writes it and keeps what is needed to
+make the call again; :func:`timed` makes it on random inputs of the same layout and times it,
+for :class:`fxckpt.cost.cpu_table.MeasuredTable`. A graph of repeated blocks has few distinct
+keys (GPT-2's twelve layers make the same calls): each is timed once per process.
+
+A call whose arguments cannot be made again (a non-CPU tensor, a value not a literal) has no
+key: it is priced per byte as before. The table (``device_profile="cpu"``) never uses a key.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["key", "timed", "known", "terms_of", "flops_of", "PREFIX"]
+
+PREFIX = "timed:"
+
+_CALLS: dict[str, tuple[Any, Any, tuple[tuple[str, float], ...], float]] = {}
+"""Key -> (the op, the arguments as specs, the call's terms at the table's prices, its
+FLOPs)."""
+
+_LITERALS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+             torch.memory_format)
+
+_COLD_BYTES = 16 << 20
+"""Inputs of a timed call, copied until they fill this many bytes (at most :data:`_COPIES`
+copies), are used in turn: read from memory, not from the cache, as a model's are."""
+_COPIES = 32
+
+
+class _TensorSpec(tuple):
+    """(shape, strides, dtype) of a tensor argument."""
+
+    def __repr__(self) -> str:
+        return "T" + tuple.__repr__(self)
+
+
+def _spec(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.is_sparse or value.is_quantized:
+            raise ValueError("only dense CPU tensors are made again")
+        if any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride())):
+            raise ValueError("symbolic sizes are not made again")
+        return _TensorSpec((tuple(int(d) for d in value.shape),
+                            tuple(int(s) for s in value.stride()), value.dtype))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_spec(v) for v in value)
+    if isinstance(value, _LITERALS):
+        return value
+    raise ValueError(f"{type(value).__name__} is not made again")
+
+
+def key(func: Any, args: tuple, kwargs: dict, out: Any,
+        terms: tuple[tuple[str, float], ...]) -> Optional[str]:
+    """The key of this CPU call (kept for :func:`timed` with ``terms``, its price at the
+    table, and its FLOPs), or ``None`` when it cannot be made again."""
+    try:
+        spec = (_spec(tuple(args)), {k: _spec(v) for k, v in kwargs.items()})
+    except (ValueError, TypeError, RuntimeError):
+        return None
+    text = PREFIX + f"{func}{spec!r}"
+    if text not in _CALLS:
+        _CALLS[text] = (func, spec, terms, _flops(func, args, kwargs, out))
+    return text
+
+
+def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+    """The call's FLOPs, by torch's formulas and fxckpt's (as annotate counts them)."""
+    formula = _formulas().get(func.overloadpacket)
+    return 0.0 if formula is None else float(formula(*args, **kwargs, out_val=out))
+
+
+@functools.cache
+def _formulas() -> dict[Any, Any]:
+    from fxckpt.cost.flops import counter
+
+    return dict(counter().flop_registry)
+
+
+def flops_of(text: str) -> float:
+    """The FLOPs of the call ``text`` names (the node's FLOPs count them already)."""
+    return _CALLS[text][3]
+
+
+def known(text: str) -> bool:
+    """Whether this process can make the call ``text`` names again."""
+    return text in _CALLS
+
+
+def terms_of(text: str) -> tuple[tuple[str, float], ...]:
+    """The call's terms at the table's prices (what prices it when it cannot be timed)."""
+    return _CALLS[text][2]
+
+
+def _made(spec: Any) -> Any:
+    if isinstance(spec, _TensorSpec):
+        shape, stride, dtype = spec
+        size = sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else 0
+        base = torch.empty(size, dtype=dtype)
+        if dtype.is_floating_point or dtype.is_complex:
+            base.uniform_(0.5, 1.5)  # positive: log, rsqrt and pow stay finite
+        elif dtype == torch.bool:
+            base.fill_(True)
+        else:
+            base.zero_()  # indices in range of any dimension
+        return base.as_strided(shape, stride)
+    if isinstance(spec, dict):
+        return {k: _made(v) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_made(v) for v in spec)
+    return spec
+
+
+def _nbytes(values: Any) -> int:
+    return sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(values)
+               if isinstance(t, torch.Tensor))
+
+
+def timed(text: str, repeats: int = 3) -> float:
+    """Seconds the call ``text`` names takes here: the fastest of ``repeats`` passes over
+    copies of its inputs (read from memory, :data:`_COLD_BYTES`), after a warm-up pass. Runs
+    under ``no_grad`` with the CPU's generator state put back; raises what the call raises."""
+    func, (args_spec, kwargs_spec), _, _ = _CALLS[text]
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        first = (_made(args_spec), _made(kwargs_spec))
+        copies = max(1, min(_COPIES, _COLD_BYTES // max(1, _nbytes(first))))
+        inputs = [first] + [(_made(args_spec), _made(kwargs_spec)) for _ in range(copies - 1)]
+        best = math.inf
+        for i in range(repeats + 1):
+            kept = []  # outputs stay alive, as a training forward's do: each written afresh
+            start = time.perf_counter()
+            for args, kwargs in inputs:
+                kept.append(func(*args, **kwargs))
+            if i:
+                best = min(best, (time.perf_counter() - start) / len(inputs))
+            del kept
+    return best
+
+
+def _call(text: str) -> Callable[[], object]:
+    """The call ``text`` names, once, on fresh inputs (for tests)."""
+    func, (args_spec, kwargs_spec), _, _ = _CALLS[text]
+    args, kwargs = _made(args_spec), _made(kwargs_spec)
+    return lambda: func(*args, **kwargs)

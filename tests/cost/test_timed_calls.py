@@ -1,0 +1,102 @@
+"""CPU calls keyed by their layout and made again to be timed (fxckpt.cost.timed_calls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from fxckpt.cost import cpu_table, timed_calls
+from fxckpt.cost.cpu_table import MeasuredTable, _rounded
+from fxckpt.cost.prices import price_terms
+
+aten = torch.ops.aten
+
+
+def _key(func: Any, args: tuple, kwargs: dict = {}) -> str:
+    out = func(*args, **kwargs)
+    text = timed_calls.key(func, args, kwargs, out,
+                           price_terms(func, args, kwargs, out, random=False))
+    assert text is not None
+    return text
+
+
+def test_the_key_names_the_op_shapes_strides_dtype_and_other_arguments() -> None:
+    x, w = torch.rand(64, 32), torch.rand(48, 32)
+    plain = _key(aten.mm.default, (x, w.t().contiguous()))
+    transposed = _key(aten.mm.default, (x, w.t()))
+    assert plain.startswith("timed:aten.mm.default") and plain != transposed
+    assert "T((32, 48), (1, 32), torch.float32)" in transposed
+    assert "T((32, 48), (48, 1), torch.float32)" in plain
+    assert _key(aten.add.Tensor, (x, 1.5)) != _key(aten.add.Tensor, (x, 2.5))
+    assert _key(aten.sum.dim_IntList, (x, [1])) != _key(aten.sum.dim_IntList, (x, [0]))
+    assert _key(aten.mm.default, (x, w.t())) == transposed  # the same call, the same key
+
+
+@pytest.mark.parametrize("call", [
+    (aten.mm.default, (torch.rand(8, 4), torch.rand(5, 4).t())),
+    (aten.mul.Tensor, (torch.rand(2, 3, 4).transpose(0, 1), torch.rand(4))),
+    (aten.gelu.default, (torch.rand(3, 7),), {"approximate": "tanh"}),
+    (aten.embedding.default, (torch.rand(10, 4), torch.tensor([[1, 2], [3, 9]]))),
+    (aten.convolution.default, (torch.rand(2, 3, 9, 9), torch.rand(4, 3, 3, 3), None, [2, 2],
+                                [1, 1], [1, 1], False, [0, 0], 1)),
+    (aten.native_layer_norm.default, (torch.rand(4, 6), [6], torch.rand(6), None, 1e-5)),
+], ids=lambda c: str(c[0]))
+def test_a_call_is_made_again_on_inputs_of_its_layout(call: Any) -> None:
+    func, args, *rest = call
+    kwargs = rest[0] if rest else {}
+    text = _key(func, args, kwargs)
+    expected = func(*args, **kwargs)
+    again = timed_calls._call(text)()
+    shapes = [t.shape for t in (again if isinstance(again, tuple) else (again,))]
+    assert shapes == [t.shape for t in (expected if isinstance(expected, tuple) else (expected,))]
+    assert timed_calls.timed(text, repeats=1) > 0
+
+
+def test_timing_keeps_the_generator_and_grad_mode() -> None:
+    x = torch.rand(64, 64)
+    text = _key(aten.bernoulli.p, (x, 0.5))
+    state = torch.get_rng_state()
+    timed_calls.timed(text, repeats=1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.is_grad_enabled()
+
+
+def test_calls_that_cannot_be_made_again_have_no_key() -> None:
+    x = torch.rand(4, 4)
+    assert timed_calls.key(aten.add.Tensor, (x.to("meta"), 1.0), {}, None, ()) is None
+    assert timed_calls.key(aten.add.Tensor, (x, object()), {}, None, ()) is None
+
+
+def test_the_flops_of_a_call_are_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = torch.rand(64, 32), torch.rand(48, 32)
+    text = _key(aten.mm.default, (x, w.t()))
+    assert timed_calls.flops_of(text) == 2 * 64 * 32 * 48
+    assert timed_calls.flops_of(_key(aten.relu.default, (x,))) == 0
+
+
+def test_a_timed_call_is_priced_by_its_time_less_its_flops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = torch.rand(64, 32), torch.rand(48, 32)
+    text = _key(aten.mm.default, (x, w.t()))
+    monkeypatch.setattr(timed_calls, "timed", lambda key, repeats=3: 1e-5)
+    table = MeasuredTable(rate=1e11, call=0.0)
+    assert table.price(text) == _rounded(1e-5 * 1e11) - 2 * 64 * 32 * 48
+    assert table.work([(text, 2.0)]) == 2 * table.price(text)
+
+
+def test_a_call_that_fails_when_made_again_is_priced_by_its_terms(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.rand(256, 1024)
+    text = _key(aten.tanh.default, (x,))
+
+    def fails(key: str, repeats: int = 3) -> float:
+        raise IndexError("index out of range")
+
+    monkeypatch.setattr(timed_calls, "timed", fails)
+    monkeypatch.setattr(cpu_table, "cold_seconds", lambda fn, repeats=3, cold=16: 1e-4)
+    table = MeasuredTable(rate=1e11, call=1e5)
+    assert table.price(text) == table.work(timed_calls.terms_of(text)) == \
+        1e5 + table.price("tanh") * (1 << 20)
+    assert table.price("timed:made in another process") == 0.0
