@@ -89,12 +89,14 @@ def _forward_cost(tm: torch.nn.Module) -> tuple[float, float]:
 
 
 class _Backward(TorchDispatchMode):
-    """Sums what the calls it sees cost beyond their FLOPs, priced as plans for this CPU are
-    (each call timed at its own layout, where it can be made again)."""
+    """Collects what the calls it sees cost beyond their FLOPs, as plans for this CPU price
+    them: each call's key to be timed at its own layout where it can be made again, else its
+    terms. Nothing is timed in here: under this mode and the FLOP counter a timing would
+    measure them too."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.table, self.cost = table, 0.0
+        self.terms: list[tuple[str, float]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
@@ -106,14 +108,14 @@ class _Backward(TorchDispatchMode):
         random = torch.Tag.nondeterministic_seeded in func.tags
         terms = price_terms(func, args, kwargs, out, random)
         timed = timed_calls.key(func, args, kwargs, out, terms) if terms else None
-        self.cost += self.table.work(((timed, 1.0),) if timed is not None else terms)
+        self.terms += [(timed, 1.0)] if timed is not None else terms
         return out
 
 
 def backward_cost(model: torch.nn.Module, inputs: tuple[Any, ...],
                   loss: Callable[[Any], Any]) -> float:
     """One backward pass of the unmodified step, priced call by call as plans for this CPU are
-    priced (FLOPs, and each call's terms at the measured table), in FLOP-equivalents."""
+    priced (FLOPs, and each call at the measured table), in FLOP-equivalents."""
     from fxckpt.cost.devices import profile_for
     from fxckpt.cost.flops import counter
     from fxckpt.cost.prices import TABLE
@@ -121,11 +123,11 @@ def backward_cost(model: torch.nn.Module, inputs: tuple[Any, ...],
     profile = profile_for(None, torch.device("cpu"))
     table = profile.table if profile is not None and profile.table is not None else TABLE
     value = loss(model(*inputs))
-    priced, flops = _Backward(table), counter()
-    with flops, priced:
+    calls, flops = _Backward(), counter()
+    with flops, calls:
         value.backward()
     model.zero_grad(set_to_none=True)
-    return priced.cost + flops.get_total_flops()
+    return table.work(calls.terms) + flops.get_total_flops()
 
 
 def unit() -> float:

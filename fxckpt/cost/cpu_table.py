@@ -25,11 +25,12 @@ rounded price rarely moves, so a model mostly gets the same plan in every proces
 Timing takes a few ms per distinct call (a model of repeated blocks has few).
 ``device_profile="cpu"`` plans with the table instead, and the environment variable
 ``FXCKPT_CPU_PRICES=table`` makes that the default (the test suite sets it, so its plans are
-the same on every machine).
+the same on every machine). A job of several processes is priced with the table too: its ranks
+must make the same plans (:func:`uses_measured_prices`).
 
-Timed alone, calls take about 0.7 of their time inside a training step (the bench models:
-0.64-0.79, ``docs/step_time.md``): the autograd engine, the Python around each call and a busier
-cache are not in them. Plans rank by these prices; the step a plan predicts is that much short.
+Timed alone, calls take 0.72-0.88 of their time inside a training step (the bench models,
+``docs/step_time.md``): the autograd engine, the Python around each call and a busier cache are
+not in them. Plans rank by these prices; the step a plan predicts is that much short.
 """
 
 from __future__ import annotations
@@ -199,10 +200,25 @@ def measured_table() -> MeasuredTable:
 
 def uses_measured_prices(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether a CPU plan with no named profile is priced with :func:`measured_table` (the
-    default) rather than the table (``FXCKPT_CPU_PRICES=table``)."""
-    value = (os.environ if environ is None else environ).get(ENV, "measured")
+    default) rather than the table: not under ``FXCKPT_CPU_PRICES=table``, and not in a job of
+    several processes (``WORLD_SIZE`` over 1, or an initialised process group of more than one
+    rank). There every rank must make the same plan: a rank that recomputes a segment another
+    does not would all-gather alone under FSDP, and pipeline stages are cut around segments."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ENV, "measured")
     if value not in ("measured", "table"):
         from fxckpt.errors import ConfigError
 
         raise ConfigError(f"{ENV} must be 'measured' or 'table' (got {value!r})")
-    return value == "measured"
+    return value == "measured" and not _several_processes(environ)
+
+
+def _several_processes(environ: Mapping[str, str]) -> bool:
+    try:
+        if int(environ.get("WORLD_SIZE", "1")) > 1:
+            return True
+    except ValueError:
+        pass
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

@@ -5,9 +5,9 @@ makes. On the bench Llama the forward's ``mul`` calls took 2.8x their per-byte p
 operands, transposed heads), ``add`` 3.6x, and its matmuls 1.5x their FLOPs at the rate of a
 1024 x 1024 matmul; the CPU's convolution backward ran at a seventh of that rate. So every call
 a graph makes on the CPU gets a key of its own: the op overload, each tensor argument's shape,
-strides and dtype, and every other argument. :func:`key` writes it and keeps what is needed to
-make the call again; :func:`timed` makes it on random inputs of the same layout and times it,
-for :class:`fxckpt.cost.cpu_table.MeasuredTable`. A graph of repeated blocks has few distinct
+strides, dtype and whether autograd records the call, and every other argument. :func:`key`
+writes it and keeps what is needed to make the call again; :func:`timed` makes it on random
+inputs of the same layout and times it, for :class:`fxckpt.cost.cpu_table.MeasuredTable`. A graph of repeated blocks has few distinct
 keys (GPT-2's twelve layers make the same calls): each is timed once per process.
 
 A call whose arguments cannot be made again (a non-CPU tensor, a value not a literal) has no
@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["key", "timed", "known", "terms_of", "flops_of", "PREFIX"]
 
@@ -42,22 +43,23 @@ _COPIES = 32
 
 
 class _TensorSpec(tuple):
-    """(shape, strides, dtype) of a tensor argument."""
+    """(shape, strides, dtype, requires_grad) of a tensor argument."""
 
     def __repr__(self) -> str:
         return "T" + tuple.__repr__(self)
 
 
-def _spec(value: Any) -> Any:
+def _spec(value: Any, recorded: bool) -> Any:
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu" or value.is_sparse or value.is_quantized:
             raise ValueError("only dense CPU tensors are made again")
         if any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride())):
             raise ValueError("symbolic sizes are not made again")
         return _TensorSpec((tuple(int(d) for d in value.shape),
-                            tuple(int(s) for s in value.stride()), value.dtype))
+                            tuple(int(s) for s in value.stride()), value.dtype,
+                            recorded and bool(value.requires_grad)))
     if isinstance(value, (list, tuple)):
-        return type(value)(_spec(v) for v in value)
+        return type(value)(_spec(v, recorded) for v in value)
     if isinstance(value, _LITERALS):
         return value
     raise ValueError(f"{type(value).__name__} is not made again")
@@ -67,8 +69,9 @@ def key(func: Any, args: tuple, kwargs: dict, out: Any,
         terms: tuple[tuple[str, float], ...]) -> Optional[str]:
     """The key of this CPU call (kept for :func:`timed` with ``terms``, its price at the
     table, and its FLOPs), or ``None`` when it cannot be made again."""
+    recorded = torch.is_grad_enabled()  # autograd records it (not in a backward pass)
     try:
-        spec = (_spec(tuple(args)), {k: _spec(v) for k, v in kwargs.items()})
+        spec = (_spec(tuple(args), recorded), {k: _spec(v, recorded) for k, v in kwargs.items()})
     except (ValueError, TypeError, RuntimeError):
         return None
     text = PREFIX + f"{func}{spec!r}"
@@ -107,7 +110,7 @@ def terms_of(text: str) -> tuple[tuple[str, float], ...]:
 
 def _made(spec: Any) -> Any:
     if isinstance(spec, _TensorSpec):
-        shape, stride, dtype = spec
+        shape, stride, dtype, grad = spec
         size = sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else 0
         base = torch.empty(size, dtype=dtype)
         if dtype.is_floating_point or dtype.is_complex:
@@ -116,6 +119,8 @@ def _made(spec: Any) -> Any:
             base.fill_(True)
         else:
             base.zero_()  # indices in range of any dimension
+        if grad:  # an activation autograd records the call on (not a leaf: in-place calls pass)
+            base = base.requires_grad_().clone()
         return base.as_strided(shape, stride)
     if isinstance(spec, dict):
         return {k: _made(v) for k, v in spec.items()}
@@ -131,10 +136,13 @@ def _nbytes(values: Any) -> int:
 
 def timed(text: str, repeats: int = 3) -> float:
     """Seconds the call ``text`` names takes here: the fastest of ``repeats`` passes over
-    copies of its inputs (read from memory, :data:`_COLD_BYTES`), after a warm-up pass. Runs
-    under ``no_grad`` with the CPU's generator state put back; raises what the call raises."""
+    copies of its inputs (read from memory, :data:`_COLD_BYTES`), after a warm-up pass. Inputs
+    that required grad where the call was seen require it again, so autograd records the call
+    as a training forward's; the CPU's generator state is put back, and no dispatch mode that
+    is active sees the calls (a FLOP counter around the step that plans). Raises what the call
+    raises."""
     func, (args_spec, kwargs_spec), _, _ = _CALLS[text]
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with _disable_current_modes(), torch.enable_grad(), torch.random.fork_rng(devices=[]):
         first = (_made(args_spec), _made(kwargs_spec))
         copies = max(1, min(_COPIES, _COLD_BYTES // max(1, _nbytes(first))))
         inputs = [first] + [(_made(args_spec), _made(kwargs_spec)) for _ in range(copies - 1)]

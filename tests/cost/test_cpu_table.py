@@ -116,6 +116,19 @@ def test_the_environment_chooses_measured_or_table_prices() -> None:
     with pytest.raises(fxckpt.ConfigError,
                        match=r"FXCKPT_CPU_PRICES must be 'measured' or 'table' \(got 'fast'\)"):
         uses_measured_prices({"FXCKPT_CPU_PRICES": "fast"})
+    # every rank of a job must make the same plan: the table, not each machine's timings
+    assert uses_measured_prices({"WORLD_SIZE": "4"}) is False
+    assert uses_measured_prices({"WORLD_SIZE": "1"}) is True
+
+
+def test_ranks_of_a_process_group_plan_with_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    assert uses_measured_prices({}) is False
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    assert uses_measured_prices({}) is True
 
 
 def test_a_cpu_plan_is_priced_by_the_machines_prices(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from fxckpt.cost import cpu_table, timed_calls
 from fxckpt.cost.cpu_table import MeasuredTable, _rounded
@@ -27,8 +28,8 @@ def test_the_key_names_the_op_shapes_strides_dtype_and_other_arguments() -> None
     plain = _key(aten.mm.default, (x, w.t().contiguous()))
     transposed = _key(aten.mm.default, (x, w.t()))
     assert plain.startswith("timed:aten.mm.default") and plain != transposed
-    assert "T((32, 48), (1, 32), torch.float32)" in transposed
-    assert "T((32, 48), (48, 1), torch.float32)" in plain
+    assert "T((32, 48), (1, 32), torch.float32, False)" in transposed
+    assert "T((32, 48), (48, 1), torch.float32, False)" in plain
     assert _key(aten.add.Tensor, (x, 1.5)) != _key(aten.add.Tensor, (x, 2.5))
     assert _key(aten.sum.dim_IntList, (x, [1])) != _key(aten.sum.dim_IntList, (x, [0]))
     assert _key(aten.mm.default, (x, w.t())) == transposed  # the same call, the same key
@@ -54,11 +55,16 @@ def test_a_call_is_made_again_on_inputs_of_its_layout(call: Any) -> None:
     assert timed_calls.timed(text, repeats=1) > 0
 
 
-def test_timing_keeps_the_generator_and_grad_mode() -> None:
+def test_timing_keeps_the_generator_and_grad_mode_and_hides_from_modes() -> None:
     x = torch.rand(64, 64)
     text = _key(aten.bernoulli.p, (x, 0.5))
     state = torch.get_rng_state()
-    timed_calls.timed(text, repeats=1)
+    counter = FlopCounterMode(display=False)
+    mm = _key(aten.mm.default, (x, x))
+    with counter:  # a user's FLOP counter around the step that plans
+        timed_calls.timed(text, repeats=1)
+        timed_calls.timed(mm, repeats=1)
+    assert counter.get_total_flops() == 0
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.is_grad_enabled()
 
@@ -100,3 +106,26 @@ def test_a_call_that_fails_when_made_again_is_priced_by_its_terms(
     assert table.price(text) == table.work(timed_calls.terms_of(text)) == \
         1e5 + table.price("tanh") * (1 << 20)
     assert table.price("timed:made in another process") == 0.0
+
+
+def test_a_call_autograd_recorded_is_timed_recording_it() -> None:
+    x = torch.rand(8, 8, requires_grad=True).clone()  # an activation
+    text = _key(aten.mul.Tensor, (x, 2.0))
+    assert "torch.float32, True)" in text
+    assert timed_calls._call(text)().grad_fn is not None  # made again as recorded
+    assert timed_calls._call(_key(aten.mul.Tensor, (x.detach(), 2.0)))().grad_fn is None
+    with torch.no_grad():  # as in a backward pass: nothing recorded
+        assert "torch.float32, False)" in _key(aten.mul.Tensor, (x, 2.0))
+
+
+def test_annotate_keys_a_models_calls_with_their_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fxckpt
+    from fxckpt.cost.annotate import info
+    from fxckpt.module import dispatcher_of
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    tm = fxckpt.transform(model, example_inputs=(torch.rand(4, 8),))
+    gm = dispatcher_of(tm).last.gm
+    tanh = next(n for n in gm.graph.nodes if "tanh" in n.name or n.target == "1")
+    (key, _), = info(tanh).priced
+    assert key.startswith("timed:aten.tanh.default") and "True)" in key  # the Linear's output
