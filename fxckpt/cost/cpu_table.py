@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from fxckpt.cost import timed_calls
 from fxckpt.cost.prices import TABLE
 
-__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds",
+__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "TIME_LIMIT",
            "uses_measured_prices", "OPS",
            "COLD", "TABLE_RATE", "ENV"]
 
@@ -66,7 +66,15 @@ measured steps)."""
 
 MiB = 1 << 20
 
+TIME_LIMIT = 10.0
+"""Seconds a process spends timing calls, at most (a model of many distinct shapes): past it,
+calls not timed yet are priced per byte, their ops measured on 1 MiB."""
+
 Call = Callable[[torch.Tensor], object]
+
+_GENERATOR = torch.Generator().manual_seed(0)
+"""What measuring draws from: never torch's default generator, whose draws a model's dropout
+masks must follow as they would without fxckpt."""
 
 
 def _calls() -> dict[str, Call]:
@@ -83,7 +91,7 @@ def _calls() -> dict[str, Call]:
         "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sin": torch.sin,
         "cos": torch.cos, "erf": torch.erf, "pow": lambda x: x.pow(2),
         "gt": lambda x: x > 1.0,
-        "random": lambda x: x.bernoulli_(0.5),
+        "random": lambda x: x.bernoulli_(0.5, generator=_GENERATOR),
         "read:sum": lambda x: x.sum(-1), "read:mean": lambda x: x.mean(-1),
         "read:amax": lambda x: x.amax(-1),
     }
@@ -97,7 +105,7 @@ def cold_seconds(fn: Call, repeats: int = 3, cold: int = COLD) -> float:
     """Seconds of one call of ``fn`` on a 1 MiB input read from memory: the fastest of
     ``repeats`` passes over ``cold`` inputs in turn, after one warm-up pass (the fastest, not
     the median: what else runs on the machine only ever adds time)."""
-    xs = [torch.rand(256, 1024) + 0.5 for _ in range(cold)]
+    xs = [torch.rand(256, 1024, generator=_GENERATOR) + 0.5 for _ in range(cold)]
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
@@ -145,6 +153,8 @@ class MeasuredTable:
         self.rate, self.call = rate, call
         """The matmul rate (FLOP/s, the unit) and a call's price."""
         self.measured: dict[str, float] = {}
+        self.spent = 0.0
+        """Seconds spent timing calls (:data:`TIME_LIMIT`)."""
         self._calls = _calls()
 
     def price(self, key: str) -> float:
@@ -170,12 +180,16 @@ class MeasuredTable:
         if key not in self.measured:
             if not timed_calls.known(key):
                 return 0.0
+            if self.spent > TIME_LIMIT:  # enough planning time spent timing: per byte now
+                return self.work(timed_calls.terms_of(key))
+            start = time.perf_counter()
             try:
                 seconds = timed_calls.timed(key)
             except Exception:  # noqa: BLE001 - made again wrongly (an index out of range...)
                 self.measured[key] = self.work(timed_calls.terms_of(key))
             else:
                 self.measured[key] = _rounded(seconds * self.rate) - timed_calls.flops_of(key)
+            self.spent += time.perf_counter() - start
         return self.measured[key]
 
     def work(self, terms: Iterable[tuple[str, float]]) -> float:

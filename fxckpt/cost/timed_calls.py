@@ -7,11 +7,14 @@ operands, transposed heads), ``add`` 3.6x, and its matmuls 1.5x their FLOPs at t
 a graph makes on the CPU gets a key of its own: the op overload, each tensor argument's shape,
 strides, dtype and whether autograd records the call, and every other argument. :func:`key`
 writes it and keeps what is needed to make the call again; :func:`timed` makes it on random
-inputs of the same layout and times it, for :class:`fxckpt.cost.cpu_table.MeasuredTable`. A graph of repeated blocks has few distinct
-keys (GPT-2's twelve layers make the same calls): each is timed once per process.
+inputs of the same layout and times it, for :class:`fxckpt.cost.cpu_table.MeasuredTable`. A
+graph of repeated blocks has few distinct keys (GPT-2's twelve layers make the same 58 calls):
+each is timed once per process.
 
 A call whose arguments cannot be made again (a non-CPU tensor, a value not a literal) has no
-key: it is priced per byte as before. The table (``device_profile="cpu"``) never uses a key.
+key, nor has a call that draws random numbers (timing it would draw from torch's generator and
+change the model's dropout masks): those are priced per byte as before. The table
+(``device_profile="cpu"``) prices a key by the call's own terms.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ _COLD_BYTES = 16 << 20
 copies), are used in turn: read from memory, not from the cache, as a model's are."""
 _COPIES = 32
 
+_SLOW = 0.05
+"""Seconds of a warm-up pass past which one timed pass follows, not ``repeats``."""
+
 
 class _TensorSpec(tuple):
     """(shape, strides, dtype, requires_grad) of a tensor argument."""
@@ -68,7 +74,10 @@ def _spec(value: Any, recorded: bool) -> Any:
 def key(func: Any, args: tuple, kwargs: dict, out: Any,
         terms: tuple[tuple[str, float], ...]) -> Optional[str]:
     """The key of this CPU call (kept for :func:`timed` with ``terms``, its price at the
-    table, and its FLOPs), or ``None`` when it cannot be made again."""
+    table, and its FLOPs), or ``None`` when it cannot be made again or draws random numbers
+    (timing it would draw from torch's generator: priced per byte)."""
+    if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        return None
     recorded = torch.is_grad_enabled()  # autograd records it (not in a backward pass)
     try:
         spec = (_spec(tuple(args), recorded), {k: _spec(v, recorded) for k, v in kwargs.items()})
@@ -114,7 +123,7 @@ def _made(spec: Any) -> Any:
         size = sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else 0
         base = torch.empty(size, dtype=dtype)
         if dtype.is_floating_point or dtype.is_complex:
-            base.uniform_(0.5, 1.5)  # positive: log, rsqrt and pow stay finite
+            base.uniform_(0.5, 1.5, generator=_generator())  # positive: log and rsqrt finite
         elif dtype == torch.bool:
             base.fill_(True)
         else:
@@ -129,6 +138,11 @@ def _made(spec: Any) -> Any:
     return spec
 
 
+@functools.cache
+def _generator() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
 def _nbytes(values: Any) -> int:
     return sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(values)
                if isinstance(t, torch.Tensor))
@@ -136,25 +150,31 @@ def _nbytes(values: Any) -> int:
 
 def timed(text: str, repeats: int = 3) -> float:
     """Seconds the call ``text`` names takes here: the fastest of ``repeats`` passes over
-    copies of its inputs (read from memory, :data:`_COLD_BYTES`), after a warm-up pass. Inputs
+    copies of its inputs (read from memory, :data:`_COLD_BYTES`), after a warm-up pass (one
+    pass after a warm-up longer than :data:`_SLOW`). Inputs
     that required grad where the call was seen require it again, so autograd records the call
-    as a training forward's; the CPU's generator state is put back, and no dispatch mode that
-    is active sees the calls (a FLOP counter around the step that plans). Raises what the call
-    raises."""
+    as a training forward's. Inputs are drawn from a generator of this module's own, and no
+    call that draws random numbers has a key: torch's generators are never drawn from. No
+    dispatch mode that is active sees the calls (a FLOP counter around the step that plans).
+    Raises what the call raises."""
     func, (args_spec, kwargs_spec), _, _ = _CALLS[text]
-    with _disable_current_modes(), torch.enable_grad(), torch.random.fork_rng(devices=[]):
+    with _disable_current_modes(), torch.enable_grad():
         first = (_made(args_spec), _made(kwargs_spec))
         copies = max(1, min(_COPIES, _COLD_BYTES // max(1, _nbytes(first))))
         inputs = [first] + [(_made(args_spec), _made(kwargs_spec)) for _ in range(copies - 1)]
-        best = math.inf
-        for i in range(repeats + 1):
+        best, passes, i = math.inf, repeats + 1, 0
+        while i < passes:
             kept = []  # outputs stay alive, as a training forward's do: each written afresh
             start = time.perf_counter()
             for args, kwargs in inputs:
                 kept.append(func(*args, **kwargs))
+            seconds = time.perf_counter() - start
             if i:
-                best = min(best, (time.perf_counter() - start) / len(inputs))
+                best = min(best, seconds / len(inputs))
+            elif seconds > _SLOW:  # a long call varies little: one timed pass
+                passes = 2
             del kept
+            i += 1
     return best
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -88,6 +89,13 @@ def test_a_measured_table_measures_each_op_once_and_scales_the_rest(
     assert table.work([("call", 1), ("mul", 2.0)]) == 1e5 + 2 * mul
 
 
+def test_measuring_draws_nothing_from_torchs_generator() -> None:
+    state = torch.get_rng_state()
+    table = MeasuredTable(rate=1e11, call=0.0)
+    assert table.price("random") > 0 and table.price("tanh") > 0
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_every_timed_call_runs_its_op() -> None:
     x = torch.rand(256, 1024) + 0.5
     for key, fn in cpu_table._calls().items():
@@ -159,3 +167,26 @@ def test_a_cpu_plan_is_priced_by_the_machines_prices(monkeypatch: pytest.MonkeyP
         3e7 / cpu_table.TABLE_RATE * profile.unit)
     monkeypatch.setenv("FXCKPT_CPU_PRICES", "table")
     assert priced_problem(gm, "cpu").ops == problem_of(gm).ops
+
+
+def test_planning_with_measured_prices_changes_no_process_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FXCKPT_CPU_PRICES", "measured")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Tanh(), nn.Linear(64, 64))
+    expected = copy.deepcopy(model)
+    x = torch.randn(32, 64)
+    state, threads = torch.get_rng_state(), torch.get_num_threads()
+    tm = fxckpt.transform(model, budget=0.9, example_inputs=(x,))
+    assert torch.equal(torch.get_rng_state(), state)  # measuring drew from its own generator
+    assert torch.get_num_threads() == threads and torch.is_grad_enabled()
+    assert "random" in cpu_table.measured_table().measured  # dropout priced per byte, measured
+    torch.manual_seed(7)
+    out = tm(x)
+    out.sum().backward()
+    torch.manual_seed(7)
+    ref = expected(x)  # the same dropout mask
+    ref.sum().backward()
+    assert torch.equal(out, ref)
+    assert all(torch.equal(a.grad, b.grad)
+               for a, b in zip(model.parameters(), expected.parameters()))

@@ -57,7 +57,8 @@ def test_a_call_is_made_again_on_inputs_of_its_layout(call: Any) -> None:
 
 def test_timing_keeps_the_generator_and_grad_mode_and_hides_from_modes() -> None:
     x = torch.rand(64, 64)
-    text = _key(aten.bernoulli.p, (x, 0.5))
+    assert timed_calls.key(aten.bernoulli.p, (x, 0.5), {}, x, ()) is None  # draws: per byte
+    text = _key(aten.tanh.default, (x,))
     state = torch.get_rng_state()
     counter = FlopCounterMode(display=False)
     mm = _key(aten.mm.default, (x, x))
@@ -129,3 +130,33 @@ def test_annotate_keys_a_models_calls_with_their_grad(monkeypatch: pytest.Monkey
     tanh = next(n for n in gm.graph.nodes if "tanh" in n.name or n.target == "1")
     (key, _), = info(tanh).priced
     assert key.startswith("timed:aten.tanh.default") and "True)" in key  # the Linear's output
+
+
+def test_timing_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.rand(256, 1024)
+    first, second = _key(aten.tanh.default, (x,)), _key(aten.sigmoid.default, (x,))
+    monkeypatch.setattr(cpu_table, "TIME_LIMIT", 0.0)
+    monkeypatch.setattr(cpu_table, "cold_seconds", lambda fn, repeats=3, cold=16: 1e-4)
+    table = MeasuredTable(rate=1e11, call=1e5)
+    timed_price = table.price(first)  # timed: the limit is only checked before a timing
+    assert table.spent > 0 and first in table.measured
+    assert table.price(second) == table.work(timed_calls.terms_of(second))  # per byte now
+    assert second not in table.measured and timed_price > 0
+
+
+def test_a_slow_call_is_timed_once_after_its_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.rand(64, 64)
+    text = _key(aten.tanh.default, (x,))
+    calls: list[int] = []
+    func, spec, terms, flops = timed_calls._CALLS[text]
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        import time
+        time.sleep(0.06 / 32)
+        return func(*args, **kwargs)
+
+    monkeypatch.setitem(timed_calls._CALLS, text, (slow, spec, terms, flops))
+    monkeypatch.setattr(timed_calls, "_COLD_BYTES", 64 * 64 * 4 * 32)  # 32 copies
+    timed_calls.timed(text, repeats=3)
+    assert len(calls) == 2 * 32  # the warm-up pass and one timed pass
