@@ -11,7 +11,7 @@ The two large case lists keep a representative slice in the fast tier, chosen he
   symbolic-trace capture, and the patterns of ``FACTS_EVERYWHERE`` with every strategy on both
   captures (a guarded attribute, random draws, a no_grad region).
 - Conformance zoo (``tests/test_conformance.py``): the cases of ``ZOO_FAST``, one per model family
-  and one documented refusal.
+  (but three) and one documented refusal.
 - Through Dynamo (``tests/dynamo/test_dynamo_facts.py``): every pattern of
   ``tests/dynamo_patterns.py`` with ``every=1``, and the ``FACTS_EVERYWHERE`` patterns under a
   budget every graph fits; the Python-fact harness through Dynamo is slow.
@@ -42,16 +42,16 @@ FACTS_EVERYWHERE = frozenset({
 ZOO_FAST = frozenset({
     "gpt2",  # decoder-lm
     "bert",  # encoder
-    "marian",  # encoder-decoder
-    "qwen2_moe_shared",  # moe-lm
     "resnet_bn",  # vision-cnn
     "vit",  # vision-transformer
-    "clip",  # vision-language
     "hubert_stable_ln",  # speech
     "lora_llama",  # lora
     "wav2vec2_ctc_labels",  # a documented refusal
 })
-"""Conformance cases in the fast tier: one per model family and a refusal."""
+"""Conformance cases in the fast tier: one per model family and a refusal. The encoder-decoder,
+MoE and vision-language families run in the slow tier only: their cheapest cases (marian,
+qwen2_moe_shared or olmoe, clip) take 7-9 s each here, and the fast tier must stay under five
+minutes on the project's machine."""
 
 _FACTS = "tests/test_python_facts.py::test_same_bits_or_a_named_refusal"
 _DYNAMO = ("tests/dynamo/test_dynamo_facts.py::"

@@ -28,7 +28,7 @@ Timing takes a few ms per distinct call (a model of repeated blocks has few).
 the same on every machine). A job of several processes is priced with the table too: its ranks
 must make the same plans (:func:`uses_measured_prices`).
 
-Timed alone, calls take 0.72-0.88 of their time inside a training step (the bench models,
+Timed alone, calls take 0.72-0.91 of their time inside a training step (the bench models,
 ``docs/step_time.md``): the autograd engine, the Python around each call and a busier cache are
 not in them. Plans rank by these prices; the step a plan predicts is that much short.
 """
