@@ -28,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["key", "timed", "known", "terms_of", "flops_of", "PREFIX"]
+__all__ = ["key", "timed", "known", "terms_of", "flops_of", "PREFIX", "MAX_CALLS"]
 
 PREFIX = "timed:"
 
@@ -43,6 +43,9 @@ _COLD_BYTES = 16 << 20
 """Inputs of a timed call, copied until they fill this many bytes (at most :data:`_COPIES`
 copies), are used in turn: read from memory, not from the cache, as a model's are."""
 _COPIES = 32
+
+MAX_CALLS = 50_000
+"""Distinct calls a process keeps, at most (about 1 KiB each); later ones have no key."""
 
 _SLOW = 0.05
 """Seconds of a warm-up pass past which one timed pass follows, not ``repeats``."""
@@ -85,6 +88,8 @@ def key(func: Any, args: tuple, kwargs: dict, out: Any,
         return None
     text = PREFIX + f"{func}{spec!r}"
     if text not in _CALLS:
+        if len(_CALLS) >= MAX_CALLS:  # a process that planned very many shapes: per byte now
+            return None
         _CALLS[text] = (func, spec, terms, _flops(func, args, kwargs, out))
     return text
 

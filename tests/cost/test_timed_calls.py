@@ -160,3 +160,11 @@ def test_a_slow_call_is_timed_once_after_its_warm_up(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(timed_calls, "_COLD_BYTES", 64 * 64 * 4 * 32)  # 32 copies
     timed_calls.timed(text, repeats=3)
     assert len(calls) == 2 * 32  # the warm-up pass and one timed pass
+
+
+def test_a_process_keeps_at_most_max_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.rand(4, 4)
+    kept = _key(aten.tanh.default, (x,))
+    monkeypatch.setattr(timed_calls, "MAX_CALLS", len(timed_calls._CALLS))
+    assert timed_calls.key(aten.tanh.default, (x,), {}, x, ()) == kept  # known: still keyed
+    assert timed_calls.key(aten.tanh.default, (torch.rand(4, 5),), {}, x, ()) is None  # new
