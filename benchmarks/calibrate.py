@@ -144,7 +144,7 @@ def _saved(rate: float, repeats: int) -> Row:
 def measure(repeats: int = 30) -> dict[str, Any]:
     """The matmul rate (FLOP/s) and a :class:`Row` per constant."""
     rate = matmul_rate()
-    table = cpu_table.MeasuredTable(rate, cpu_table._call_seconds() * rate)
+    table = cpu_table.MeasuredTable(rate, cpu_table.call_seconds() * rate)
     rows = [Row("CALL_PRICE", TABLE.call, table.call, "a call on a one-element tensor")]
     for key in OPS:
         what = "read" if key.startswith("read:") else "written"

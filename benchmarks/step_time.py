@@ -100,15 +100,12 @@ class _Backward(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
-        from fxckpt.cost import timed_calls
-        from fxckpt.cost.prices import price_terms
+        from fxckpt.cost.prices import call_terms
 
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        random = torch.Tag.nondeterministic_seeded in func.tags
-        terms = price_terms(func, args, kwargs, out, random)
-        timed = timed_calls.key(func, args, kwargs, out, terms) if terms else None
-        self.terms += [(timed, 1.0)] if timed is not None else terms
+        self.terms += call_terms(func, args, kwargs, out,
+                                 torch.Tag.nondeterministic_seeded in func.tags)
         return out
 
 

@@ -27,8 +27,7 @@ from fxckpt.errors import PlanError
 from fxckpt.measure.meta_run import fake_twin, on_meta
 from fxckpt.cost.flops import counter as flop_counter
 from fxckpt.cost.fused_attention import no_dropout
-from fxckpt.cost import timed_calls
-from fxckpt.cost.prices import TABLE, price_terms, traffic
+from fxckpt.cost.prices import TABLE, call_terms, traffic
 from fxckpt.capture.graphs import compute_nodes, is_guard, planned_nodes  # re-exported
 from fxckpt.cost.node_info import META_KEY, NodeInfo, has_info, info, module_path_of
 from fxckpt.cost.scratch import backward_scratch, call_scratch
@@ -137,10 +136,9 @@ class _OpRecorder(TorchDispatchMode):
                 ]
         out = func(*args, **kwargs)
         if counted:
-            terms = price_terms(func, args, kwargs, out, random)
+            terms = call_terms(func, args, kwargs, out, random)
             self.work += TABLE.work(terms)
-            timed = timed_calls.key(func, args, kwargs, out, terms) if terms else None
-            for key, amount in ((timed, 1.0),) if timed is not None else terms:
+            for key, amount in terms:
                 self.terms[key] = self.terms.get(key, 0.0) + amount
             if not getattr(func, "is_view", False):
                 self.moved += traffic(args, kwargs, out)

@@ -47,8 +47,10 @@ import torch.nn.functional as F
 
 from fxckpt.cost import timed_calls
 from fxckpt.cost.prices import TABLE
+from fxckpt.cost.rates import fastest
 
-__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "TIME_LIMIT",
+__all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "call_seconds",
+           "TIME_LIMIT",
            "uses_measured_prices", "OPS",
            "COLD", "TABLE_RATE", "ENV"]
 
@@ -106,38 +108,19 @@ def cold_seconds(fn: Call, repeats: int = 3, cold: int = COLD) -> float:
     ``repeats`` passes over ``cold`` inputs in turn, after one warm-up pass (the fastest, not
     the median: what else runs on the machine only ever adds time)."""
     xs = [torch.rand(256, 1024, generator=_GENERATOR) + 0.5 for _ in range(cold)]
-    times = []
-    for i in range(repeats + 1):
-        start = time.perf_counter()
-        for x in xs:
-            fn(x)
-        if i:
-            times.append((time.perf_counter() - start) / cold)
-    return min(times)
+    return fastest(lambda: [fn(x) for x in xs], repeats=repeats) / cold
 
 
 def matmul_rate(repeats: int = 5) -> float:
     """FLOP/s of a 1024 x 1024 fp32 matmul here: the unit a measured table is taken in."""
     a = torch.full((1024, 1024), 0.5)
-    a @ a
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - start)
-    return 2 * 1024 ** 3 / min(times)
+    return 2 * 1024 ** 3 / fastest(lambda: a @ a, repeats=repeats)
 
 
-def _call_seconds(calls: int = 200, repeats: int = 5) -> float:
+def call_seconds(calls: int = 200, repeats: int = 5) -> float:
     """Seconds of a call on a one-element tensor (the fastest of ``repeats`` loops)."""
     one = torch.ones(1)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        for _ in range(calls):
-            one + one
-        times.append((time.perf_counter() - start) / calls)
-    return min(times[1:])
+    return fastest(lambda: [one + one for _ in range(calls)], repeats=repeats) / calls
 
 
 def _rounded(price: float) -> float:
@@ -208,7 +191,7 @@ class MeasuredTable:
 def measured_table() -> MeasuredTable:
     """This machine's table (its ops measured as plans need them), once per process."""
     rate = matmul_rate()
-    call = _call_seconds() * rate
+    call = call_seconds() * rate
     return MeasuredTable(rate, _rounded(call))
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -138,31 +138,25 @@ def cpu_profile() -> DeviceProfile:
 @functools.cache
 def measure_profile(device: torch.device) -> DeviceProfile:
     """The rates of ``device``, measured in about a second (once per device and process)."""
+    from fxckpt.cost.rates import fastest
+
     n = 4096
     rates = {}
     for dtype in (torch.bfloat16, torch.float32):
         a = torch.full((n, n), 0.5, device=device, dtype=dtype)
-        rates[str(dtype).removeprefix("torch.")] = 2 * n**3 / _best(lambda: a @ a, device)
+        rates[str(dtype).removeprefix("torch.")] = 2 * n**3 / fastest(lambda: a @ a, device)
     rates["float16"] = rates["bfloat16"]
     big = torch.empty(1 << 28, dtype=torch.uint8, device=device)
     other = torch.empty_like(big)
-    memory = 2 * big.numel() / _best(lambda: other.copy_(big), device)
+    memory = 2 * big.numel() / fastest(lambda: other.copy_(big), device)
     pinned = torch.empty(1 << 26, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    link = pinned.numel() / _best(lambda: pinned.copy_(big[: pinned.numel()], non_blocking=True),
+    link = pinned.numel() / fastest(lambda: pinned.copy_(big[: pinned.numel()], non_blocking=True),
                                   device)
     tiny = torch.zeros(1, device=device)
-    launch = _best(lambda: [tiny.add_(1) for _ in range(100)], device) / 100
+    launch = fastest(lambda: [tiny.add_(1) for _ in range(100)], device) / 100
     return DeviceProfile(f"measured {torch.cuda.get_device_name(device)}"
                          if device.type == "cuda" else f"measured {device}",
                          rates, memory=memory, link=link, launch=launch)
-
-
-def _best(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
-    """The fastest of ``repeats`` timed runs after a warm-up (CUDA synchronised)."""
-    from fxckpt.cost.rates import timed
-
-    fn()
-    return min(timed(fn, device) for _ in range(repeats))
 
 
 def offload_price(profile: Optional[DeviceProfile], bandwidth: Optional[float],

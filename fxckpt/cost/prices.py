@@ -36,8 +36,8 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 from fxckpt.cost import timed_calls
 from fxckpt.cost.flops import EXTRA_FORMULAS
 
-__all__ = ["call_price", "price_terms", "Prices", "PriceTable", "TABLE", "traffic", "CALL_PRICE",
-           "CPU_PRICES", "DEFAULT_PRICE", "RANDOM_PRICE", "OTHER_DEVICE_PRICE",
+__all__ = ["call_price", "price_terms", "call_terms", "Prices", "PriceTable", "TABLE", "traffic",
+           "CALL_PRICE", "CPU_PRICES", "DEFAULT_PRICE", "RANDOM_PRICE", "OTHER_DEVICE_PRICE",
            "OTHER_DEVICE_RANDOM_PRICE", "REDUCTIONS", "SEGMENT_COST", "KEEP_COST", "SAVED_COST"]
 
 CALL_PRICE = 2e5
@@ -168,6 +168,16 @@ def price_terms(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
             == "tanh":
         return (("call", 1.0), ("gelu_tanh", float(_bytes(out))))
     return (("call", 1.0), (base, float(_bytes(out))))
+
+
+def call_terms(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any,
+               random: bool) -> tuple[tuple[str, float], ...]:
+    """One call's terms as a plan records them: the call's own key where it can be made again
+    to be timed (:mod:`fxckpt.cost.timed_calls`; the table prices it by its terms), else its
+    :func:`price_terms`."""
+    terms = price_terms(func, args, kwargs, out, random)
+    timed = timed_calls.key(func, args, dict(kwargs), out, terms) if terms else None
+    return terms if timed is None else ((timed, 1.0),)
 
 
 class Prices(Protocol):

@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["measure_rates", "device_of", "offload_cost_per_byte", "timed", "RATE_REPEATS"]
+__all__ = ["measure_rates", "device_of", "offload_cost_per_byte", "timed", "fastest",
+           "RATE_REPEATS"]
 
 RATE_REPEATS = 3
 """Timings per rate after the warm-up run (which is discarded); the median is kept."""
@@ -33,6 +34,15 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return max(time.perf_counter() - start, 1e-9)
+
+
+def fastest(fn: Callable[[], object], device: torch.device | str = "cpu",
+            repeats: int = 3) -> float:
+    """The fastest of ``repeats`` timed runs of ``fn`` after a warm-up run (CUDA waited for):
+    what else runs on the machine only ever adds time."""
+    device = torch.device(device)
+    fn()
+    return min(timed(fn, device) for _ in range(repeats))
 
 
 def _median_after_warmup(fn: Callable[[], object], device: torch.device) -> float:
