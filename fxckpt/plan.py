@@ -60,6 +60,10 @@ class SegmentSpec:
     """The op kind of each kept node (``addmm``, ``convolution``), for the tables."""
     recomputed_ops: tuple[str, ...] = ()
     """The op kind of each node run again in backward (views left out)."""
+    forward_cost: float = 0.0
+    """What one forward run of the segment is priced at, in the plan's cost units
+    (FLOP-equivalents): what the step's measured segment times are compared with
+    (:mod:`fxckpt.serve.refine`)."""
     anchors: tuple[str, ...] = ()
     """What the segment's first and last node, then each kept node, are (module, op, occurrence;
     :mod:`fxckpt.planning.anchors`): how a replay finds the segment in a graph captured elsewhere

@@ -35,6 +35,7 @@ from typing import Optional
 import networkx as nx
 import torch.fx
 
+from fxckpt.cost import refined
 from fxckpt.cost.annotate import NodeInfo, has_info, info
 from fxckpt.capture.graphs import planned_nodes
 from fxckpt.cost.devices import DeviceProfile, offload_price, profile_for
@@ -57,6 +58,7 @@ def to_networkx(gm: torch.fx.GraphModule,
     order = planned_nodes(gm.graph)
     members = set(order)
     nodes = {n.name: n for n in gm.graph.nodes}
+    factor = refined.scale()  # a training step's measured factor, when the plan is refined
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             graph.add_node(n.name, kind="input", out_bytes=0, cost=0.0, saves=(), internal=0)
@@ -64,7 +66,7 @@ def to_networkx(gm: torch.fx.GraphModule,
         i = info(n)
         graph.add_node(
             n.name, kind="op", position=position, out_bytes=i.new_bytes,
-            cost=_cost(i, profile), saves=tuple(_root(nodes, s) for s in i.saves),
+            cost=_cost(i, profile) * factor, saves=tuple(_root(nodes, s) for s in i.saves),
             internal=i.saves_internal_bytes, grad=i.new_bytes if _floating(i.dtypes) else 0,
             module_path=i.module_path, scratch=i.scratch, saved_count=i.saved_count,
         )

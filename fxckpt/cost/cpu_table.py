@@ -51,7 +51,7 @@ from fxckpt.cost.rates import fastest
 
 __all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "call_seconds",
            "TIME_LIMIT",
-           "uses_measured_prices", "OPS",
+           "uses_measured_prices", "several_processes", "OPS",
            "COLD", "TABLE_RATE", "ENV"]
 
 ENV = "FXCKPT_CPU_PRICES"
@@ -207,10 +207,13 @@ def uses_measured_prices(environ: Optional[Mapping[str, str]] = None) -> bool:
         from fxckpt.errors import ConfigError
 
         raise ConfigError(f"{ENV} must be 'measured' or 'table' (got {value!r})")
-    return value == "measured" and not _several_processes(environ)
+    return value == "measured" and not several_processes(environ)
 
 
-def _several_processes(environ: Mapping[str, str]) -> bool:
+def several_processes(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process is one of a job of several (``WORLD_SIZE`` over 1, or an
+    initialised process group of more than one rank)."""
+    environ = os.environ if environ is None else environ
     try:
         if int(environ.get("WORLD_SIZE", "1")) > 1:
             return True

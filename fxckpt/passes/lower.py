@@ -90,7 +90,8 @@ def _lower_segment(
                         early_stop=not any(op in NO_EARLY_STOP for n in members if has_info(n)
                                            for op in info(n).ops),
                         draws=any(not has_info(n) or info(n).random for n in members),
-                        offloader=offloader if seg.action == "offload" else None)
+                        offloader=offloader if seg.action == "offload" else None,
+                        forward_cost=seg.forward_cost)
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)
 

@@ -76,7 +76,8 @@ def select(
     notes = [*placement.notes, *hooked_notes, *force_notes(order, runs, modules),
              *_budget_notes(config, placement.budget_bytes, target, prediction.peak, replay)]
     prefix, anchors = _segment_prefix(gm, len(runs)), anchors_of(order)
-    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors)
+    costs = {op.name: op.cost for op in problem.ops}
+    segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors, costs)
                      for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
     if auto:
         segments, note = decide_actions(problem, segments, runs)
@@ -156,8 +157,10 @@ def _kept(problem: Problem, again: Sequence[Run], chosen: Sequence[str], forced:
 
 
 def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConfig,
-              kept: Sequence[str] = (), anchors: Mapping[str, str] = {}) -> SegmentSpec:
-    """One segment's facts; ``again`` is the part of ``run`` its recompute runs."""
+              kept: Sequence[str] = (), anchors: Mapping[str, str] = {},
+              costs: Mapping[str, float] = {}) -> SegmentSpec:
+    """One segment's facts; ``again`` is the part of ``run`` its recompute runs; ``costs``: the
+    problem's price of each op."""
     members, names = set(run), set(kept)
     kept_nodes = [n for n in again if n.name in names]
     inputs: list[torch.fx.Node] = []
@@ -184,6 +187,7 @@ def _describe(name: str, run: Run, again: Run, frees: int, config: TransformConf
         recomputed_ops=tuple(k for n in again if n not in kept_nodes for k in [op_kind(n)] if k),
         anchors=(tuple(anchors[n.name] for n in [run[0], run[-1], *kept_nodes]) if anchors
                  else ()),
+        forward_cost=sum(costs.get(n.name, 0.0) for n in run),
     )
 
 

@@ -22,6 +22,8 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
 * a recompute whose saved tensors differ from the first run's (shape, dtype, device) raises
   PyTorch's ``CheckpointError``, whose metadata names the segment and the tensor position;
 * in ``eval()`` or under ``torch.no_grad()`` the segment is simply called: no overhead;
+* while a :mod:`~fxckpt.runtime.clock` is on (a few steps, to refine the plan's prices), the
+  segment's first run is timed;
 * a segment with kept nodes (selective recompute) keeps their outputs from forward and hands them
   to the recompute instead of running their main op again (:mod:`fxckpt.runtime.selective`);
   such a segment can be backpropagated through once.
@@ -36,12 +38,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.overrides import _get_current_function_mode_stack
 
+from fxckpt.runtime.clock import running_clock
 from fxckpt.runtime.segment import Recomputable
 from fxckpt.runtime.selective import Keeper
 from fxckpt.runtime.state import (
@@ -101,7 +105,9 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
     if written:  # state it writes goes by closure: torch's checkpoint would save (and version-
         # check) its inputs, and the write in the first run bumps their version
         run, inputs = _state_by_closure(segment, inputs, written)
-    with torch_checkpoint.set_checkpoint_early_stop(getattr(segment, "early_stop", True)):
+    clock = running_clock()
+    timed = clock.run(segment, _device(inputs)) if clock is not None else nullcontext()
+    with timed, torch_checkpoint.set_checkpoint_early_stop(getattr(segment, "early_stop", True)):
         return torch_checkpoint.checkpoint(
             run,
             *inputs,
@@ -110,6 +116,11 @@ def checkpoint(segment: torch.nn.Module, *inputs: Any) -> Any:
             context_fn=call.contexts,
             determinism_check=_DETERMINISM,
         )
+
+
+def _device(inputs: tuple) -> Optional[torch.device]:
+    """The device of a segment's first tensor input (whose clock times it)."""
+    return next((a.device for a in inputs if isinstance(a, torch.Tensor)), None)
 
 
 def _state_by_closure(segment: torch.nn.Module, inputs: tuple,

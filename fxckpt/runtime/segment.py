@@ -54,7 +54,7 @@ hands backward an unwritten tensor, and the gradient comes out NaN or inf
 (pytorch/pytorch#193671). A segment running one recomputes to its end."""
 
 SEGMENT_FIELDS = ("name", "restores", "offloader", "restored_buffers", "kept", "generators",
-                  "early_stop", "draws", "restored_inputs")
+                  "early_stop", "draws", "restored_inputs", "forward_cost")
 """Attribute names a :class:`SegmentModule` owns (a model's attribute of that name is renamed)."""
 
 
@@ -102,10 +102,15 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
     are their states saved in forward and set again for the recompute. A segment that draws
     nothing leaves them alone, so the recompute never rewinds another thread's draws."""
 
+    forward_cost: float = 0.0
+    """What the plan prices one forward run of the segment at (FLOP-equivalents; 0 when not
+    known, as in a loaded module): what a :mod:`~fxckpt.runtime.clock` compares its time with."""
+
     def __init__(self, root: nn.Module, graph: torch.fx.Graph, *, name: str,
                  restores: tuple[str, ...] = (), kept: int = 0,
                  generators: tuple[torch.Generator, ...] = (), early_stop: bool = True,
-                 draws: bool = True, offloader: Optional[Offloading] = None) -> None:
+                 draws: bool = True, offloader: Optional[Offloading] = None,
+                 forward_cost: float = 0.0) -> None:
         super().__init__(root, graph, class_name="SegmentModule")
         self.offloader = offloader
         self.name = name
@@ -114,6 +119,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         self.generators = tuple(generators)
         self.early_stop = bool(early_stop)
         self.draws = bool(draws)
+        self.forward_cost = float(forward_cost)
 
     def recompile(self) -> PythonCode:
         code = super().recompile()
@@ -130,7 +136,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         assert isinstance(res, SegmentModule)  # GraphModule.__deepcopy__ makes one of our class
         res.name, res.restores, res.kept = self.name, self.restores, self.kept
         res.generators, res.early_stop, res.draws = self.generators, self.early_stop, self.draws
-        res.restored_inputs = self.restored_inputs
+        res.restored_inputs, res.forward_cost = self.restored_inputs, self.forward_cost
         res.offloader = self.offloader
         return res
 

@@ -48,7 +48,9 @@ from fxckpt import integrations
 from fxckpt.capture.guards import Failure
 from fxckpt.capture.isolation import CAPTURE_LOCK
 from fxckpt.capture.sharing import fingerprint, offer, shared_capture
+from fxckpt.plan import Plan
 from fxckpt.serve.plan_cache import PlanCache, plan_budget
+from fxckpt.serve.refine import Refiner
 from fxckpt.serve.sizes import padded_args
 from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
@@ -115,6 +117,8 @@ class Dispatcher:
         call through Dynamo (:func:`fxckpt.integrations.checkpointing_switches`)."""
         self.dynamo: Optional[DynamoDriver] = None
         """The Dynamo-compiled training forward (``capture="dynamo"``), made at the first call."""
+        self.refiner = Refiner(config, model, self._replan, self._latest_plans)
+        """Refines the plans' prices from the segment times of the first training steps."""
 
     def runs_model_itself(self, training: bool) -> bool:
         """True when a call runs the model's own forward (eval / no_grad, no pipeline stages)."""
@@ -134,6 +138,12 @@ class Dispatcher:
 
     def __call__(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         kwargs = self.step_kwargs(tm, kwargs)
+        if torch.compiler.is_compiling():  # never timed or refined inside a compiled region
+            return self._call(tm, args, kwargs)
+        with self.refiner.call(tm.training and torch.is_grad_enabled()):
+            return self._call(tm, args, kwargs)
+
+    def _call(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         if self.trains_through_dynamo(tm):
             return self._through_dynamo(tm, args, kwargs)
         compiled = self.serve(tm, args, kwargs)
@@ -211,6 +221,20 @@ class Dispatcher:
         """Drop every capture and plan (after ``.to()`` / ``.half()`` replaced the tensors)."""
         self.entries.clear()
         self.last = None
+
+    def _replan(self) -> None:
+        """Every plan made again at its next call (captures kept): the prices were refined."""
+        for entries in self.entries.values():
+            for entry in entries:
+                entry.plans = PlanCache()
+        if self.dynamo is not None:
+            self.dynamo.plan_again()
+
+    def _latest_plans(self) -> list[Plan]:
+        """The plans the latest call ran (each graph's, through Dynamo)."""
+        if self.dynamo is not None:
+            return [r.plan for r in self.dynamo.step]
+        return [] if self.last is None else [self.last.plan]
 
     def compiled(self) -> list[Compiled]:
         """Every plan made so far, oldest first."""

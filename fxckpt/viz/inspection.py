@@ -24,6 +24,7 @@ from fxckpt.plan import Plan
 
 if TYPE_CHECKING:
     from fxckpt.export.loaded import LoadedModule
+    from fxckpt.serve.refine import Refinement
 
 __all__ = ["Inspection", "LoadedInspection", "inspect"]
 
@@ -83,6 +84,14 @@ class Inspection:
         at the first call and at the call after each compile; ``None`` before (or otherwise)."""
         driver = self._dispatcher.dynamo
         return None if driver is None else driver.unplanned_share
+
+    @property
+    def refinement(self) -> Optional["Refinement"]:
+        """What the first training steps measured of the checkpointed segments' times, and
+        whether the plans were made again with the prices it refined
+        (:mod:`fxckpt.serve.refine`); ``None`` before then, or where prices are not refined
+        (a named ``device_profile``, the CPU table, no budget)."""
+        return self._dispatcher.refiner.result
 
     @property
     def graph_module(self) -> torch.fx.GraphModule:

@@ -329,6 +329,11 @@ class DynamoDriver:
         self.runners = weakref.WeakKeyDictionary()  # shared frames' graphs planned again too
         self.compiled = self._compile()
 
+    def plan_again(self) -> None:
+        """Every graph planned again at its next run, from the graph Dynamo captured (no
+        compile: Dynamo's graphs and guards stay)."""
+        self.runners = weakref.WeakKeyDictionary()
+
     def _compile(self) -> Callable[..., Any]:
         """The model's forward compiled afresh (its own code object: a cache of its own)."""
         return torch.compile(_own_copy(self.model_forward), backend=backend, dynamic=None)

@@ -1,0 +1,225 @@
+"""Prices refined from the first training steps' segment times, and the plans made again once.
+
+Most tests fix the measured factor (``in_step_factor`` patched) so that what is planned again
+does not depend on this machine's timings; one runs the measured path as a user does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxckpt
+import fxckpt.serve.refine as refine
+from fxckpt.config import TransformConfig
+from fxckpt.cost.cpu_table import ENV
+from fxckpt.serve.refine import TIMED, TOLERANCE, WARMUP, Refinement, refines
+from support import assert_steps_equal, run_step
+
+STEPS = WARMUP + TIMED + 3
+REFINED_AT = WARMUP + TIMED  # the index of the call that plans again
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(*[Block(32) for _ in range(6)])
+
+
+def cnn() -> nn.Module:
+    def unit(c: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU())
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[unit(8) for _ in range(5)],
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+MODELS = {"mlp": (mlp, (4, 16, 32), 0.5), "cnn": (cnn, (4, 3, 16, 16), 0.75)}
+"""Each model, its input's shape and a budget a few segments meet."""
+
+
+@pytest.fixture
+def factor(monkeypatch: pytest.MonkeyPatch) -> "Factor":
+    """Refinement on under the test suite's table prices, with the factor the test sets."""
+    monkeypatch.setattr(refine, "refines", lambda config, device: config.budget is not None)
+    chosen = Factor()
+    monkeypatch.setattr(refine, "in_step_factor", lambda *a: chosen.value)
+    return chosen
+
+
+class Factor:
+    value = 1.0
+
+
+def _train(name: str, capture: str,
+           budget: Optional[float] = None) -> tuple[list[int], list, list]:
+    """Eager and transformed side by side for STEPS steps, an SGD step after each: the same
+    bits every step. After each call: the plans made so far, the refinement, and the plans the
+    call ran."""
+    make, shape, fits = MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    tm = fxckpt.transform(model, budget=budget or fits, capture=capture)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=1e-4) for m in (model, reference)]
+    x = torch.randn(*shape)
+    made, results, ran = [], [], []
+    for step in range(STEPS):
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step),
+                           run_step(reference, (x,), {}, seed=step))
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad()
+        for (k, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), f"{k} differs after step {step}"
+        made.append(fxckpt.inspect(tm)._dispatcher.counts.plans)
+        results.append(fxckpt.inspect(tm).refinement)
+        ran.append(fxckpt.inspect(tm)._dispatcher._latest_plans())
+    return made, results, ran
+
+
+@pytest.mark.parametrize("capture", ["graph", "dynamo"])
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("value", [0.25, 4.0])
+def test_a_refined_plan_is_made_once_and_gives_the_same_bits(
+        factor: Factor, name: str, capture: str, value: float) -> None:
+    factor.value = value
+    made, results, ran = _train(name, capture)
+    assert all(r is None for r in results[:REFINED_AT])
+    assert made[REFINED_AT] == made[REFINED_AT - 1] + made[0]  # every plan once more
+    assert made[REFINED_AT:] == [made[REFINED_AT]] * (STEPS - REFINED_AT)  # and never again
+    result = results[-1]
+    assert isinstance(result, Refinement)
+    assert result.replanned and result.factor == value and result.steps == TIMED
+    assert result.runs >= 1 and result.seconds > 0 and result.predicted > 0
+    before, after = ran[REFINED_AT - 1], ran[REFINED_AT]
+    assert len(before) == len(after) == made[0]  # each graph's plan made again
+    assert all(p is not q for p, q in zip(before, after))
+    decisions = [[[(s.nodes, s.keeps, s.action) for s in p.segments] for p in plans]
+                 for plans in (before, after)]
+    assert result.changed == (decisions[0] != decisions[1])
+    assert ran[-1] == after  # the new plans serve every later step
+    assert str(result).endswith("the plans changed" if result.changed
+                                else "the same plans came out")
+
+
+def test_dearer_ops_make_a_plan_of_more_segments_that_recomputes_less(factor: Factor) -> None:
+    """Ops priced at four times: a segment's fixed overhead weighs a quarter as much against
+    the recompute it saves, so the plan at the same budget splits the run into more segments."""
+    factor.value = 4.0
+    made, results, ran = _train("mlp", "graph", budget=0.7)
+    first, last = ran[0][0], ran[-1][0]
+    assert results[-1].changed
+    assert len(last.segments) > len(first.segments)
+    assert last.recompute_share < first.recompute_share
+    assert last.peak_bytes <= last.budget_bytes
+
+
+def test_within_the_tolerance_nothing_is_planned_again(factor: Factor) -> None:
+    factor.value = 1 + TOLERANCE / 2
+    made, results, _ = _train("mlp", "graph")
+    assert made == [made[0]] * STEPS
+    result = results[-1]
+    assert result is not None and not result.replanned and result.factor == 1.0
+    assert result.changed is None and "plans unchanged" in str(result)
+
+
+def test_a_plan_without_segments_times_nothing(factor: Factor) -> None:
+    factor.value = 4.0
+    made, results, ran = _train("mlp", "graph", budget=1.0)
+    assert not ran[-1][0].segments
+    assert made == [made[0]] * STEPS
+    assert results[-1].runs == 0 and not results[-1].replanned
+    assert "no checkpointed segment ran" in str(results[-1])
+
+
+def test_calls_inside_a_compiled_region_are_never_counted(
+        factor: Factor, monkeypatch: pytest.MonkeyPatch) -> None:
+    factor.value = 4.0
+    torch.manual_seed(0)
+    tm = fxckpt.transform(mlp(), budget=0.5, capture="graph")
+    x = torch.randn(4, 16, 32)
+    tm(x).sum().backward()  # the first call: counted
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for _ in range(STEPS):
+        tm(x).sum().backward()
+    assert fxckpt.inspect(tm)._dispatcher.refiner.calls == 1
+    assert fxckpt.inspect(tm).refinement is None
+
+
+def test_eval_and_no_grad_calls_are_not_training_steps(factor: Factor) -> None:
+    factor.value = 4.0
+    tm = fxckpt.transform(mlp(), budget=0.5, capture="graph")
+    x = torch.randn(4, 16, 32)
+    with torch.no_grad():
+        for _ in range(STEPS):
+            tm(x)
+    tm.eval()
+    for _ in range(STEPS):
+        tm(x)
+    assert fxckpt.inspect(tm)._dispatcher.refiner.calls == 0
+
+
+def _config(**options: object) -> TransformConfig:
+    return TransformConfig.from_options(**options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("options,device,env,expected", [
+    ({"budget": 0.5}, "cpu", {ENV: "measured"}, True),
+    ({"budget": "1GiB"}, "cpu", {ENV: "measured"}, True),
+    ({"budget": 0.5}, "cpu", {ENV: "table"}, False),  # the same plan on every machine
+    ({"budget": 0.5, "device_profile": "cpu"}, "cpu", {ENV: "measured"}, False),
+    ({"budget": 0.5, "device_profile": "h100"}, "cuda:0", {}, False),
+    ({"budget": 0.5}, "cuda:0", {}, True),
+    ({"budget": 0.5}, "cuda:0", {"WORLD_SIZE": "2"}, False),  # every rank the same plan
+    ({"budget": 0.5}, "cpu", {ENV: "measured", "WORLD_SIZE": "4"}, False),
+    ({"budget": 0.5}, "meta", {ENV: "measured"}, False),
+    ({"every": 2}, "cpu", {ENV: "measured"}, False),  # no solver: nothing to weigh
+    ({"budget": 0.5, "chunks": 2}, "cpu", {ENV: "measured"}, False),  # stages cut by segments
+])
+def test_prices_are_refined_only_where_measured_here_and_solved(
+        monkeypatch: pytest.MonkeyPatch, options: dict, device: str, env: dict,
+        expected: bool) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert refines(_config(**options), device) is expected
+
+
+def test_the_suite_s_table_prices_never_refine() -> None:
+    tm = fxckpt.transform(mlp(), budget=0.5, capture="graph")
+    x = torch.randn(4, 16, 32)
+    for _ in range(STEPS):
+        tm(x).sum().backward()
+    assert fxckpt.inspect(tm).refinement is None
+    assert fxckpt.inspect(tm)._dispatcher.refiner.on is False
+
+
+def test_measured_prices_are_refined_from_the_timed_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user runs it: prices measured here, three steps timed, the factor measured."""
+    monkeypatch.setenv(ENV, "measured")
+    made, results, ran = _train("mlp", "graph")
+    result = results[-1]
+    assert all(r is None for r in results[:REFINED_AT]) and result is not None
+    segments = len(ran[0][0].segments)
+    assert segments and result.runs == segments  # each segment once in the fastest step
+    assert result.seconds > 0 and result.predicted > 0
+    ratio = result.seconds / result.predicted
+    if result.replanned:
+        assert abs(ratio - 1) > TOLERANCE / 2 and made[-1] == 2 * made[0]
+    else:
+        assert result.factor == 1.0 and made[-1] == made[0]
