@@ -21,7 +21,11 @@ the project's benchmark machine) gives at the same budgets, all paired by turns
 * what the plan adds to the unmodified step, predicted and measured: the part of the step the
   plan's recompute decides, apart from how well the forward and backward are priced;
 * the measured step of each plan against the table's plan at the same budget: what pricing
-  with this machine's prices buys.
+  with this machine's prices buys;
+* the same prediction after the module refined its prices (:mod:`fxckpt.serve.refine`): each
+  transformed module first runs the steps that time its segments and plan again, and the
+  model's ops (forward and backward, not the fixed overheads) are predicted at the factor its
+  plans measured (``inspect(tm).refinement.measured``, from a budget plan with segments).
 
 Predictions, not targets: the first table says how far the prices are from the measured steps.
 """
@@ -43,10 +47,15 @@ from benchmarks.calibrate import matmul_rate
 from fxckpt.cost.cpu_table import uses_measured_prices
 from benchmarks.models import MODEL_NAMES, spec_for
 from benchmarks.report import machine_info
+from fxckpt.serve.refine import TIMED, WARMUP
 
 __all__ = ["Row", "measure", "render", "main"]
 
 BUDGETS = (0.5, 0.75)
+
+REFINE_STEPS = WARMUP + TIMED + 1
+"""Steps each transformed module runs before the timed turns: the last of them plans again
+with the refined prices, when the factor is past the tolerance."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +77,10 @@ class Row:
     table_same: Optional[bool] = None
     """Whether the table's plan is this plan (same segments and kept nodes)."""
     table_segments: Optional[int] = None
+    refined_s: Optional[float] = None
+    """The predicted step with the model's ops at the factor its timed segments measured."""
+    replanned: Optional[bool] = None
+    """Whether the refinement made this plan again (``None``: not refined)."""
 
     @property
     def ratio(self) -> float:
@@ -160,6 +173,13 @@ def measure(model_name: str, quick: bool = False, turns: int = 7,
             plans[f"table {budget}"] = fxckpt.inspect(priced).plan
             modules[f"table {budget}"] = priced
     steps = {name: training_step(m, inputs, loss) for name, m in modules.items()}
+    for name, step in steps.items():  # the steps that refine the prices, before any is timed
+        for _ in range(REFINE_STEPS if name.startswith("fxckpt") else 1):
+            step()
+    refinements = {name: fxckpt.inspect(m).refinement for name, m in modules.items()
+                   if name.startswith("fxckpt")}
+    plans.update({name: fxckpt.inspect(modules[name]).plan for name in refinements})
+    factor = next((r.measured for r in refinements.values() if r is not None and r.runs), None)
     samples = time_by_turns(steps, repeats=turns)
     for m in modules.values():
         m.zero_grad(set_to_none=True)
@@ -170,12 +190,16 @@ def measure(model_name: str, quick: bool = False, turns: int = 7,
             continue
         segments = len(plan.segments) if plan is not None else 0
         share = (plan.recompute_share or 0.0) if plan is not None else 0.0
-        predicted = (forward * (1 + share) + backward + segments * overhead) / rate
+        ops = forward * (1 + share) + backward
+        predicted = (ops + segments * overhead) / rate
         table = name.replace("fxckpt", "table") if plan is not None else ""
+        refined = None if factor is None else (ops * factor + segments * overhead) / rate
+        result = refinements.get(name)
         rows.append(Row(model_name, name, segments, share, predicted, median[name],
                         forward / rate, backward / rate, median.get(table),
                         _same(plan, plans[table]) if table in plans else None,
-                        len(plans[table].segments) if table in plans else None))
+                        len(plans[table].segments) if table in plans else None,
+                        refined, None if result is None else result.replanned))
     return rows
 
 
@@ -213,10 +237,33 @@ def render(rows: list[Row], facts: dict[str, Any]) -> str:
     within = sum(abs(x - 1) <= 0.10 for x in ratios)
     lines += ["", f"{within} of {len(rows)} predicted steps are within 10% of the measured step "
               f"(predicted / measured from {min(ratios):.2f} to {max(ratios):.2f}).", ""]
+    refined = [r for r in rows if r.refined_s is not None]
+    if refined:
+        lines += _after_refinement(refined)
     compared = [r for r in rows if r.table_s is not None]
     if compared:
         lines += _against_table(compared)
     return "\n".join(lines)
+
+
+def _after_refinement(rows: list[Row]) -> list[str]:
+    """The predictions again, the ops at the factor each model's timed segments measured."""
+    lines = ["## After the first steps refined the prices", "",
+             "Each transformed module ran the steps that time its segments "
+             "(`fxckpt.serve.refine`) before the turns; its ops are predicted at the factor "
+             "they measured, the fixed overheads as before. \"planned again\": the factor was "
+             "past the 10% tolerance and the plan was made again with it.", "",
+             "| model | plan | predicted step | measured step | predicted / measured | "
+             "planned again |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        assert r.refined_s is not None
+        again = {None: "—", True: "yes", False: "no"}[r.replanned]
+        lines.append(f"| {r.model} | {r.method} | {r.refined_s * 1e3:.0f} ms | "
+                     f"{r.measured_s * 1e3:.0f} ms | {r.refined_s / r.measured_s:.2f} | {again} |")
+    ratios = [(r.refined_s or 0) / r.measured_s for r in rows]
+    within = sum(abs(x - 1) <= 0.10 for x in ratios)
+    return lines + ["", f"{within} of {len(rows)} within 10% after refinement "
+                    f"(from {min(ratios):.2f} to {max(ratios):.2f}).", ""]
 
 
 def _against_table(rows: list[Row]) -> list[str]:

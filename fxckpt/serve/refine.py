@@ -64,9 +64,12 @@ class Refinement:
     """Their measured wall time."""
     predicted: float
     """What the plans priced them at, in seconds (a segment's fixed overhead included)."""
+    measured: float
+    """How much longer the ops ran inside the step than priced
+    (:func:`~fxckpt.cost.refined.in_step_factor`; 1 when nothing was timed)."""
     factor: float
-    """How much longer the ops ran inside the step than priced: the factor every op is priced
-    at from now on (1 when within :data:`TOLERANCE`, or nothing was timed)."""
+    """The factor every op is priced at from now on: :attr:`measured`, or 1 when that is within
+    :data:`TOLERANCE` of 1."""
     replanned: bool
     """Whether the plans were made again."""
     changed: Optional[bool] = None
@@ -79,7 +82,8 @@ class Refinement:
         head = (f"the {self.runs} segment runs of the fastest of {self.steps} timed steps took "
                 f"{self.seconds * 1e3:.1f} ms, priced at {self.predicted * 1e3:.1f} ms")
         if not self.replanned:
-            return f"{head}: within {TOLERANCE:.0%}, plans unchanged"
+            return (f"{head}: ops measured at x{self.measured:.2f} their prices, within "
+                    f"{TOLERANCE:.0%}: plans unchanged")
         after = {None: "", True: "; the plans changed", False: "; the same plans came out"}
         return f"{head}: ops priced at x{self.factor:.2f} and planned again{after[self.changed]}"
 
@@ -153,7 +157,7 @@ class Refiner:
         factor = in_step_factor(measured.seconds, measured.cost, measured.runs, unit, overhead)
         replan = measured.runs > 0 and abs(math.log(factor)) > math.log1p(TOLERANCE)
         predicted = measured.cost / unit + measured.runs * FORWARD_SHARE * overhead
-        self.result = Refinement(TIMED, measured.runs, measured.seconds, predicted,
+        self.result = Refinement(TIMED, measured.runs, measured.seconds, predicted, factor,
                                  factor if replan else 1.0, replan)
         if replan:
             self.factor = factor

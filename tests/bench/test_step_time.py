@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import step_time
 from fxckpt.cost.bridge import SEGMENT_COST
+from fxckpt.cost.devices import cpu_profile
 
 
 @pytest.mark.slow
@@ -45,3 +46,23 @@ def test_plans_priced_here_are_timed_against_the_tables(monkeypatch: pytest.Monk
                                    "torch": "x", "machine": "here"})
     assert "## This machine's prices against the table's" in text
     assert text.count("\n| mlp | 0.") == 2
+
+
+@pytest.mark.slow
+def test_the_prediction_after_refinement_prices_the_ops_at_the_measured_factor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured prices: each module refines before the turns, and the second prediction puts
+    the model's ops at the factor its segments measured."""
+    monkeypatch.setenv("FXCKPT_CPU_PRICES", "measured")
+    rows = step_time.measure("mlp", quick=True, turns=2, rate=1e10)
+    planned = [r for r in rows if r.method != "unmodified"]
+    assert all(isinstance(r.replanned, bool) for r in planned)
+    assert rows[0].replanned is None
+    overhead = cpu_profile().segment * cpu_profile().unit / 1e10  # seconds at the rate given
+    factors = [(r.refined_s - r.segments * overhead) / (r.predicted_s - r.segments * overhead)
+               for r in rows if r.refined_s is not None]
+    assert len(factors) == 3 and max(factors) == pytest.approx(min(factors))  # one per model
+    text = step_time.render(rows, {"seconds": 1.0, "rate": 1e10, "turns": 2, "threads": 1,
+                                   "torch": "x", "machine": "here"})
+    assert "## After the first steps refined the prices" in text
+    assert "within 10% after refinement" in text

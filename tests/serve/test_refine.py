@@ -17,6 +17,8 @@ import fxckpt
 import fxckpt.serve.refine as refine
 from fxckpt.config import TransformConfig
 from fxckpt.cost.cpu_table import ENV
+from fxckpt.cost.devices import cpu_profile
+from fxckpt.cost.refined import FORWARD_SHARE, LIMITS
 from fxckpt.serve.refine import TIMED, TOLERANCE, WARMUP, Refinement, refines
 from support import assert_steps_equal, run_step
 
@@ -104,7 +106,8 @@ def test_a_refined_plan_is_made_once_and_gives_the_same_bits(
     assert made[REFINED_AT:] == [made[REFINED_AT]] * (STEPS - REFINED_AT)  # and never again
     result = results[-1]
     assert isinstance(result, Refinement)
-    assert result.replanned and result.factor == value and result.steps == TIMED
+    assert result.replanned and result.factor == result.measured == value
+    assert result.steps == TIMED
     assert result.runs >= 1 and result.seconds > 0 and result.predicted > 0
     before, after = ran[REFINED_AT - 1], ran[REFINED_AT]
     assert len(before) == len(after) == made[0]  # each graph's plan made again
@@ -135,6 +138,7 @@ def test_within_the_tolerance_nothing_is_planned_again(factor: Factor) -> None:
     assert made == [made[0]] * STEPS
     result = results[-1]
     assert result is not None and not result.replanned and result.factor == 1.0
+    assert result.measured == 1 + TOLERANCE / 2
     assert result.changed is None and "plans unchanged" in str(result)
 
 
@@ -218,8 +222,11 @@ def test_measured_prices_are_refined_from_the_timed_steps(monkeypatch: pytest.Mo
     segments = len(ran[0][0].segments)
     assert segments and result.runs == segments  # each segment once in the fastest step
     assert result.seconds > 0 and result.predicted > 0
-    ratio = result.seconds / result.predicted
+    overhead = result.runs * FORWARD_SHARE * cpu_profile().segment  # in the timed runs
+    ops = (result.seconds - overhead) / (result.predicted - overhead)
+    assert result.measured == pytest.approx(min(max(ops, LIMITS[0]), LIMITS[1]))
     if result.replanned:
-        assert abs(ratio - 1) > TOLERANCE / 2 and made[-1] == 2 * made[0]
+        assert abs(result.measured - 1) > TOLERANCE and made[-1] == 2 * made[0]
+        assert result.factor == result.measured
     else:
         assert result.factor == 1.0 and made[-1] == made[0]
