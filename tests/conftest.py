@@ -11,6 +11,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 # start. tests/cost/test_cpu_table.py turns the measured prices on where it tests them.
 os.environ["FXCKPT_CPU_PRICES"] = "table"
 
+# Under pytest-xdist (``-n 2``) each worker takes one of the machine's cores: torch's own
+# intra-op threads on top would oversubscribe them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def seed() -> int:

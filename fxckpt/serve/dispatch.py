@@ -48,6 +48,7 @@ from fxckpt import integrations
 from fxckpt.capture.guards import Failure
 from fxckpt.capture.isolation import CAPTURE_LOCK
 from fxckpt.capture.sharing import fingerprint, offer, shared_capture
+from fxckpt.cost.refined import refined
 from fxckpt.plan import Plan
 from fxckpt.serve.plan_cache import PlanCache, plan_budget
 from fxckpt.serve.refine import Refiner
@@ -213,14 +214,17 @@ class Dispatcher:
                 "capture='dynamo' plans each graph when Dynamo compiles it, at the first training "
                 "call, and cannot plan without running one: call the module in training (or "
                 "plan with capture='auto')")
-        compiled = self._lookup(tm, args, self.step_kwargs(tm, kwargs))
+        with refined(self.refiner.factor):  # at the prices the training steps refined
+            compiled = self._lookup(tm, args, self.step_kwargs(tm, kwargs))
         self.last = compiled
         return compiled
 
     def forget(self) -> None:
-        """Drop every capture and plan (after ``.to()`` / ``.half()`` replaced the tensors)."""
+        """Drop every capture and plan (after ``.to()`` / ``.half()`` replaced the tensors), and
+        what was measured of the steps (the device or dtype they ran at may have changed)."""
         self.entries.clear()
         self.last = None
+        self.refiner = Refiner(self.config, self.model, self._replan, self._latest_plans)
 
     def _replan(self) -> None:
         """Every plan made again at its next call (captures kept): the prices were refined."""

@@ -167,3 +167,20 @@ def test_torch_compile_with_inductor() -> None:
     for name in want.param_grads:
         torch.testing.assert_close(got.param_grads[f"_orig_mod.{name}"],
                                    want.param_grads[name], rtol=1e-3, atol=1e-3)
+
+
+def test_a_gpu_model_refines_its_measured_prices_after_the_timed_steps() -> None:
+    """On the GPU the segments are timed by CUDA events (no synchronisation in the step), the
+    factor compared with the measured profile's prices, and the bits stay eager's."""
+    from fxckpt.serve.refine import TIMED, WARMUP
+
+    model, reference = _pair(lambda: MLP(depth=8, width=1024, p=0.1))
+    tm = fxckpt.transform(model, budget=0.5)
+    x = torch.randn(256, 1024, device=DEVICE, requires_grad=True)
+    for step in range(WARMUP + TIMED + 2):
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step),
+                           run_step(reference, (x,), {}, seed=step))
+    result = fxckpt.inspect(tm).refinement
+    assert result is not None and result.runs == len(fxckpt.inspect(tm).plans[0].segments)
+    assert result.seconds > 0 and result.predicted > 0
+    print(f"GPU refinement: {result}")

@@ -230,3 +230,28 @@ def test_measured_prices_are_refined_from_the_timed_steps(monkeypatch: pytest.Mo
         assert result.factor == result.measured
     else:
         assert result.factor == 1.0 and made[-1] == made[0]
+
+
+def test_plan_for_plans_at_the_prices_the_steps_refined() -> None:
+    x = torch.randn(*MODELS["mlp"][1])
+    segments = []
+    for refined_factor in (1.0, 4.0):
+        torch.manual_seed(0)
+        tm = fxckpt.transform(mlp(), budget=0.7, capture="graph")
+        fxckpt.inspect(tm)._dispatcher.refiner.factor = refined_factor  # as the steps left it
+        segments.append(len(fxckpt.inspect(tm).plan_for(x).segments))
+    assert segments == [1, 2]  # the plans of test_dearer_ops_make_a_plan_of_more_segments
+
+
+def test_moving_the_model_measures_again(factor: Factor) -> None:
+    factor.value = 4.0
+    tm = fxckpt.transform(mlp(), budget=0.5, capture="graph")
+    x = torch.randn(*MODELS["mlp"][1])
+    for _ in range(STEPS):
+        tm(x).sum().backward()
+    assert fxckpt.inspect(tm).refinement is not None
+    tm.double()
+    assert fxckpt.inspect(tm).refinement is None
+    for _ in range(STEPS):
+        tm(x.double()).sum().backward()
+    assert fxckpt.inspect(tm).refinement is not None
