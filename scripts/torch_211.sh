@@ -7,10 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv211
 .venv211/bin/python -m pip install -q --upgrade pip
-.venv211/bin/python -m pip install -q "torch==2.11.*" networkx pytest numpy "transformers>=4.45"
+.venv211/bin/python -m pip install -q "torch==2.11.*" networkx pytest pytest-xdist numpy \
+  "transformers>=4.45"
 .venv211/bin/python -m pip install -q --no-deps -e .
 .venv211/bin/python -c "import torch; print('torch', torch.__version__)"
-.venv211/bin/python -m pytest -q -p no:cacheprovider -m "not frameworks" \
+.venv211/bin/python -m pytest -q -p no:cacheprovider -n auto -m "not frameworks" \
   tests/test_transform.py tests/test_fidelity.py tests/test_identity.py tests/test_errors.py \
   tests/capture/test_regions.py tests/capture/test_guards.py tests/capture/test_isolation.py \
   tests/cost/test_devices.py tests/capture/test_exporter.py tests/test_torch_nn.py tests/export/test_forged.py tests/runtime/test_segment.py \
