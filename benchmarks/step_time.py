@@ -81,6 +81,10 @@ class Row:
     """The predicted step with the model's ops at the factor its timed segments measured."""
     replanned: Optional[bool] = None
     """Whether the refinement made this plan again (``None``: not refined)."""
+    changed: Optional[bool] = None
+    """Whether the plan made again differs from the first."""
+    factor: Optional[float] = None
+    """The factor the model's timed segments measured (its ops at that times their prices)."""
 
     @property
     def ratio(self) -> float:
@@ -199,7 +203,8 @@ def measure(model_name: str, quick: bool = False, turns: int = 7,
                         forward / rate, backward / rate, median.get(table),
                         _same(plan, plans[table]) if table in plans else None,
                         len(plans[table].segments) if table in plans else None,
-                        refined, None if result is None else result.replanned))
+                        refined, None if result is None else result.replanned,
+                        None if result is None else result.changed, factor))
     return rows
 
 
@@ -252,13 +257,15 @@ def _after_refinement(rows: list[Row]) -> list[str]:
              "Each transformed module ran the steps that time its segments "
              "(`fxckpt.serve.refine`) before the turns; its ops are predicted at the factor "
              "they measured, the fixed overheads as before. \"planned again\": the factor was "
-             "past the 10% tolerance and the plan was made again with it.", "",
-             "| model | plan | predicted step | measured step | predicted / measured | "
-             "planned again |", "|---|---|---|---|---|---|"]
+             "past the 10% tolerance and the plan was made again with it (\"changed\": into "
+             "another plan, the one timed).", "",
+             "| model | plan | ops at | predicted step | measured step | predicted / measured | "
+             "planned again |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         assert r.refined_s is not None
         again = {None: "—", True: "yes", False: "no"}[r.replanned]
-        lines.append(f"| {r.model} | {r.method} | {r.refined_s * 1e3:.0f} ms | "
+        again += ", changed" if r.changed else ""
+        lines.append(f"| {r.model} | {r.method} | x{r.factor:.2f} | {r.refined_s * 1e3:.0f} ms | "
                      f"{r.measured_s * 1e3:.0f} ms | {r.refined_s / r.measured_s:.2f} | {again} |")
     ratios = [(r.refined_s or 0) / r.measured_s for r in rows]
     within = sum(abs(x - 1) <= 0.10 for x in ratios)
