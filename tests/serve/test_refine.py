@@ -7,7 +7,7 @@ does not depend on this machine's timings; one runs the measured path as a user 
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -20,6 +20,8 @@ from fxckpt.cost.cpu_table import ENV
 from fxckpt.cost.devices import cpu_profile
 from fxckpt.cost.refined import FORWARD_SHARE, LIMITS
 from fxckpt.serve.refine import TIMED, TOLERANCE, WARMUP, Refinement, refines
+from models import gpt2
+from patterns import PATTERNS, Pattern
 from support import assert_steps_equal, run_step
 
 STEPS = WARMUP + TIMED + 3
@@ -255,3 +257,81 @@ def test_moving_the_model_measures_again(factor: Factor) -> None:
     for _ in range(STEPS):
         tm(x.double()).sum().backward()
     assert fxckpt.inspect(tm).refinement is not None
+
+
+# What users train, through the default path, across the step that plans again: the same bits.
+
+def _side_by_side(make: Callable[[], nn.Module], inputs: Callable[[int], tuple], budget: float,
+                  capture: str = "auto",
+                  one_size: bool = True) -> tuple[list[int], nn.Module, nn.Module]:
+    """Eager and transformed for STEPS steps: the same bits at every one. With ``one_size``,
+    every graph the call before the refining one ran is planned again at it, and nothing
+    after it."""
+    torch.manual_seed(0)
+    model = make()
+    torch.manual_seed(0)
+    reference = make()
+    tm = fxckpt.transform(model, budget=budget, capture=capture)
+    made, ran = [], []
+    for step in range(STEPS):
+        args = inputs(step)
+        assert_steps_equal(run_step(tm, args, {}, seed=step),
+                           run_step(reference, args, {}, seed=step))
+        made.append(fxckpt.inspect(tm)._dispatcher.counts.plans)
+        ran.append(len(fxckpt.inspect(tm)._dispatcher._latest_plans()))
+    result = fxckpt.inspect(tm).refinement
+    assert result is not None and result.replanned == (result.runs > 0)
+    if result.replanned and one_size:
+        assert made[REFINED_AT] - made[REFINED_AT - 1] == ran[REFINED_AT - 1]
+        assert made[REFINED_AT:] == [made[REFINED_AT]] * (STEPS - REFINED_AT)
+    return made, model, reference
+
+
+@pytest.mark.parametrize("pattern", [p for p in PATTERNS if p.error is None],
+                         ids=lambda p: p.name)
+def test_every_fidelity_pattern_keeps_its_bits_across_the_plan_made_again(
+        factor: Factor, pattern: Pattern) -> None:
+    factor.value = 4.0
+    args, _ = pattern.inputs()
+    made, model, reference = _side_by_side(pattern.make, lambda step: args, pattern.budget)
+    if hasattr(model, "hook_log"):  # hooks fire once per forward, planned again or not
+        assert model.hook_log.calls == reference.hook_log.calls
+
+
+class Checked(nn.Module):
+    """A forward that checks a value between its halves (a data-dependent branch): two Dynamo
+    graphs, each planned again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = mlp(), mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        if x.abs().max() > 1e4:
+            x = x / 1e4
+        return self.second(x)
+
+
+def test_each_graph_of_a_broken_forward_is_planned_again(factor: Factor) -> None:
+    factor.value = 4.0
+    x = torch.randn(*MODELS["mlp"][1])
+    made, model, reference = _side_by_side(Checked, lambda step: (x,), 0.5)
+    assert made[0] >= 2 and made[-1] == made[0] + made[0]
+
+
+def test_a_hugging_face_gpt2_keeps_its_bits_across_the_plan_made_again(factor: Factor) -> None:
+    factor.value = 4.0
+    ids = torch.randint(0, 64, (4, 32))
+    made, _, _ = _side_by_side(lambda: gpt2(layers=4), lambda step: (ids,), 0.5)
+    assert made[-1] > made[0]
+
+
+def test_a_batch_that_changes_while_timed_is_planned_again_once(factor: Factor) -> None:
+    """Calls of several sizes under a budget: several plans, all dropped once, and each size
+    planned again at its next call."""
+    factor.value = 4.0
+    sizes = [4, 8, 4, 8, 4, 8, 4]
+    made, _, _ = _side_by_side(mlp, lambda step: (torch.randn(sizes[step], 16, 32),), 0.5,
+                               capture="graph", one_size=False)
+    assert made == [1, 2, 2, 2, 3, 4, 4]  # one plan per size; each made again at its next call
