@@ -15,4 +15,5 @@ python3 -m venv .venv211
   tests/test_transform.py tests/test_fidelity.py tests/test_identity.py tests/test_errors.py \
   tests/capture/test_regions.py tests/capture/test_guards.py tests/capture/test_isolation.py \
   tests/cost/test_devices.py tests/capture/test_exporter.py tests/test_torch_nn.py tests/export/test_forged.py tests/runtime/test_segment.py \
+  tests/runtime/test_clock.py tests/serve/test_refine.py \
   "tests/test_python_facts.py" -k "not test_python_facts or every1"
