@@ -22,6 +22,7 @@ from fxckpt.planning.actions import decide_actions
 from fxckpt.cost.annotate import has_info, info
 from fxckpt.planning.cleanup import (force_notes, pinned, without_hooked,
                                      without_mode_switches)
+from fxckpt.cost import refined
 from fxckpt.cost.bridge import priced_problem
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
@@ -75,6 +76,9 @@ def select(
     prediction = predict(problem, runs, kept)
     notes = [*placement.notes, *hooked_notes, *force_notes(order, runs, modules),
              *_budget_notes(config, placement.budget_bytes, target, prediction.peak, replay)]
+    if refined.scale() != 1.0:
+        notes.append(f"ops priced at x{refined.scale():.2f} their measured prices: the factor "
+                     "the first training steps' segments ran at (fxckpt.serve.refine)")
     prefix, anchors = _segment_prefix(gm, len(runs)), anchors_of(order)
     costs = {op.name: op.cost for op in problem.ops}
     segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors, costs)

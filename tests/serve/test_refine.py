@@ -118,6 +118,9 @@ def test_a_refined_plan_is_made_once_and_gives_the_same_bits(
                  for plans in (before, after)]
     assert result.changed == (decisions[0] != decisions[1])
     assert ran[-1] == after  # the new plans serve every later step
+    note = f"ops priced at x{value:.2f} their measured prices"
+    assert all(any(note in n for n in p.notes) for p in after)
+    assert not any(note in n for p in before for n in p.notes)
     assert str(result).endswith("the plans changed" if result.changed
                                 else "the same plans came out")
 
