@@ -23,7 +23,7 @@ import contextvars
 import math
 from typing import Iterator
 
-__all__ = ["refined", "scale", "in_step_factor", "LIMITS", "FORWARD_SHARE"]
+__all__ = ["refined", "scale", "in_step_factor", "forward_overhead", "LIMITS", "FORWARD_SHARE"]
 
 LIMITS = (0.25, 4.0)
 """The factor is held inside these bounds: a step slowed by something else entirely (another
@@ -53,6 +53,12 @@ def scale() -> float:
     return _SCALE.get()
 
 
+def forward_overhead(runs: int, segment_overhead: float) -> float:
+    """Seconds of fixed overhead in ``runs`` timed forward runs of segments (:data:`FORWARD_SHARE`
+    of ``segment_overhead`` each)."""
+    return runs * FORWARD_SHARE * segment_overhead
+
+
 def in_step_factor(seconds: float, cost: float, runs: int, unit: float,
                    segment_overhead: float) -> float:
     """How much longer the timed forward runs took than their prices say.
@@ -64,6 +70,6 @@ def in_step_factor(seconds: float, cost: float, runs: int, unit: float,
     """
     if runs <= 0 or cost <= 0 or unit <= 0 or seconds <= 0:
         return 1.0
-    ops = max(seconds - runs * FORWARD_SHARE * segment_overhead, 0.0)
+    ops = max(seconds - forward_overhead(runs, segment_overhead), 0.0)
     low, high = LIMITS
     return min(max(ops * unit / cost, low), high)

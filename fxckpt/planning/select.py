@@ -76,8 +76,9 @@ def select(
     prediction = predict(problem, runs, kept)
     notes = [*placement.notes, *hooked_notes, *force_notes(order, runs, modules),
              *_budget_notes(config, placement.budget_bytes, target, prediction.peak, replay)]
-    if refined.scale() != 1.0:
-        notes.append(f"ops priced at x{refined.scale():.2f} their measured prices: the factor "
+    factor = refined.scale()
+    if factor != 1.0:
+        notes.append(f"ops priced at x{factor:.2f} their measured prices: the factor "
                      "the first training steps' segments ran at (fxckpt.serve.refine)")
     prefix, anchors = _segment_prefix(gm, len(runs)), anchors_of(order)
     costs = {op.name: op.cost for op in problem.ops}

@@ -118,7 +118,7 @@ class Dispatcher:
         call through Dynamo (:func:`fxckpt.integrations.checkpointing_switches`)."""
         self.dynamo: Optional[DynamoDriver] = None
         """The Dynamo-compiled training forward (``capture="dynamo"``), made at the first call."""
-        self.refiner = Refiner(config, model, self._replan, self._latest_plans)
+        self.refiner = self._refiner()
         """Refines the plans' prices from the segment times of the first training steps."""
 
     def runs_model_itself(self, training: bool) -> bool:
@@ -224,7 +224,10 @@ class Dispatcher:
         what was measured of the steps (the device or dtype they ran at may have changed)."""
         self.entries.clear()
         self.last = None
-        self.refiner = Refiner(self.config, self.model, self._replan, self._latest_plans)
+        self.refiner = self._refiner()
+
+    def _refiner(self) -> Refiner:
+        return Refiner(self.config, self.model, self._replan, self._latest_plans)
 
     def _replan(self) -> None:
         """Every plan made again at its next call (captures kept): the prices were refined."""

@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from fxckpt.config import TransformConfig
-from fxckpt.cost.refined import FORWARD_SHARE, in_step_factor, refined
+from fxckpt.cost.refined import forward_overhead, in_step_factor, refined
 from fxckpt.plan import Plan
 from fxckpt.runtime.clock import SegmentClock, timing
 
@@ -156,7 +156,7 @@ class Refiner:
             unit, overhead = profile.unit, profile.segment
         factor = in_step_factor(measured.seconds, measured.cost, measured.runs, unit, overhead)
         replan = measured.runs > 0 and abs(math.log(factor)) > math.log1p(TOLERANCE)
-        predicted = measured.cost / unit + measured.runs * FORWARD_SHARE * overhead
+        predicted = measured.cost / unit + forward_overhead(measured.runs, overhead)
         self.result = Refinement(TIMED, measured.runs, measured.seconds, predicted, factor,
                                  factor if replan else 1.0, replan)
         if replan:
