@@ -40,7 +40,7 @@ from fxckpt.cost.prices import KEEP_COST, SAVED_COST, SEGMENT_COST, Prices
 from fxckpt.errors import ConfigError
 
 __all__ = ["DeviceProfile", "PROFILES", "profile_for", "measure_profile", "cpu_profile",
-           "offload_price"]
+           "copies_overlap", "offload_price"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +157,15 @@ def measure_profile(device: torch.device) -> DeviceProfile:
     return DeviceProfile(f"measured {torch.cuda.get_device_name(device)}"
                          if device.type == "cuda" else f"measured {device}",
                          rates, memory=memory, link=link, launch=launch)
+
+
+def copies_overlap(name: Optional[str], device: torch.device) -> bool:
+    """Whether the offloader's copies run beside the compute in the step a plan is made for: a
+    GPU's side stream, for a model on CUDA or one planned with a GPU profile. A CPU's copies
+    are synchronous (:mod:`fxckpt.planning.overlap`)."""
+    if name is not None:
+        return PROFILES.get(name) is not None
+    return device.type == "cuda"
 
 
 def offload_price(profile: Optional[DeviceProfile], bandwidth: Optional[float],

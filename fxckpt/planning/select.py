@@ -27,13 +27,16 @@ from fxckpt.cost.bridge import priced_problem
 from fxckpt.planning.anchors import anchors_of
 from fxckpt.planning.keeps import Groups, choices, module_pins, op_kind
 from fxckpt.capture.graphs import outermost, planned_nodes
-from fxckpt.cost.prediction import floor_share, predict
-from fxckpt.cost.runs import Run, kept_names, recomputed
+from fxckpt.cost.devices import copies_overlap
+from fxckpt.cost.prediction import Prediction, floor_share, predict
+from fxckpt.cost.rates import device_of
+from fxckpt.cost.runs import Run, keep_positions, kept_names, recomputed, to_spans
 from fxckpt.planning.fit import Target
-from fxckpt.planning.strategies import place
+from fxckpt.planning.overlap import Overlapped, overlapped
+from fxckpt.planning.strategies import Placement, place
 from fxckpt.plan import Plan, SegmentSpec
 from fxckpt.solver import Problem
-from fxckpt.strategy import Replay
+from fxckpt.strategy import Budgeted, Replay
 
 __all__ = ["select"]
 
@@ -67,14 +70,30 @@ def select(
                              host=config.offload_device or "cpu")
     modules = module_pins(config.force)
     offered, forced = choices(problem, order, config.force)
-    placement = place(config.strategy, order, problem, modules, target,
-                    (offered if config.selective else [], forced))
-    runs, hooked_notes = without_hooked(order, list(placement.runs), hooked)
-    runs = without_mode_switches(order, runs)
-    again = recomputed(problem, runs)
-    kept = _kept(problem, again, placement.keeps, forced, replay)
+
+    def lay(priced: Problem) -> _Laid:
+        placement = place(config.strategy, order, priced, modules, target,
+                          (offered if config.selective else [], forced))
+        runs, hooked_notes = without_hooked(order, list(placement.runs), hooked)
+        runs = without_mode_switches(order, runs)
+        again = recomputed(priced, runs)
+        return _Laid(placement, runs, hooked_notes, again,
+                     _kept(priced, again, placement.keeps, forced, replay))
+
+    beside = None
+    if auto and copies_overlap(config.device_profile, device_of(gm)):
+        beside = overlapped(problem, lay, lambda laid: (
+            to_spans(problem, laid.runs), keep_positions(problem, laid.kept)),
+            search=isinstance(config.strategy, Budgeted))
+        laid = beside.laid
+    else:
+        laid = lay(problem)
+    placement, runs, again, kept = laid.placement, laid.runs, laid.again, laid.kept
     prediction = predict(problem, runs, kept)
-    notes = [*placement.notes, *hooked_notes, *force_notes(order, runs, modules),
+    floor_problem = problem
+    if beside is not None:
+        prediction, floor_problem = _beside(problem, prediction, beside.cost, len(runs))
+    notes = [*placement.notes, *laid.hooked_notes, *force_notes(order, runs, modules),
              *_budget_notes(config, placement.budget_bytes, target, prediction.peak, replay)]
     factor = refined.scale()
     if factor != 1.0:
@@ -84,7 +103,11 @@ def select(
     costs = {op.name: op.cost for op in problem.ops}
     segments = tuple(_describe(f"{prefix}_{i}", run, rerun, frees, config, kept, anchors, costs)
                      for i, (run, rerun, frees) in enumerate(zip(runs, again, prediction.frees)))
-    if auto:
+    if beside is not None:
+        segments = tuple(dataclasses.replace(s, action="offload" if off else "recompute")
+                         for s, off in zip(segments, beside.offloads))
+        notes.append(_beside_note(beside))
+    elif auto:
         segments, note = decide_actions(problem, segments, runs)
         notes.append(note)
     elif replay is not None:
@@ -98,10 +121,46 @@ def select(
         total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
         eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute, recompute_share=prediction.share,
-        recompute_floor=floor_share(problem, prediction.peak), budget_bytes=placement.budget_bytes,
+        recompute_floor=floor_share(floor_problem, prediction.peak), budget_bytes=placement.budget_bytes,
     )
     _log(plan)
     return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _Laid:
+    """A placement with the clean-up every segment obeys applied."""
+
+    placement: Placement
+    runs: list[Run]
+    hooked_notes: Sequence[str]
+    again: list[Run]
+    """Per run, the part its recompute runs."""
+    kept: tuple[str, ...]
+
+
+def _beside(problem: Problem, prediction: Prediction, cost: float, segments: int
+            ) -> tuple[Prediction, Problem]:
+    """The prediction of a plan whose offloads run beside the compute: its cost is what
+    :func:`fxckpt.planning.overlap.cost` says (offloaded segments recompute nothing), and its
+    floor is the floor with bytes moved for free (a bound on every such plan)."""
+    forward = problem.index.cum_cost[-1]
+    share = (cost - segments * problem.index.overhead) / forward if forward else 0.0
+    return (dataclasses.replace(prediction, recompute=cost, share=share),
+            dataclasses.replace(problem, offload_cost_per_byte=0.0))
+
+
+def _beside_note(beside: Overlapped) -> str:
+    moved = sum(beside.offloads)
+    mib = 1 << 20
+    tail = ("searched without offload only" if beside.tried == 1 else
+            f"the best of {beside.tried} plans searched, " + (
+                "the one without offload" if beside.price is None
+                else f"searched at {beside.price:.3g} FLOP-equivalents a byte moved"))
+    return (f"offload='auto' with copies beside the compute: {moved} of {len(beside.offloads)} "
+            f"segment(s) offload {beside.moved / mib:.1f} MiB, within the "
+            f"{beside.room / mib:.1f} MiB the host link moves while the forward runs; the rest "
+            f"recompute ({tail}; fxckpt.planning.overlap)")
 
 
 def _budget_notes(config: TransformConfig, budget: Optional[int], target: Target, peak: int,

@@ -111,3 +111,13 @@ def test_a_meta_model_planned_for_a_gpu_may_offload_on_a_machine_without_one() -
                            match="this machine has no CUDA device; pass offload_device='cpu'"
                                  " .* or device_profile= to plan for a GPU"):
             fxckpt.transform(MLP(), budget=0.5, offload="auto")
+
+
+def test_copies_overlap_on_a_gpu_or_for_a_gpu_profile_and_not_on_a_cpu() -> None:
+    from fxckpt.cost.devices import copies_overlap
+
+    cpu, cuda, meta = (torch.device(d) for d in ("cpu", "cuda", "meta"))
+    assert copies_overlap("h100", cpu) and copies_overlap("a100", meta)
+    assert copies_overlap(None, cuda)
+    assert not copies_overlap("cpu", cuda)       # a CPU's prices: synchronous copies
+    assert not copies_overlap(None, cpu) and not copies_overlap(None, meta)

@@ -82,7 +82,11 @@ def test_a_meta_model_without_a_profile_is_priced_with_the_cpus_rates(
 
 def test_offload_auto_plans_a_meta_model_for_a_gpu_at_the_bandwidth_asked_for() -> None:
     """Nothing is timed on the meta device (a matmul there fails: "Cannot copy out of meta
-    tensor"): the bandwidth asked for is the rate."""
+    tensor"): the bandwidth asked for is the rate. A GPU's copies run beside its compute, so
+    the rate sets how many bytes move while the forward runs: twice the rate, twice the bytes.
+    """
+    import re
+
     import fxckpt
 
     torch.manual_seed(0)
@@ -90,9 +94,15 @@ def test_offload_auto_plans_a_meta_model_for_a_gpu_at_the_bandwidth_asked_for() 
         model = torch.nn.Sequential(*(m for _ in range(6) for m in (
             torch.nn.Linear(256, 256), torch.nn.GELU())))
     x = torch.empty(2048, 256, device="meta")
-    tm = fxckpt.transform(model, budget=0.7, offload="auto", offload_device="cpu",
-                          offload_bandwidth=2e9, device_profile="h100", example_inputs=(x,))
-    plan = fxckpt.inspect(tm).plan
-    assert plan.segments and plan.peak_bytes <= 0.7 * plan.eager_peak_bytes
-    per_byte = 2 * PROFILES_H100_UNIT / 2e9
-    assert any(f"moving a byte costs {per_byte:.3g} FLOP-equivalents" in n for n in plan.notes)
+    rooms = []
+    for bandwidth in (2e11, 4e11):
+        tm = fxckpt.transform(model, budget=0.7, offload="auto", offload_device="cpu",
+                              offload_bandwidth=bandwidth, device_profile="h100",
+                              example_inputs=(x,))
+        plan = fxckpt.inspect(tm).plan
+        assert plan.segments and plan.peak_bytes <= 0.7 * plan.eager_peak_bytes
+        found = [re.search(r"within the ([0-9.]+) MiB the host link moves while the forward", n)
+                 for n in plan.notes]
+        rooms += [float(m.group(1)) for m in found if m]
+    assert len(rooms) == 2 and rooms[0] > 1, rooms
+    assert rooms[1] == pytest.approx(2 * rooms[0], abs=0.1), rooms

@@ -1,0 +1,167 @@
+"""``offload="auto"`` where the copies run beside the compute: a GPU's side stream.
+
+The offloader copies what an offloaded segment saves on a side stream of its device
+(:mod:`fxckpt.runtime.offload`). On a GPU the copies to the host run while the forward computes
+and the copies back while the backward does, so a byte moved costs the step nothing as long as
+the host link keeps up with the forward. Under a GPU's prices (a model on CUDA, or a GPU
+``device_profile``) an offloaded segment therefore costs only its fixed overhead and its hooks,
+for as many bytes as the link moves in the forward's time (:func:`capacity`); past that,
+segments recompute.
+
+That price is not a sum over segments (the first bytes are free, the rest cannot go), and the
+solver's search adds segment costs. So the plan is searched as a Lagrangian relaxation would:
+
+1. once with no offload: every segment recomputes;
+2. then at a price per byte moved at which about the capacity's worth of that plan's segments
+   would rather offload than recompute (:func:`price`), and at half and twice that price.
+
+Each plan's segments are then split (:func:`assign`): those whose recompute costs most per byte
+offload while their bytes fit in the capacity, the rest recompute. The plan that recomputes
+least (:func:`cost`) is taken. Memory is the same whichever way a segment goes: its tensors are
+off the device between its forward and its backward either way.
+
+Where copies do not overlap (the CPU's copies are synchronous), each byte moved costs its trip
+and the solver prices it so (:attr:`fxckpt.solver.Problem.offload_cost_per_byte`,
+:mod:`fxckpt.planning.actions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Generic, Optional, Sequence, TypeVar
+
+from fxckpt.solver import Problem, Spans
+
+__all__ = ["Overlapped", "capacity", "assign", "cost", "price", "overlapped", "PRICE_STEPS"]
+
+T = TypeVar("T")
+
+PRICE_STEPS = (0.5, 1.0, 2.0)
+"""Multiples of :func:`price` the plan is searched at, after the plan without offload."""
+
+
+def capacity(problem: Problem) -> int:
+    """Bytes the host link moves out while the forward runs: the forward's cost over the price
+    of one byte's trip out (half of :attr:`~fxckpt.solver.Problem.offload_cost_per_byte`, which
+    prices the trip out and back). 0 when the problem does not offload."""
+    per_byte = problem.offload_cost_per_byte
+    if not per_byte:
+        return 0
+    return int(problem.index.cum_cost[-1] / (per_byte / 2))
+
+
+def _moved(problem: Problem, span: tuple[int, int]) -> int:
+    """Bytes an offloaded segment moves: the outputs of its ops that something saves."""
+    ix = problem.index
+    return ix.cum_saved[span[1]] - ix.cum_saved[span[0]]
+
+
+def _recompute(problem: Problem, span: tuple[int, int], keep: frozenset[int]) -> float:
+    """What running segment ``span`` again costs: the ops up to its early stop, less the gain
+    of those it keeps (its overhead and hooks left out: it pays them offloaded too)."""
+    ix = problem.index
+    start, end = span[0], ix.recompute_end(*span)
+    return (ix.cum_cost[end] - ix.cum_cost[start]
+            - sum(ix.gain[j] for j in keep if start <= j < end))
+
+
+def _by_worth(problem: Problem, ranges: Spans, keep: frozenset[int]) -> list[int]:
+    """Segments worth offloading (they recompute something and move something), the most
+    recompute per byte moved first."""
+    worth = [i for i, span in enumerate(ranges)
+             if _recompute(problem, span, keep) > 0 and _moved(problem, span) > 0]
+    return sorted(worth, key=lambda i: -_recompute(problem, ranges[i], keep)
+                  / _moved(problem, ranges[i]))
+
+
+def assign(problem: Problem, ranges: Spans, keep: Sequence[int], room: int) -> list[bool]:
+    """Per segment, whether it offloads: the most recompute per byte first, while the bytes
+    fit in ``room`` (a segment that does not fit is passed over for smaller ones)."""
+    kept = frozenset(keep)
+    offloads = [False] * len(ranges)
+    used = 0
+    for i in _by_worth(problem, ranges, kept):
+        moved = _moved(problem, ranges[i])
+        if used + moved <= room:
+            offloads[i] = True
+            used += moved
+    return offloads
+
+
+def cost(problem: Problem, ranges: Spans, keep: Sequence[int], offloads: Sequence[bool]
+         ) -> float:
+    """The plan's cost with copies beside the compute: every segment's overhead and hooks, and
+    the recompute of those that do not offload (the simulator's units, as
+    :attr:`fxckpt.solver.simulate.Simulation.recompute_cost`)."""
+    ix, kept = problem.index, frozenset(keep)
+    return sum(ix.overhead + ix.hooks(*span) + (0.0 if off else _recompute(problem, span, kept))
+               for span, off in zip(ranges, offloads))
+
+
+def price(problem: Problem, ranges: Spans, keep: Sequence[int], room: int) -> Optional[float]:
+    """A price per byte moved at which about ``room`` bytes of these segments would rather
+    offload than recompute: the recompute per byte of the first segment past the room, most
+    per byte first (half the last one's when all fit). ``None`` when none is worth moving."""
+    kept = frozenset(keep)
+    order = _by_worth(problem, ranges, kept)
+    if not order:
+        return None
+    used = 0
+    for i in order:
+        used += _moved(problem, ranges[i])
+        if used > room:
+            return _recompute(problem, ranges[i], kept) / _moved(problem, ranges[i])
+    last = order[-1]
+    return _recompute(problem, ranges[last], kept) / _moved(problem, ranges[last]) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlapped(Generic[T]):
+    """The plan taken, with what each of its segments does."""
+
+    laid: T
+    """What ``lay`` returned for it."""
+    offloads: tuple[bool, ...]
+    """Per segment, whether it offloads."""
+    cost: float
+    """:func:`cost` of the plan."""
+    moved: int
+    """Bytes its offloaded segments move out in a step."""
+    room: int
+    """:func:`capacity`."""
+    tried: int
+    """Plans searched (the first without offload)."""
+    price: Optional[float]
+    """The price per byte the plan taken was searched at (``None``: without offload)."""
+
+
+def overlapped(problem: Problem, lay: Callable[[Problem], T],
+               extent: Callable[[T], tuple[Spans, Sequence[int]]],
+               search: bool = True) -> Overlapped[T]:
+    """Search the plan as the module docstring says.
+
+    ``problem`` prices a byte's trip (:func:`capacity` reads it); ``lay(p)`` makes a plan from
+    problem ``p`` (its ``offload_cost_per_byte`` is what the solver weighs), ``extent(plan)``
+    gives its segments' op ranges and kept op positions. ``search=False`` (segments that do
+    not depend on prices: ``every=``, ``depth=``) lays the plan once and only splits it.
+    """
+    room = capacity(problem)
+    plain = dataclasses.replace(problem, offload_cost_per_byte=None)
+    tried: list[tuple[T, Optional[float]]] = [(lay(plain), None)]
+    if search and room:
+        ranges, keep = extent(tried[0][0])
+        at = price(plain, ranges, keep, room)
+        if at is not None:
+            tried += [(lay(dataclasses.replace(problem, offload_cost_per_byte=at * step)),
+                       at * step) for step in PRICE_STEPS]
+    best: Optional[Overlapped[T]] = None
+    for laid, at in tried:
+        ranges, keep = extent(laid)
+        offloads = assign(plain, ranges, keep, room)
+        found = Overlapped(laid, tuple(offloads), cost(plain, ranges, keep, offloads),
+                           sum(_moved(plain, s) for s, o in zip(ranges, offloads) if o),
+                           room, len(tried), at)
+        if best is None or found.cost < best.cost:
+            best = found
+    assert best is not None
+    return best

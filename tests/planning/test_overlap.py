@@ -1,0 +1,187 @@
+"""planning/overlap.py: ``offload="auto"`` where copies run beside the compute (a GPU's side
+stream). Offloaded segments cost only their overhead and hooks, for as many bytes as the host
+link moves while the forward runs; the plan is searched without offload and at prices around
+the one that fills that room, and the plan that recomputes least is taken."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+
+import fxckpt
+from fxckpt.planning import overlap
+from fxckpt.planning.overlap import assign, capacity, cost, overlapped, price
+from fxckpt.solver import Op, Problem
+
+
+def _problem(per_byte: float | None = 32.0, keep_overhead: float = 0.0) -> Problem:
+    """``a .. f -> loss``, 100-byte outputs each saved by the next op. Forward 1600: ``c``
+    (1000) and ``e`` (560) are dear to run again, the rest cost 10. At 32 a byte out and back
+    the link moves 100 bytes in the forward's time."""
+    costs = {"a": 10, "b": 10, "c": 1000, "d": 10, "e": 560, "f": 10}
+    ops, previous = [], "x"
+    for name, c in costs.items():
+        ops.append(Op(name=name, out_bytes=100, cost=c, inputs=(previous,), saves=(previous,)))
+        previous = name
+    ops.append(Op(name="loss", out_bytes=4, cost=0, inputs=("f",), saves=("f",), grad_bytes=0))
+    return Problem(ops=tuple(ops), outputs=("loss",), offload_cost_per_byte=per_byte,
+                   segment_overhead=5.0, keep_overhead=keep_overhead)
+
+
+AB, C, E, DE = (0, 2), (2, 3), (4, 5), (3, 5)
+
+
+def test_the_room_is_the_forward_over_a_byte_s_trip_out() -> None:
+    assert capacity(_problem(32.0)) == 100      # 1600 / (32 / 2)
+    assert capacity(_problem(16.0)) == 200      # twice the link, twice the bytes
+    assert capacity(_problem(None)) == 0        # a problem that does not offload moves nothing
+
+
+def test_the_most_recompute_per_byte_offloads_first_within_the_room() -> None:
+    problem = _problem()
+    ranges = (AB, C, E)                          # recompute per byte: 0.1, 10, 5.6
+    assert assign(problem, ranges, (), 0) == [False, False, False]
+    assert assign(problem, ranges, (), 100) == [False, True, False]
+    assert assign(problem, ranges, (), 150) == [False, True, False]   # e does not fit too
+    assert assign(problem, ranges, (), 200) == [False, True, True]
+    assert assign(problem, ranges, (), 10_000) == [True, True, True]
+
+
+def test_a_segment_that_does_not_fit_is_passed_over_for_a_smaller_one() -> None:
+    problem = _problem()
+    # [a, b, c] moves 300 bytes at 3.4 a byte, e 100 at 5.6: with 350 bytes of room e goes
+    # first; [a, b, c] no longer fits, and the rest of the room is left empty
+    assert assign(problem, ((0, 3), E), (), 350) == [False, True]
+    assert assign(problem, ((0, 3), E), (), 400) == [True, True]
+
+
+def test_an_offloaded_segment_costs_its_overhead_and_a_recomputed_one_its_ops() -> None:
+    problem = _problem()
+    ranges = (AB, C, E)
+    assert cost(problem, ranges, (), [False, False, False]) == 3 * 5 + 20 + 1000 + 560
+    assert cost(problem, ranges, (), [False, True, False]) == 3 * 5 + 20 + 560
+    assert cost(problem, ranges, (), [True, True, True]) == 3 * 5
+
+
+def test_a_kept_op_is_not_recomputed_and_so_not_worth_moving() -> None:
+    problem = _problem(keep_overhead=4.0)
+    # keeping e (position 4) saves 560 - 4 of the segment [d, e]: it recomputes d only
+    assert cost(problem, (DE,), (4,), [False]) == 5 + 10 + 4
+    # e's gain left, [d, e] recomputes 14 for 200 bytes; c 1000 for 100: c goes first
+    assert assign(problem, (DE, C), (4,), 100) == [False, True]
+
+
+def test_the_price_is_the_first_segment_past_the_room_most_per_byte_first() -> None:
+    problem = _problem()
+    assert price(problem, (AB, C, E), (), 100) == pytest.approx(5.6)   # e is past the room
+    assert price(problem, (AB, C, E), (), 200) == pytest.approx(0.1)   # then [a, b]
+    assert price(problem, (AB, C, E), (), 10_000) == pytest.approx(0.05)  # all fit: half the last
+    assert price(problem, (), (), 100) is None
+
+
+def test_the_search_lays_a_plan_without_offload_and_at_three_prices_and_takes_the_cheapest(
+        ) -> None:
+    problem = _problem()
+    seen: list[Any] = []
+    plans = {None: (AB, C, E), 2.8: ((0, 3), E), 5.6: (C, DE), 11.2: (C,)}
+
+    def lay(priced: Problem) -> Any:
+        seen.append(priced.offload_cost_per_byte)
+        return priced.offload_cost_per_byte
+
+    found = overlapped(problem, lay, lambda at: (plans[None if at is None else round(at, 1)], ()))
+    assert seen[0] is None and seen[1:] == pytest.approx([2.8, 5.6, 11.2])
+    # costs with 100 bytes of room: (AB,C,E) 15+20+560; ((0,3),E) 10+20+1000 (e offloads);
+    # (C, DE) 10+570; (C,) 5: the last, searched at twice the price
+    assert found.laid == pytest.approx(11.2) and found.offloads == (True,)
+    assert found.cost == 5 and found.moved == 100 and found.room == 100 and found.tried == 4
+    assert found.price == pytest.approx(11.2)
+
+
+def test_without_search_or_without_room_the_plan_is_laid_once() -> None:
+    calls: list[Any] = []
+
+    def lay(priced: Problem) -> Any:
+        calls.append(priced.offload_cost_per_byte)
+        return (AB, C, E)
+
+    found = overlapped(_problem(), lay, lambda r: (r, ()), search=False)
+    assert calls == [None] and found.offloads == (False, True, False) and found.tried == 1
+    calls.clear()
+    found = overlapped(_problem(None), lay, lambda r: (r, ()))
+    assert calls == [None] and found.offloads == (False, False, False) and found.room == 0
+    assert overlap.PRICE_STEPS == (0.5, 1.0, 2.0)
+
+
+def _mlp(device: str = "meta", layers: int = 8) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return torch.nn.Sequential(*(m for _ in range(layers) for m in (
+            torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Dropout(0.1))))
+
+
+def _room_and_moved(plan: Any) -> tuple[float, float]:
+    for note in plan.notes:
+        m = re.search(r"offload ([0-9.]+) MiB, within the ([0-9.]+) MiB the host link", note)
+        if m:
+            return float(m.group(2)), float(m.group(1))
+    raise AssertionError(plan.notes)
+
+
+def test_a_gpu_plan_offloads_within_the_room_and_recomputes_less_than_without_offload(
+        ) -> None:
+    x = torch.empty(2048, 256, device="meta")
+    common: dict[str, Any] = dict(budget=0.5, device_profile="h100", example_inputs=(x,))
+    plain = fxckpt.inspect(fxckpt.transform(_mlp(), **common)).plan
+    plan = fxckpt.inspect(fxckpt.transform(_mlp(), offload="auto", offload_device="cpu",
+                                           offload_bandwidth=4e11, **common)).plan
+    room, moved = _room_and_moved(plan)
+    offloaded = [s for s in plan.segments if s.action == "offload"]
+    assert offloaded and 0 < moved <= room
+    assert plan.peak_bytes <= 0.5 * plan.eager_peak_bytes
+    # the plan without offload is one of those searched: moving bytes for free only lowers it
+    assert plan.recompute_share < plain.recompute_share
+    # an offloaded segment recomputes nothing: the share is what the recomputed ones run
+    assert 0 <= plan.recompute_floor <= plan.recompute_share
+
+
+def test_a_cpu_plan_still_prices_each_byte_s_trip() -> None:
+    x = torch.randn(256, 256)
+    tm = fxckpt.transform(_mlp("cpu", 4), budget=0.5, offload="auto", offload_device="cpu",
+                          example_inputs=(x,))
+    notes = fxckpt.inspect(tm).plan.notes
+    assert any(n.startswith("offload='auto': ") and "moving a byte costs" in n for n in notes)
+    assert not any("beside the compute" in n for n in notes)
+
+
+def test_a_plan_made_for_a_gpu_runs_on_the_cpu_with_the_same_bits() -> None:
+    """The h100's plan with offloaded segments, run here (the offloader's copies are then
+    synchronous): outputs, gradients and the parameters after SGD steps equal the model's."""
+    model = _mlp("cpu", 6)
+    # at 50 GB/s the link moves one of the plan's two segments behind the forward
+    tm = fxckpt.transform(_mlp("cpu", 6), budget=0.5, offload="auto", offload_device="cpu",
+                          offload_bandwidth=5e10, device_profile="h100")
+    tm.load_state_dict(model.state_dict())
+    opt_a = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(tm.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(2048, 256, generator=torch.Generator().manual_seed(step))
+        torch.manual_seed(step)
+        a = model(x)
+        torch.manual_seed(step)
+        b = tm(x)
+        assert torch.equal(a, b)
+        a.square().mean().backward()
+        b.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), tm.parameters()):
+            assert torch.equal(p.grad, q.grad), name
+        opt_a.step(), opt_b.step(), opt_a.zero_grad(), opt_b.zero_grad()
+    plan = fxckpt.inspect(tm).plan
+    assert any(s.action == "offload" for s in plan.segments)
+    assert any(s.action == "recompute" for s in plan.segments)
+    assert fxckpt.inspect(tm).offload_stats.bytes_moved > 0
+    for p, q in zip(model.parameters(), tm.parameters()):
+        assert torch.equal(p, q)
