@@ -18,6 +18,9 @@ with a device profile (:mod:`fxckpt.cost.devices`):
 * *Megatron selective*: each layer a segment keeping every linear output, recomputing the
   attention core and the pointwise ops;
 * *fxckpt 0.5* (*fxckpt 0.66* for the 1B): the solver at that share of the unmodified peak;
+  *fxckpt 0.5 + offload*: the same with ``offload="auto"``, whose copies to the host run beside
+  the compute on a GPU (:mod:`fxckpt.planning.overlap`): a segment offloaded recomputes nothing,
+  as long as the bytes moved fit in what the host link moves while the forward runs;
   *fxckpt @peer*: the solver at each peer's peak.
 
 The predicted step is the forward, the backward (twice the forward: two matmuls per matmul),
@@ -81,6 +84,10 @@ class Predicted:
     """The plan's recompute floor (``Plan.recompute_floor``): no plan at its peak goes under."""
     floor_step: float = 0.0
     """The step at that floor, with one segment's overhead: no plan at this peak is faster."""
+    offloaded: int = 0
+    """Segments whose saved tensors go to the host (``offload="auto"``) instead of recomputing."""
+    note: str = ""
+    """What the plan says about its offload, when it may offload."""
 
 
 def _model(config: dict[str, Any], layers: int) -> torch.nn.Module:
@@ -135,6 +142,8 @@ def predict(profile_name: str = "h100", layers: Optional[int] = None,
         "op policy": {"depth": 3, "force": dict(linear, **{f"op:{a}": "save" for a in attention})},
         "Megatron selective": {"depth": 3, "force": linear},
         f"fxckpt {setup.fraction:g}": {"budget": setup.fraction},
+        f"fxckpt {setup.fraction:g} + offload": {"budget": setup.fraction, "offload": "auto",
+                                                 "offload_device": "cpu"},
     }
     rows = [_row("unmodified", base.plan, forward, profile)]
     for name, options in methods.items():
@@ -157,8 +166,10 @@ def _row(method: str, plan: Any, forward: float, profile: Any) -> Predicted:
     peak = plan.peak_bytes if plan.segments else (plan.eager_peak_bytes or plan.peak_bytes)
     floor = plan.recompute_floor or 0.0
     floor_step = forward * (3 + floor) + (profile.segment if floor else 0.0)
+    offloaded = sum(s.action == "offload" for s in plan.segments)
+    note = next((n for n in plan.notes if n.startswith("offload='auto'")), "")
     return Predicted(method, int(peak), step, plan.recompute_share, len(plan.segments), kept,
-                     floor, floor_step)
+                     floor, floor_step, offloaded, note)
 
 
 def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
@@ -186,6 +197,10 @@ def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
             f"{r.step_seconds * 1e3:.0f} ms | {r.step_seconds / base.step_seconds:.3f}x | "
             f"{r.floor:.0%} | {r.floor_step / base.step_seconds:.3f}x |")
     by = {r.method: r for r in rows}
+    for r in rows:
+        if r.note:
+            lines += ["", f"*{r.method}*: {r.offloaded} of {r.segments} segments offload. "
+                      f"The plan's note: \"{r.note}\"."]
     lines += ["", "At each peer's peak, fxckpt's predicted step against the peer's:", ""]
     for peer in ("per-block", "op policy", "Megatron selective"):
         ours = by.get(f"fxckpt @{peer}")

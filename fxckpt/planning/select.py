@@ -121,7 +121,8 @@ def select(
         total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
         eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute, recompute_share=prediction.share,
-        recompute_floor=floor_share(floor_problem, prediction.peak), budget_bytes=placement.budget_bytes,
+        recompute_floor=floor_share(floor_problem, prediction.peak),
+        budget_bytes=placement.budget_bytes,
     )
     _log(plan)
     return plan

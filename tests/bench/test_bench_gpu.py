@@ -57,8 +57,8 @@ def test_predictions_on_meta_are_deterministic_and_priced_for_the_profile() -> N
     assert [(r.method, r.peak_bytes, r.step_seconds) for r in rows] == \
         [(r.method, r.peak_bytes, r.step_seconds) for r in again]
     by = {r.method: r for r in rows}
-    assert list(by)[:5] == ["unmodified", "per-block", "op policy", "Megatron selective",
-                            "fxckpt 0.5"]
+    assert list(by)[:6] == ["unmodified", "per-block", "op policy", "Megatron selective",
+                            "fxckpt 0.5", "fxckpt 0.5 + offload"]
     assert by["per-block"].peak_bytes < by["unmodified"].peak_bytes
     assert by["op policy"].kept > 0 and by["per-block"].kept == 0
     assert by["per-block"].step_seconds > by["unmodified"].step_seconds > 0
@@ -73,6 +73,15 @@ def test_predictions_on_meta_are_deterministic_and_priced_for_the_profile() -> N
     policy = by["op policy"]
     assert policy.recompute_share * facts["forward_seconds"] > policy.kept * profile.keep
     assert "| unmodified | 0 | 0 |" in predict.render(rows, facts)
-    # every plan's floor lies under its recompute, and no step under the floor's
+    # every plan's floor lies under its recompute, and no step under the floor's (a plan that
+    # may move bytes for free has a floor that may be 0)
     for r in rows[1:]:
-        assert 0 < r.floor <= r.recompute_share and r.floor_step <= r.step_seconds
+        assert 0 <= r.floor <= r.recompute_share and r.floor_step <= r.step_seconds
+        assert r.floor > 0 or r.method.endswith("+ offload")
+    # offloading beside the compute only takes from the recompute at the same budget: the plan
+    # without offload is one of those it searched
+    offload = by["fxckpt 0.5 + offload"]
+    assert offload.note.startswith("offload='auto' with copies beside the compute")
+    assert offload.recompute_share <= by["fxckpt 0.5"].recompute_share
+    assert offload.peak_bytes <= by["fxckpt 0.5"].peak_bytes * 1.01  # the same budget
+    assert all(not r.note and not r.offloaded for r in rows if r is not offload)
