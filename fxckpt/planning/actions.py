@@ -1,4 +1,7 @@
 """Per segment under ``offload="auto"``: recompute it, or keep it with its saved tensors offloaded.
+
+This is for copies that cost the step their time (the CPU's); on a GPU they run beside the
+compute and :mod:`fxckpt.planning.overlap` decides instead.
 """
 
 from __future__ import annotations
