@@ -184,3 +184,23 @@ def test_a_gpu_model_refines_its_measured_prices_after_the_timed_steps() -> None
     assert result is not None and result.runs == len(fxckpt.inspect(tm).plans[0].segments)
     assert result.seconds > 0 and result.predicted > 0
     print(f"GPU refinement: {result}")
+
+
+def test_offload_auto_on_the_gpu_runs_copies_beside_the_compute_and_is_exact() -> None:
+    """On CUDA, offload='auto' plans with copies on a side stream (planning/overlap.py): the
+    plan's note says so, what it moves fits in the room it states, and the steps are exact."""
+    import re
+
+    model, reference = _pair(lambda: MLP(depth=8, width=1024, p=0.1))
+    tm = fxckpt.transform(model, budget=0.5, offload="auto", offload_device="cpu")
+    x = torch.randn(512, 1024, device=DEVICE, requires_grad=True)
+    for step in range(3):
+        assert_steps_equal(run_step(tm, (x,), {}, seed=step),
+                           run_step(reference, (x,), {}, seed=step))
+    plan = fxckpt.inspect(tm).plan
+    notes = [n for n in plan.notes if "copies beside the compute" in n]
+    assert len(notes) == 1, plan.notes
+    moved, room = map(float, re.search(r"offload ([0-9.]+) MiB, within the ([0-9.]+) MiB",
+                                       notes[0]).groups())
+    assert moved <= room
+    print(f"GPU offload='auto': {notes[0]}; {fxckpt.inspect(tm).offload_stats}")
