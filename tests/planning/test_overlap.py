@@ -157,13 +157,15 @@ def test_a_cpu_plan_still_prices_each_byte_s_trip() -> None:
     assert not any("beside the compute" in n for n in notes)
 
 
-def test_a_plan_made_for_a_gpu_runs_on_the_cpu_with_the_same_bits() -> None:
+@pytest.mark.parametrize("capture", ["auto", "graph"])
+def test_a_plan_made_for_a_gpu_runs_on_the_cpu_with_the_same_bits(capture: str) -> None:
     """The h100's plan with offloaded segments, run here (the offloader's copies are then
-    synchronous): outputs, gradients and the parameters after SGD steps equal the model's."""
+    synchronous), on both capture paths: outputs, gradients and the parameters after SGD steps
+    equal the model's."""
     model = _mlp("cpu", 6)
     # at 50 GB/s the link moves one of the plan's two segments behind the forward
     tm = fxckpt.transform(_mlp("cpu", 6), budget=0.5, offload="auto", offload_device="cpu",
-                          offload_bandwidth=5e10, device_profile="h100")
+                          offload_bandwidth=5e10, device_profile="h100", capture=capture)
     tm.load_state_dict(model.state_dict())
     opt_a = torch.optim.SGD(model.parameters(), lr=0.1)
     opt_b = torch.optim.SGD(tm.parameters(), lr=0.1)
