@@ -82,8 +82,8 @@ def test_the_price_is_the_first_segment_past_the_room_most_per_byte_first() -> N
     assert price(problem, (), (), 100) is None
 
 
-def test_the_search_lays_a_plan_without_offload_and_at_three_prices_and_takes_the_cheapest(
-        ) -> None:
+def test_the_search_lays_a_plan_without_offload_and_at_the_price_and_takes_the_cheapest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     problem = _problem()
     seen: list[Any] = []
     plans = {None: (AB, C, E), 2.8: ((0, 3), E), 5.6: (C, DE), 11.2: (C,)}
@@ -92,13 +92,26 @@ def test_the_search_lays_a_plan_without_offload_and_at_three_prices_and_takes_th
         seen.append(priced.offload_cost_per_byte)
         return priced.offload_cost_per_byte
 
-    found = overlapped(problem, lay, lambda at: (plans[None if at is None else round(at, 1)], ()))
+    def extent(at: Any) -> Any:
+        return plans[None if at is None else round(at, 1)], ()
+
+    # the plan without offload, (AB, C, E), puts e past the room of 100 bytes: price 5.6
+    found = overlapped(problem, lay, extent)
+    assert seen == [None, pytest.approx(5.6)] and found.tried == 2
+    # costs with 100 bytes of room: (AB,C,E) 15+20+560 (c offloads); (C, DE) 10+570
+    assert found.laid == pytest.approx(5.6) and found.offloads == (True, False)
+    assert found.cost == 580 and found.moved == 100 and found.room == 100
+    assert found.price == pytest.approx(5.6)
+    # at more prices the cheapest of all is taken: (C,) at twice the price costs 5
+    monkeypatch.setattr(overlap, "PRICE_STEPS", (0.5, 1.0, 2.0))
+    seen.clear()
+    found = overlapped(problem, lay, extent)
     assert seen[0] is None and seen[1:] == pytest.approx([2.8, 5.6, 11.2])
-    # costs with 100 bytes of room: (AB,C,E) 15+20+560; ((0,3),E) 10+20+1000 (e offloads);
-    # (C, DE) 10+570; (C,) 5: the last, searched at twice the price
-    assert found.laid == pytest.approx(11.2) and found.offloads == (True,)
-    assert found.cost == 5 and found.moved == 100 and found.room == 100 and found.tried == 4
-    assert found.price == pytest.approx(11.2)
+    assert found.laid == pytest.approx(11.2) and found.cost == 5 and found.tried == 4
+    # the plan without offload wins when nothing priced is cheaper: (AB, C, E) beats ((0,3),E)
+    monkeypatch.setattr(overlap, "PRICE_STEPS", (0.5,))
+    found = overlapped(problem, lay, extent)
+    assert found.laid is None and found.price is None and found.cost == 15 + 20 + 560
 
 
 def test_without_search_or_without_room_the_plan_is_laid_once() -> None:
@@ -113,7 +126,7 @@ def test_without_search_or_without_room_the_plan_is_laid_once() -> None:
     calls.clear()
     found = overlapped(_problem(None), lay, lambda r: (r, ()))
     assert calls == [None] and found.offloads == (False, False, False) and found.room == 0
-    assert overlap.PRICE_STEPS == (0.5, 1.0, 2.0)
+    assert overlap.PRICE_STEPS == (1.0,)
 
 
 def _mlp(device: str = "meta", layers: int = 8) -> torch.nn.Module:
