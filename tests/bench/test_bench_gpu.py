@@ -40,6 +40,21 @@ def test_targets_judge_each_row_with_its_numbers() -> None:
     assert not any("sac_ops" in name for name in checks)  # an error row is judged by nothing
 
 
+@pytest.mark.parametrize("seconds,passed", [(1.06, True), (1.07, False)])
+def test_offload_auto_is_judged_against_recompute_at_the_same_budget(seconds: float,
+                                                                     passed: bool) -> None:
+    rows = _rows() + [gpu.Row("llama", "fxckpt_offload_auto", budget=0.5,
+                              budget_bytes=500 * MiB, peak_bytes=490 * MiB,
+                              stated_bytes=495 * MiB, seconds=seconds, unmodified_seconds=1.0)]
+    checks = {c.name: c for c in gpu.targets(rows)}
+    same = checks["offload='auto' no slower than recompute: llama b=0.5"]
+    assert same.passed is passed  # within 2% of fxckpt at 0.5's 1.04x
+    assert same.detail == f"{seconds:.3f}x unmodified against 1.040x"
+    assert checks["budget held: llama fxckpt_offload_auto b=0.5"].passed
+    assert not checks["llama at 0.5 within 1.05x unmodified time (fxckpt_offload_auto)"].passed
+    assert checks["llama at 0.5 within 1.05x unmodified time"].passed  # the row without offload
+
+
 def test_the_report_shows_errors_and_the_summary_counts() -> None:
     rows = _rows()
     checks = gpu.targets(rows)
