@@ -90,9 +90,9 @@ def select(
         laid = lay(problem)
     placement, runs, again, kept = laid.placement, laid.runs, laid.again, laid.kept
     prediction = predict(problem, runs, kept)
-    floor_problem = problem
+    floor = None
     if beside is not None:
-        prediction, floor_problem = _beside(problem, prediction, beside.cost, len(runs))
+        prediction, floor = _beside(problem, prediction, beside, len(runs))
     notes = [*placement.notes, *laid.hooked_notes, *force_notes(order, runs, modules),
              *_budget_notes(config, placement.budget_bytes, target, prediction.peak, replay)]
     factor = refined.scale()
@@ -121,7 +121,7 @@ def select(
         total_flops=sum(info(n).flops for n in order), notes=tuple(notes),
         eager_peak=prediction.eager_peak, predicted_peak=prediction.peak,
         predicted_recompute=prediction.recompute, recompute_share=prediction.share,
-        recompute_floor=floor_share(floor_problem, prediction.peak),
+        recompute_floor=floor_share(problem, prediction.peak) if floor is None else floor,
         budget_bytes=placement.budget_bytes,
     )
     _log(plan)
@@ -140,15 +140,22 @@ class _Laid:
     kept: tuple[str, ...]
 
 
-def _beside(problem: Problem, prediction: Prediction, cost: float, segments: int
-            ) -> tuple[Prediction, Problem]:
-    """The prediction of a plan whose offloads run beside the compute: its cost is what
-    :func:`fxckpt.planning.overlap.cost` says (offloaded segments recompute nothing), and its
-    floor is the floor with bytes moved for free (a bound on every such plan)."""
-    forward = problem.index.cum_cost[-1]
-    share = (cost - segments * problem.index.overhead) / forward if forward else 0.0
-    return (dataclasses.replace(prediction, recompute=cost, share=share),
-            dataclasses.replace(problem, offload_cost_per_byte=0.0))
+def _beside(problem: Problem, prediction: Prediction, beside: Overlapped, segments: int
+            ) -> tuple[Prediction, float]:
+    """The prediction of a plan whose offloads run beside the compute, and its floor.
+
+    Its cost is what :func:`fxckpt.planning.overlap.cost` says: offloaded segments recompute
+    nothing. Its floor is the floor without offload at its peak plus the room: take any plan
+    at that peak that moves at most the room's bytes, and stop checkpointing the segments it
+    offloads. That plan only recomputes, costs no more (it runs those segments once, as the
+    offloading one does), and holds at most the bytes they moved beyond the same peak. So no
+    plan that offloads within the room recomputes less than the floor at peak + room."""
+    ix = problem.index
+    forward = ix.cum_cost[-1]
+    share = (beside.cost - segments * ix.overhead) / forward if forward else 0.0
+    plain = dataclasses.replace(problem, offload_cost_per_byte=None)
+    return (dataclasses.replace(prediction, recompute=beside.cost, share=share),
+            floor_share(plain, prediction.peak + beside.room))
 
 
 def _beside_note(beside: Overlapped) -> str:

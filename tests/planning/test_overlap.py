@@ -5,6 +5,8 @@ the one that fills that room, and the plan that recomputes least is taken."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from typing import Any
 
@@ -157,8 +159,10 @@ def test_a_gpu_plan_offloads_within_the_room_and_recomputes_less_than_without_of
     assert plan.peak_bytes <= 0.5 * plan.eager_peak_bytes
     # the plan without offload is one of those searched: moving bytes for free only lowers it
     assert plan.recompute_share < plain.recompute_share
-    # an offloaded segment recomputes nothing: the share is what the recomputed ones run
+    # an offloaded segment recomputes nothing: the share is what the recomputed ones run; the
+    # floor is the floor at the peak plus the room, under the plain plan's
     assert 0 <= plan.recompute_floor <= plan.recompute_share
+    assert plan.recompute_floor <= plain.recompute_floor
 
 
 def test_a_cpu_plan_still_prices_each_byte_s_trip() -> None:
@@ -200,3 +204,48 @@ def test_a_plan_made_for_a_gpu_runs_on_the_cpu_with_the_same_bits(capture: str) 
     assert fxckpt.inspect(tm).offload_stats.bytes_moved > 0
     for p, q in zip(model.parameters(), tm.parameters()):
         assert torch.equal(p, q)
+
+
+def _every_plan(n: int) -> list[tuple[tuple[int, int], ...]]:
+    """Every set of segments over ops ``0..n-1``: each contiguous piece of a partition is a
+    segment or not."""
+    plans = []
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        pieces, start = [], 0
+        for i, cut in enumerate(cuts, 1):
+            if cut:
+                pieces.append((start, i))
+                start = i
+        pieces.append((start, n))
+        for chosen in itertools.product([False, True], repeat=len(pieces)):
+            plans.append(tuple(p for p, c in zip(pieces, chosen) if c))
+    return plans
+
+
+@pytest.mark.parametrize("room", [100, 200, 300])
+def test_no_plan_that_offloads_within_the_room_beats_the_floor_at_its_peak_plus_the_room(
+        room: int) -> None:
+    """The floor a plan with copies beside the compute states (select's ``_beside``): every
+    segmentation and every offload choice within the room, searched exhaustively."""
+    from fxckpt.solver import simulate
+    from fxckpt.solver.floor import recompute_floor
+
+    problem = _problem(per_byte=None)
+    ix, seen = problem.index, 0
+    best: dict[int, float] = {}  # least cost at each peak reached
+    for ranges in _every_plan(ix.n):
+        peak = simulate(problem, ranges, ()).peak_bytes
+        moved = [ix.cum_saved[e] - ix.cum_saved[s] for s, e in ranges]
+        for offloads in itertools.product([False, True], repeat=len(ranges)):
+            if sum(m for m, o in zip(moved, offloads) if o) > room:
+                continue
+            seen += 1
+            price = cost(problem, ranges, (), offloads)
+            best[peak] = min(price, best.get(peak, math.inf))
+    assert seen > 1000
+    for peak in best:
+        least = min(c for p, c in best.items() if p <= peak)
+        assert least >= recompute_floor(problem, peak + room) - 1e-9, (peak, room)
+    # and with room for two ops' outputs the plain floor is no bound: offloading beats it
+    assert room < 200 or any(min(c for p, c in best.items() if p <= peak) < recompute_floor(problem, peak)
+               for peak in best)
