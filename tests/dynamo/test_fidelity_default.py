@@ -24,8 +24,9 @@ from test_fidelity import STRATEGIES, _made, _strategy
 
 @pytest.mark.parametrize(
     "pattern,strategy",
+    # offload="auto" plans one whole graph, not Dynamo's (docs/guide.md): test_fidelity has it
     [pytest.param(p, s, id=f"{p.name}-{'-'.join(s) or 'none'}")
-     for p in PATTERNS for s in STRATEGIES],
+     for p in PATTERNS for s in STRATEGIES if "offload" not in s],
 )
 def test_the_default_path_trains_every_pattern_to_the_same_bits(pattern: Pattern,
                                                                  strategy: dict) -> None:
