@@ -166,7 +166,7 @@ def _method(name: str, method: str, budget: Optional[float], device: torch.devic
                               repeats=repeats)
         row.seconds = statistics.median(times["method"])
         row.unmodified_seconds = statistics.median(times["unmodified"])
-        if method == "fxckpt_offload":
+        if method in ("fxckpt_offload", "fxckpt_offload_auto"):
             stats = fxckpt.inspect(run).offload_stats
             row.copy_seconds = 2 * stats.bytes_moved / _link_bandwidth(device)
     except NotApplicable as e:
