@@ -32,7 +32,8 @@ from typing import Callable, Generic, Optional, Sequence, TypeVar
 
 from fxckpt.solver import Problem, Spans
 
-__all__ = ["Overlapped", "capacity", "assign", "cost", "price", "overlapped", "PRICE_STEPS"]
+__all__ = ["Overlapped", "capacity", "moved", "assign", "cost", "price", "overlapped",
+           "PRICE_STEPS"]
 
 T = TypeVar("T")
 
@@ -53,10 +54,14 @@ def capacity(problem: Problem) -> int:
     return int(problem.index.cum_cost[-1] / (per_byte / 2))
 
 
-def _moved(problem: Problem, span: tuple[int, int]) -> int:
-    """Bytes an offloaded segment moves: the outputs of its ops that something saves."""
+def moved(problem: Problem, span: tuple[int, int]) -> int:
+    """Bytes an offloaded segment moves: what its ops save, as the offloader's hooks around the
+    segment see it (each value once, those made before it included; graph inputs, parameters
+    and buffers are not ops and stay). The solver's own price per byte counts the outputs of
+    the segment's ops that anything saves (:attr:`fxckpt.solver.problem.Index.cum_saved`),
+    which is O(1) a segment; the room is counted as the runtime moves."""
     ix = problem.index
-    return ix.cum_saved[span[1]] - ix.cum_saved[span[0]]
+    return sum(ix.out[j] for j in {j for i in range(*span) for j in ix.saves[i]})
 
 
 def _recompute(problem: Problem, span: tuple[int, int], keep: frozenset[int]) -> float:
@@ -68,26 +73,27 @@ def _recompute(problem: Problem, span: tuple[int, int], keep: frozenset[int]) ->
             - sum(ix.gain[j] for j in keep if start <= j < end))
 
 
-def _by_worth(problem: Problem, ranges: Spans, keep: frozenset[int]) -> list[int]:
-    """Segments worth offloading (they recompute something and move something), the most
-    recompute per byte moved first."""
-    worth = [i for i, span in enumerate(ranges)
-             if _recompute(problem, span, keep) > 0 and _moved(problem, span) > 0]
-    return sorted(worth, key=lambda i: -_recompute(problem, ranges[i], keep)
-                  / _moved(problem, ranges[i]))
+def _by_worth(problem: Problem, ranges: Spans, keep: frozenset[int]
+              ) -> list[tuple[int, float, int]]:
+    """Segments worth offloading (they recompute something and move something), as
+    ``(index, recompute, bytes moved)``, the most recompute per byte moved first."""
+    worth = []
+    for i, span in enumerate(ranges):
+        work, size = _recompute(problem, span, keep), moved(problem, span)
+        if work > 0 and size > 0:
+            worth.append((i, work, size))
+    return sorted(worth, key=lambda item: -item[1] / item[2])
 
 
 def assign(problem: Problem, ranges: Spans, keep: Sequence[int], room: int) -> list[bool]:
     """Per segment, whether it offloads: the most recompute per byte first, while the bytes
     fit in ``room`` (a segment that does not fit is passed over for smaller ones)."""
-    kept = frozenset(keep)
     offloads = [False] * len(ranges)
     used = 0
-    for i in _by_worth(problem, ranges, kept):
-        moved = _moved(problem, ranges[i])
-        if used + moved <= room:
+    for i, _, size in _by_worth(problem, ranges, frozenset(keep)):
+        if used + size <= room:
             offloads[i] = True
-            used += moved
+            used += size
     return offloads
 
 
@@ -105,17 +111,16 @@ def price(problem: Problem, ranges: Spans, keep: Sequence[int], room: int) -> Op
     """A price per byte moved at which about ``room`` bytes of these segments would rather
     offload than recompute: the recompute per byte of the first segment past the room, most
     per byte first (half the last one's when all fit). ``None`` when none is worth moving."""
-    kept = frozenset(keep)
-    order = _by_worth(problem, ranges, kept)
+    order = _by_worth(problem, ranges, frozenset(keep))
     if not order:
         return None
     used = 0
-    for i in order:
-        used += _moved(problem, ranges[i])
+    for _, work, size in order:
+        used += size
         if used > room:
-            return _recompute(problem, ranges[i], kept) / _moved(problem, ranges[i])
-    last = order[-1]
-    return _recompute(problem, ranges[last], kept) / _moved(problem, ranges[last]) / 2
+            return work / size
+    _, work, size = order[-1]
+    return work / size / 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +167,7 @@ def overlapped(problem: Problem, lay: Callable[[Problem], T],
         ranges, keep = extent(laid)
         offloads = assign(plain, ranges, keep, room)
         found = Overlapped(laid, tuple(offloads), cost(plain, ranges, keep, offloads),
-                           sum(_moved(plain, s) for s, o in zip(ranges, offloads) if o),
+                           sum(moved(plain, s) for s, o in zip(ranges, offloads) if o),
                            room, len(tried), at)
         if best is None or found.cost < best.cost:
             best = found
