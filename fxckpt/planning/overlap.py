@@ -66,11 +66,11 @@ def moved(problem: Problem, span: tuple[int, int]) -> int:
 
 def _recompute(problem: Problem, span: tuple[int, int], keep: frozenset[int]) -> float:
     """What running segment ``span`` again costs: the ops up to its early stop, less the gain
-    of those it keeps (its overhead and hooks left out: it pays them offloaded too)."""
+    of those it keeps (its overhead and hooks left out: it pays them offloaded too). For a
+    problem that does not offload (as this module passes it)."""
     ix = problem.index
-    start, end = span[0], ix.recompute_end(*span)
-    return (ix.cum_cost[end] - ix.cum_cost[start]
-            - sum(ix.gain[j] for j in keep if start <= j < end))
+    return (ix.cum_cost[ix.recompute_end(*span)] - ix.cum_cost[span[0]]
+            - ix.kept_gain([span], keep))
 
 
 def _by_worth(problem: Problem, ranges: Spans, keep: frozenset[int]
@@ -155,16 +155,16 @@ def overlapped(problem: Problem, lay: Callable[[Problem], T],
     """
     room = capacity(problem)
     plain = dataclasses.replace(problem, offload_cost_per_byte=None)
-    tried: list[tuple[T, Optional[float]]] = [(lay(plain), None)]
-    if search and room:
-        ranges, keep = extent(tried[0][0])
-        at = price(plain, ranges, keep, room)
-        if at is not None:
-            tried += [(lay(dataclasses.replace(problem, offload_cost_per_byte=at * step)),
-                       at * step) for step in PRICE_STEPS]
+    first = lay(plain)
+    tried: list[tuple[T, Optional[float], tuple[Spans, Sequence[int]]]] = [
+        (first, None, extent(first))]
+    at = price(plain, *tried[0][2], room) if search and room else None
+    if at is not None:
+        for step in PRICE_STEPS:
+            laid = lay(dataclasses.replace(problem, offload_cost_per_byte=at * step))
+            tried.append((laid, at * step, extent(laid)))
     best: Optional[Overlapped[T]] = None
-    for laid, at in tried:
-        ranges, keep = extent(laid)
+    for laid, at, (ranges, keep) in tried:
         offloads = assign(plain, ranges, keep, room)
         found = Overlapped(laid, tuple(offloads), cost(plain, ranges, keep, offloads),
                            sum(moved(plain, s) for s, o in zip(ranges, offloads) if o),

@@ -159,13 +159,13 @@ def _beside(problem: Problem, prediction: Prediction, beside: Overlapped, segmen
 
 
 def _beside_note(beside: Overlapped) -> str:
-    moved = sum(beside.offloads)
+    count = sum(beside.offloads)
     mib = 1 << 20
     tail = ("searched without offload only" if beside.tried == 1 else
             f"the best of {beside.tried} plans searched, " + (
                 "the one without offload" if beside.price is None
                 else f"searched at {beside.price:.3g} FLOP-equivalents a byte moved"))
-    return (f"offload='auto' with copies beside the compute: {moved} of {len(beside.offloads)} "
+    return (f"offload='auto' with copies beside the compute: {count} of {len(beside.offloads)} "
             f"segment(s) offload {beside.moved / mib:.1f} MiB, within the "
             f"{beside.room / mib:.1f} MiB the host link moves while the forward runs; the rest "
             f"recompute ({tail}; fxckpt.planning.overlap)")
