@@ -21,6 +21,11 @@ eager peak (its reserve included, as in ``transform``):
 Each graph is measured in its own subprocess: the median wall time of ``repeats`` solves, each
 on a fresh problem; then one more solve under ``tracemalloc`` (its peak of Python allocations:
 the solver is pure Python) and the growth of the process's peak RSS over it.
+
+The graphs of :data:`EXACT_GRAPHS` are then solved exactly, in a subprocess of their own with
+:data:`EXACT_TIMEOUT`: the search over every segmentation with no limit on its work or states
+(:func:`exact`), the optimum of the cost model for plans of segments. The plan, kept ops
+included, is checked against it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from fxckpt.solver import Op, Problem
 
-__all__ = ["GRAPHS", "QUICK", "unrolled_cell", "measure", "run", "render", "main"]
+__all__ = ["GRAPHS", "QUICK", "EXACT_GRAPHS", "EXACT_TIMEOUT", "unrolled_cell", "problem_for",
+           "measure", "exact", "run", "render", "main"]
 
 Row = dict[str, Any]
 
@@ -47,6 +53,13 @@ GRAPHS: dict[str, float] = {
 
 QUICK = ("lstm-16", "cell-250")
 """The graphs of ``--quick``."""
+
+EXACT_GRAPHS = ("lstm-16", "dense-16", "dense-24", "mlp-mix-16")
+"""The graphs small enough to be solved exactly (here: 1-40 s, up to 1.4 GiB); on the others
+the exact search's states run to millions."""
+
+EXACT_TIMEOUT = 300.0
+"""Seconds the exact search of one graph may take (its subprocess is stopped after that)."""
 
 
 def unrolled_cell(steps: int, width: int = 8192) -> Problem:
@@ -148,6 +161,35 @@ def _status(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
 
+def problem_for(graph: str, fraction: float) -> tuple[Problem, int]:
+    """The problem of ``graph`` and its budget in bytes (``fraction`` of the unmodified step's
+    simulated peak, the reserve included), as :func:`measure` plans it."""
+    problem = _maker(graph)()[0]
+    return problem, _target(problem, fraction)
+
+
+def _target(problem: Problem, fraction: float) -> int:
+    from fxckpt.solver import simulate
+
+    return int(fraction * simulate(problem, ()).peak_bytes)
+
+
+def exact(graph: str, fraction: float) -> Row:
+    """The cheapest plan of segments for ``graph`` at ``fraction``: the search over every
+    segmentation with no limit on its work or states (run in a subprocess by :func:`run`)."""
+    from fxckpt.solver.bounds import Limits
+    from fxckpt.solver.moves import Space
+    from fxckpt.solver.search import search
+
+    problem, target = problem_for(graph, fraction)
+    start = time.perf_counter()
+    found = search(problem.index, Space(exact=True), target,
+                   limits=Limits(states=2**62, work=2**62))
+    assert found is None or found.exact
+    return {"exact_cost": None if found is None else found.cost,
+            "exact_s": time.perf_counter() - start, "exact_rss_bytes": _status("VmHWM:")}
+
+
 def measure(graph: str, fraction: float, repeats: int = 3) -> Row:
     """Time, memory and the plan's gap for ``graph`` (run in a subprocess by :func:`run`)."""
     from fxckpt.solver.portfolio import solve_plan
@@ -155,7 +197,7 @@ def measure(graph: str, fraction: float, repeats: int = 3) -> Row:
 
     make = _maker(graph)
     problem = make()[0]
-    target = int(fraction * simulate(problem, ()).peak_bytes)  # the reserve included
+    target = _target(problem, fraction)
 
     def solve() -> Row:
         problem, offered, blocks = make()
@@ -187,22 +229,33 @@ def measure(graph: str, fraction: float, repeats: int = 3) -> Row:
     return row
 
 
-def run(graphs: Sequence[str], repeats: int = 3, timeout: float = 600.0) -> list[Row]:
-    """:func:`measure` each graph in its own subprocess."""
+def run(graphs: Sequence[str], repeats: int = 3, timeout: float = 600.0,
+        exact_timeout: float = EXACT_TIMEOUT) -> list[Row]:
+    """:func:`measure` each graph in its own subprocess, and :func:`exact` those of
+    :data:`EXACT_GRAPHS` in another."""
     from fxckpt.measure import MeasureError, run_in_subprocess
 
     rows = []
     for graph in graphs:
+        args = {"graph": graph, "fraction": GRAPHS[graph]}
         try:
-            rows.append(run_in_subprocess(
-                "benchmarks.solver_graphs:measure",
-                {"graph": graph, "fraction": GRAPHS[graph], "repeats": repeats},
-                mmap_threshold=None, timeout=timeout))
+            rows.append(run_in_subprocess("benchmarks.solver_graphs:measure",
+                                          dict(args, repeats=repeats), mmap_threshold=None,
+                                          timeout=timeout))
         except (MeasureError, OSError, TimeoutError) as e:
-            last = (str(e).strip().splitlines() or ["no output"])[-1]
-            rows.append({"status": "error", "graph": graph, "error": last[:300]})
+            rows.append({"status": "error", "graph": graph, "error": _last_line(e)})
+        if graph in EXACT_GRAPHS and rows[-1].get("status") == "ok":
+            try:
+                rows[-1].update(run_in_subprocess("benchmarks.solver_graphs:exact", args,
+                                                  mmap_threshold=None, timeout=exact_timeout))
+            except (MeasureError, OSError, TimeoutError) as e:
+                rows[-1]["exact_error"] = _last_line(e)
         print(f"{graph}: {_row_text(rows[-1])}", flush=True)
     return rows
+
+
+def _last_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or ["no output"])[-1][:300]
 
 
 def _row_text(row: Row) -> str:
@@ -211,7 +264,10 @@ def _row_text(row: Row) -> str:
     if "infeasible" in row:
         return f"{row['solve_s']:.2f} s, infeasible (smallest peak {row['infeasible']} B)"
     gap = "exact pass" if row["gap"] is None else f"gap {row['gap']:.1%}"
-    return f"{row['solve_s']:.2f} s, {row['traced_bytes'] / 2**20:.0f} MiB traced, {gap}"
+    text = f"{row['solve_s']:.2f} s, {row['traced_bytes'] / 2**20:.0f} MiB traced, {gap}"
+    if row.get("exact_cost"):
+        text += f", {row['cost'] / row['exact_cost']:.3f}x the optimum"
+    return text
 
 
 def _machine() -> str:
@@ -233,23 +289,28 @@ def render(rows: list[Row], checks: Sequence[Any]) -> str:
         "allocations during one more solve (`tracemalloc`); **RSS MiB**: growth of the peak "
         "RSS over it. **gave up**: the exact search's work and states at one cut when it gave up "
         "(`fxckpt/solver/bounds.py`). **gap**: at most this share of the plan's recompute cost "
-        "could be saved by any plan the search considers (a relaxed search's lower bound); the "
-        "plan notes say it.", "",
+        "could be saved by any plan the search considers (a relaxed search's lower bound; over "
+        "every segmentation for graphs of up to 200 ops, `WIDE_LIMIT` in "
+        "`fxckpt/solver/solve.py`); the plan notes say it. **optimum**: the cheapest plan of "
+        "segments, from the search over every segmentation with no limit on its work "
+        f"(`exact`, {EXACT_TIMEOUT:.0f} s at most; its time and peak RSS), and the plan's cost "
+        "over it.", "",
         "| graph | ops | budget | solve s | traced MiB | RSS MiB | gave up | recompute cost "
-        "| lower bound | gap | fits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| lower bound | gap | fits | optimum | plan / optimum |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r.get('graph')} | error: {r.get('error')} | | | | | | | | | |")
+            lines.append(f"| {r.get('graph')} | error: {r.get('error')} | | | | | | | | | | | |")
             continue
         gave = f"{r['gave_up'][0]:,} / {r['gave_up'][1]}" if r.get("gave_up") else "—"
         if "infeasible" in r:
-            tail = f"infeasible: smallest peak {r['infeasible']:,} B | — | — | — |"
+            tail = f"infeasible: smallest peak {r['infeasible']:,} B | — | — | — | — | — |"
         else:
             gap = "—" if r["gap"] is None else f"{r['gap']:.1%}"
             low = "—" if r["lower_bound"] is None else f"{r['lower_bound']:.4g}"
-            tail = f"{r['cost']:.4g} | {low} | {gap} | {'yes' if r['fits'] else 'NO'} |"
+            tail = (f"{r['cost']:.4g} | {low} | {gap} | {'yes' if r['fits'] else 'NO'} | "
+                    f"{_optimum(r)} |")
         lines.append(
             f"| {r['graph']} | {r['ops']} | {r['fraction']:g} | {r['solve_s']:.2f} | "
             f"{r['traced_bytes'] / 2**20:.1f} | {r['rss_growth_bytes'] / 2**20:.1f} | {gave} | "
@@ -257,6 +318,17 @@ def render(rows: list[Row], checks: Sequence[Any]) -> str:
     lines += ["", "## Targets", ""]
     lines += [f"- **{c.verdict}** {c.target}: {c.subject}: {c.detail}" for c in checks]
     return "\n".join(lines) + "\n"
+
+
+def _optimum(row: Row) -> str:
+    """The optimum's cells: cost (time, RSS) and the plan's cost over it."""
+    if row.get("exact_cost"):
+        return (f"{row['exact_cost']:.4g} ({row['exact_s']:.0f} s, "
+                f"{row['exact_rss_bytes'] / 2**30:.1f} GiB) | "
+                f"{row['cost'] / row['exact_cost']:.3f}")
+    if "exact_error" in row:
+        return f"not found: {row['exact_error']} | —"
+    return "— | —"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
