@@ -64,8 +64,9 @@ values live across its cuts: unrolled RNNs, DenseNet-style blocks) are searched 
 segment too, bounded the same way, and the cheaper plan wins; their bound is then taken over
 every segment. The fast space's segments are short or anchored, and on such graphs the cheapest
 plans have long segments: on seven of the solver bench's eight graphs of 35-165 ops, the search
-over every segment plans with 12-44% less recompute, in 0.9-2.9 s more (``docs/budget.md``). At
-1,003 ops that search takes 36 s, and on a 243-op synthetic cell it finds a dearer plan."""
+over every segment plans with 12-44% less recompute, in 0.7-2.3 s more
+(``docs/solver_graphs.md``). At 1,003 ops that search takes 36 s, and on a 243-op synthetic cell
+it finds a dearer plan."""
 
 Mode = Literal["auto", "exact", "fast"]
 _EXACT = Space(exact=True)

@@ -23,7 +23,8 @@ def _agreement(checks: list[Any]) -> list[Any]:
 
 
 def test_a_plan_is_checked_against_the_optimum_where_it_was_found() -> None:
-    within = _row(exact_cost=1.538e8 / 1.01, exact_s=0.4, exact_rss_bytes=2**28)
+    within = _row(exact_cost=1.538e8 / 1.01, exact_s=0.4, exact_rss_bytes=2**28,
+                  fast_cost=1.821e8, fast_s=0.86)
     over = _row(graph="lstm-16", exact_cost=1.538e8 / 1.05, exact_s=24.0,
                 exact_rss_bytes=3 * 2**29)
     lost = _row(graph="dense-24", exact_error="timed out after 300 s")
@@ -34,7 +35,7 @@ def test_a_plan_is_checked_against_the_optimum_where_it_was_found() -> None:
     assert "1.010x" in checks[0].detail and "1.050x" in checks[1].detail
     assert "did not finish: timed out after 300 s" in checks[2].detail
     page = render([within, over, lost, unasked], checks)
-    assert "| 1.523e+08 (0 s, 0.2 GiB) | 1.010 |" in page
+    assert "| 1.523e+08 (0 s, 0.2 GiB) | 1.010 | 1.821e+08: plan 0.845x, 0.86 s |" in page
     assert "| 1.465e+08 (24 s, 1.5 GiB) | 1.050 |" in page
     assert "not found: timed out after 300 s | — |" in page
     assert page.count("| — | — |") >= 1  # cell-250: not asked
@@ -49,5 +50,7 @@ def test_a_run_measures_the_plan_and_the_optimum_in_their_own_processes() -> Non
     row = rows[0]
     assert row["exact_cost"] == pytest.approx(exact("dense-16", GRAPHS["dense-16"])["exact_cost"])
     assert row["cost"] <= EXACT_AGREEMENT * row["exact_cost"]
+    # the baseline, solved in the same process without the search over every segment
+    assert row["exact_cost"] <= row["cost"] < row["fast_cost"] and row["fast_s"] > 0
     (check,) = _agreement(graph_checks(rows))
     assert check.passed is True
