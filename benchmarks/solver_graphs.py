@@ -56,7 +56,7 @@ QUICK = ("lstm-16", "cell-250")
 """The graphs of ``--quick``."""
 
 EXACT_GRAPHS = ("lstm-16", "dense-16", "dense-24", "mlp-mix-16")
-"""The graphs small enough to be solved exactly (here: 1-40 s, up to 1.4 GiB); on the others
+"""The graphs small enough to be solved exactly (here: 0.4-32 s, up to 1.3 GiB); on the others
 the exact search's states run to millions."""
 
 EXACT_TIMEOUT = 300.0

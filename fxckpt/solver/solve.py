@@ -143,9 +143,9 @@ def _wide(problem: Problem, space: Space) -> bool:
             and gave_up(problem.index, space) is not None)
 
 
-def _judged(problem: Problem, mode: str) -> Space:
-    """The space a plan of ``mode`` is judged over (optimal, or how far from a bound)."""
-    space = _space(problem, mode)
+def _judged(problem: Problem, space: Space) -> Space:
+    """The space a plan searched in ``space`` is judged over (optimal, or how far from a
+    bound): every segment where the search was widened (:func:`_wide`)."""
     return _EXACT if _wide(problem, space) else space
 
 
@@ -222,8 +222,7 @@ def solve(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
 
 def _solution(problem: Problem, space: Space, budget: int, segments: Spans, peak: int,
               cost: float, bound: bool) -> Solution:
-    if _wide(problem, space):
-        space = _EXACT
+    space = _judged(problem, space)
     where = gave_up(problem.index, space)
     return Solution(segments=segments, predicted_peak=peak, recompute_cost=cost,
                     optimal=space.exact and where is None,
@@ -234,7 +233,7 @@ def _solution(problem: Problem, space: Space, budget: int, segments: Spans, peak
 def heuristic(problem: Problem, *, mode: Mode = "auto") -> bool:
     """Whether the exact search gave up on ``problem`` (its plans now come from the bounded
     heuristic)."""
-    return gave_up(problem.index, _judged(problem, mode)) is not None
+    return gave_up(problem.index, _judged(problem, _space(problem, mode))) is not None
 
 
 def bound_for(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
@@ -242,7 +241,7 @@ def bound_for(problem: Problem, budget_bytes: int, *, mode: Mode = "auto",
     """Where the exact search gave up on ``problem``, a lower bound on the recompute cost of
     every plan it considers under ``budget_bytes`` (at most ``cost``); None where it never did.
     ``priced``: the same ops at lower costs, to take the bound on instead."""
-    space = _judged(problem, mode)
+    space = _judged(problem, _space(problem, mode))
     where = gave_up(problem.index, space)
     if where is None:
         return None
