@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import torch
@@ -76,3 +77,18 @@ def assert_steps_equal(a: Step, b: Step) -> None:
     assert a.buffers.keys() == b.buffers.keys()
     for k in a.buffers:
         assert torch.equal(a.buffers[k], b.buffers[k]), f"buffer {k} differs"
+
+
+class Slow(torch.autograd.Function):
+    """Identity that sleeps ``forward_s`` in its forward and ``backward_s`` in its backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:
+        time.sleep(ctx.backward_s)
+        return grad, None, None

@@ -1,4 +1,4 @@
-"""The wall time of checkpointed segments' forward runs, while a clock is on.
+"""The wall time of checkpointed segments' forward runs, and of a training call's two passes.
 
 A plan prices each segment's forward before it ever runs (:mod:`fxckpt.cost`); the clock
 measures what one actually takes inside a training step, so that the serving layer can refine
@@ -7,7 +7,11 @@ on for a call (:func:`timing`); :func:`fxckpt.runtime.checkpoint.checkpoint` the
 segment's first run (never its recompute) and notes the price the plan gave it
 (``SegmentModule.forward_cost``).
 
-On a CUDA device the run is bracketed by two events on the current stream, read only when the
+A :class:`PassClock` times a whole training call the same way: its forward, and the backward
+that runs through its outputs, so that the serving layer can tell a step's time apart from what
+its plan adds to it.
+
+On a CUDA device a run is bracketed by two events on the current stream, read only when the
 times are asked for (one synchronisation then, none during the step); on a CPU by
 ``time.perf_counter``.
 """
@@ -22,7 +26,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-__all__ = ["SegmentClock", "Timed", "timing", "running_clock"]
+__all__ = ["SegmentClock", "PassClock", "Timed", "timing", "running_clock"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,3 +95,86 @@ def timing(clock: SegmentClock) -> Iterator[None]:
 def running_clock() -> Optional[SegmentClock]:
     """The clock turned on for this call, if any."""
     return _CLOCK.get()
+
+
+class PassClock:
+    """Times one training call: its forward, and the backward that runs through its outputs.
+
+    The forward is the call itself, from :meth:`forward`'s start to the outputs it is shown
+    (:meth:`saw`). The backward starts when the first gradient reaches one of those outputs and
+    ends when the autograd engine finishes that backward (a callback the engine runs at its end),
+    so it includes the recompute of every segment and the gradients' accumulation, and the
+    backward of a loss computed outside the module is left out. The span runs from the call's
+    start to that end: the step as the training loop runs it, the loss and whatever the loop
+    does before its backward included. No backward through the outputs (none requires grad, or
+    the step never calls one): :meth:`seconds` gives ``None`` for it and for the span.
+    """
+
+    def __init__(self, device: Optional[torch.device]) -> None:
+        self.cuda = device is not None and device.type == "cuda"
+        self._forward: Optional[tuple[Any, Any]] = None
+        self._backward: Optional[tuple[Any, Any]] = None
+        self._start: Any = None
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        """The call begins."""
+        self._start = self._mark()
+
+    def saw(self, outputs: Any) -> Any:
+        """The call returned ``outputs``: its forward ends, and the backward through them is
+        watched. Returns ``outputs``."""
+        self._forward = (self._start, self._mark())
+        tensors = [t for t in _tensors(outputs) if t.requires_grad]
+        if not tensors:
+            return outputs
+        began: list[Any] = []
+
+        def first_gradient(_grads: Any) -> None:
+            if began:
+                return
+            began.append(self._mark())
+            torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+        def ended() -> None:
+            self._backward = (began[0], self._mark())
+            handle.remove()
+
+        handle = torch.autograd.graph.register_multi_grad_hook(tensors, first_gradient,
+                                                               mode="any")
+        return outputs
+
+    def seconds(self) -> tuple[Optional[float], Optional[float], Optional[float]]:
+        """(forward, backward, span) seconds; ``None`` for what was not seen (waits for the
+        CUDA events)."""
+        span = None if self._backward is None else (self._start, self._backward[1])
+        return self._elapsed(self._forward), self._elapsed(self._backward), self._elapsed(span)
+
+    def _elapsed(self, pair: Optional[tuple[Any, Any]]) -> Optional[float]:
+        if pair is None:
+            return None
+        begin, end = pair
+        if self.cuda:
+            end.synchronize()
+            return float(begin.elapsed_time(end)) / 1e3
+        return float(end - begin)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in a call's outputs: nested containers, and dataclasses such as Hugging Face's
+    outputs (pytree flattens those it knows; a plain dataclass is opened here)."""
+    from torch.utils import _pytree as pytree
+
+    found = []
+    for leaf in pytree.tree_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            found += _tensors([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+    return found

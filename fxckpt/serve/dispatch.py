@@ -141,8 +141,8 @@ class Dispatcher:
         kwargs = self.step_kwargs(tm, kwargs)
         if torch.compiler.is_compiling():  # never timed or refined inside a compiled region
             return self._call(tm, args, kwargs)
-        with self.refiner.call(tm.training and torch.is_grad_enabled()):
-            return self._call(tm, args, kwargs)
+        with self.refiner.call(tm.training and torch.is_grad_enabled()) as seen:
+            return seen(self._call(tm, args, kwargs))
 
     def _call(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         if self.trains_through_dynamo(tm):

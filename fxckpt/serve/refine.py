@@ -15,6 +15,12 @@ So a transformed module, in training:
    step on; a plan that comes out the same changes nothing. Plans only choose what is
    recomputed, so the gradients are the same bits either way.
 
+The timed steps are also timed whole, from the call to the end of its backward
+(:class:`~fxckpt.runtime.clock.PassClock`). Less what the plans' recompute and segments add, as
+priced, that is the step with no checkpoint; plus what another plan adds, that plan's step
+(:meth:`Refinement.step_seconds`): how a user learns what a budget costs in time on their
+machine, and how ``benchmarks.step_time`` checks a plan's predicted step against the measured one.
+
 Only where the prices are this machine's own measurements and the plan is the solver's: a budget
 (``budget=``), no named ``device_profile`` (a named profile, or ``FXCKPT_CPU_PRICES=table``,
 asks for the same plan on every machine), no pipeline stages, one process (every rank of a job
@@ -29,14 +35,15 @@ import contextlib
 import dataclasses
 import logging
 import math
-from typing import Callable, Iterator, Optional
+import statistics
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from fxckpt.config import TransformConfig
 from fxckpt.cost.refined import forward_overhead, in_step_factor, refined
 from fxckpt.plan import Plan
-from fxckpt.runtime.clock import SegmentClock, timing
+from fxckpt.runtime.clock import PassClock, SegmentClock, timing
 
 __all__ = ["Refiner", "Refinement", "refines", "WARMUP", "TIMED", "TOLERANCE"]
 
@@ -75,8 +82,71 @@ class Refinement:
     changed: Optional[bool] = None
     """Whether a plan made again differs from the one it replaced (in its segments, what they
     keep, or how they save); ``None`` until the step after the re-plan has run."""
+    forward_seconds: Optional[float] = None
+    """The module's forward call, median of the timed steps."""
+    backward_seconds: Optional[float] = None
+    """The backward through its outputs (recompute included; a loss's own backward left out),
+    median of the timed steps; ``None`` when no timed step ran one."""
+    span_seconds: Optional[float] = None
+    """From the call to the end of the backward through its outputs: the step as the training
+    loop runs it, the loss included (the optimizer's step not), median of the timed steps;
+    ``None`` when no timed step ran a backward."""
+    recompute_share: float = 0.0
+    """What the timed plans recompute, as a share of one forward (:attr:`Plan.recompute_share`)."""
+    segments: int = 0
+    """Checkpointed segments in the timed plans."""
+    forward_price: Optional[float] = None
+    """Seconds one forward's ops are priced at, the plans' prices (``None`` when the timed plans
+    recompute nothing to say it by)."""
+    overhead: float = 0.0
+    """Seconds of one segment's fixed overhead, forward and backward, as priced."""
+
+    def recompute_seconds(self, share: float, factor: float = 1.0) -> Optional[float]:
+        """Seconds a plan recomputing ``share`` of a forward adds, its ops at ``factor`` times
+        their prices (``None`` without :attr:`forward_price`)."""
+        if self.forward_price is None:
+            return None
+        return share * self.forward_price * factor
+
+    def base_seconds(self, factor: float = 1.0) -> Optional[float]:
+        """The step (:attr:`span_seconds`) with no checkpoint, predicted from the timed steps:
+        their measured span less what the timed plans' recompute (its ops at ``factor`` times
+        their prices) and segments added."""
+        again = self.recompute_seconds(self.recompute_share, factor)
+        if self.span_seconds is None or again is None:
+            return None
+        return self.span_seconds - again - self.segments * self.overhead
+
+    def step_seconds(self, share: float, segments: int, factor: float = 1.0) -> Optional[float]:
+        """The step (:attr:`span_seconds`) predicted for a plan of ``segments`` segments that
+        recomputes ``share`` of a forward (another budget's plan of the same model, or none):
+        :meth:`base_seconds` plus what that plan adds.
+
+        ``factor`` prices the recompute of both plans. At 1, their prices, the default: on the
+        CPU bench models the factor the timed segments measure differs from plan to plan of one
+        model (1.06 and 1.34 for BERT's plans at 0.5 and 0.75), so a plan's measured factor put
+        on another plan's recompute missed by more than the prices did (docs/step_time.md)."""
+        base, again = self.base_seconds(factor), self.recompute_seconds(share, factor)
+        if base is None or again is None:
+            return None
+        return base + again + segments * self.overhead
+
+    def _step_text(self) -> str:
+        base, again = self.base_seconds(), self.recompute_seconds(self.recompute_share)
+        if base is None or again is None:
+            return ""
+        assert self.span_seconds is not None
+        ms = 1e3
+        return (f"; a step took {self.span_seconds * ms:.1f} ms from the call to the end of "
+                f"its backward (forward {(self.forward_seconds or 0) * ms:.1f} ms, backward "
+                f"{(self.backward_seconds or 0) * ms:.1f} ms), of which the plans' "
+                f"{again * ms:.1f} ms of recompute and {self.segments * self.overhead * ms:.1f} "
+                f"ms of segment overhead (as priced): {base * ms:.1f} ms without them")
 
     def __str__(self) -> str:
+        return self._text() + self._step_text()
+
+    def _text(self) -> str:
         if not self.runs:
             return f"no checkpointed segment ran in {self.steps} timed steps: prices unchanged"
         head = (f"the {self.runs} segment runs of the fastest of {self.steps} timed steps took "
@@ -118,15 +188,19 @@ class Refiner:
         self.calls = 0
         self.clocks: list[SegmentClock] = []
         """One per timed step."""
+        self.passes: list[PassClock] = []
+        """One per timed step: its forward and backward."""
         self.factor = 1.0
         self.result: Optional[Refinement] = None
         self._before: Optional[list[tuple]] = None
 
     @contextlib.contextmanager
-    def call(self, training: bool) -> Iterator[None]:
+    def call(self, training: bool) -> Iterator[Callable[[Any], Any]]:
         """Around one call of the module: its plans priced at the factor found so far; timed,
-        or made again, as the call's place among the training calls says."""
+        or made again, as the call's place among the training calls says. Yields what the call
+        passes its outputs through (a timed call's backward is watched through them)."""
         timed: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        seen: Callable[[Any], Any] = _same
         if self.on is None and training:
             first = next(iter(self.model.parameters()), None)
             self.device = "cpu" if first is None else str(first.device)
@@ -138,8 +212,11 @@ class Refiner:
             elif self.calls > WARMUP:
                 self.clocks.append(SegmentClock())
                 timed = timing(self.clocks[-1])
+                self.passes.append(PassClock(torch.device(self.device)))
+                self.passes[-1].start()
+                seen = self.passes[-1].saw
         with refined(self.factor), timed:
-            yield
+            yield seen
         if self._before is not None and training:
             self._compare()
 
@@ -158,7 +235,8 @@ class Refiner:
         replan = measured.runs > 0 and abs(math.log(factor)) > math.log1p(TOLERANCE)
         predicted = measured.cost / unit + forward_overhead(measured.runs, overhead)
         self.result = Refinement(TIMED, measured.runs, measured.seconds, predicted, factor,
-                                 factor if replan else 1.0, replan)
+                                 factor if replan else 1.0, replan,
+                                 **_passes(self.passes, self.plans(), unit, overhead))
         if replan:
             self.factor = factor
             self._before = [_structure(p) for p in self.plans()]
@@ -170,6 +248,30 @@ class Refiner:
         self.result.changed = [_structure(p) for p in self.plans()] != self._before
         self._before = None
         log.info("fxckpt: %s", self.result)
+
+
+def _same(outputs: Any) -> Any:
+    return outputs
+
+
+def _passes(clocks: list[PassClock], plans: list[Plan], unit: float,
+            overhead: float) -> dict[str, Any]:
+    """The :class:`Refinement` fields of the timed steps' forward and backward, and of the plans
+    they ran."""
+    times = [clock.seconds() for clock in clocks]
+    forward, backward, span = (_median([t[i] for t in times]) for i in range(3))
+    recompute = sum(p.predicted_recompute or 0.0 for p in plans)
+    ops = sum((p.predicted_recompute or 0.0) / p.recompute_share for p in plans
+              if p.recompute_share)
+    return {"forward_seconds": forward, "backward_seconds": backward, "span_seconds": span,
+            "recompute_share": recompute / ops if ops > 0 else 0.0,
+            "segments": sum(len(p.segments) for p in plans),
+            "forward_price": ops / unit if ops > 0 else None, "overhead": overhead}
+
+
+def _median(values: list[Optional[float]]) -> Optional[float]:
+    seen = [v for v in values if v is not None]
+    return statistics.median(seen) if seen else None
 
 
 def _structure(plan: Plan) -> tuple:

@@ -1,8 +1,10 @@
 """The segment clock: each checkpointed segment's first run timed while a clock is on, never its
-recompute, never without a clock, never in eval or under no_grad."""
+recompute, never without a clock, never in eval or under no_grad. The pass clock: a call's
+forward, and the backward through its outputs, without the loss's."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -11,8 +13,9 @@ import torch.nn as nn
 
 import fxckpt
 from fxckpt.runtime.checkpoint import checkpoint
-from fxckpt.runtime.clock import SegmentClock, Timed, running_clock, timing
+from fxckpt.runtime.clock import PassClock, SegmentClock, Timed, running_clock, timing
 from fxckpt.runtime.segment import SegmentModule
+from support import Slow
 
 
 def _stack() -> nn.Module:
@@ -85,3 +88,49 @@ def test_timed_adds_up_what_it_saw() -> None:
     assert isinstance(timed, Timed)
     assert timed.runs == 3 and timed.cost == 15.0
     assert 0.006 <= timed.seconds < 1.0
+
+
+def test_the_pass_clock_times_the_call_and_the_backward_through_its_outputs_not_the_loss() -> None:
+    clock = PassClock(torch.device("cpu"))
+    x = torch.randn(4, requires_grad=True)
+    clock.start()
+    out = clock.saw(Slow.apply(x, 0.05, 0.1))
+    assert clock.seconds()[1:] == (None, None)  # no backward yet
+    loss = Slow.apply(out, 0.2, 0.3).sum()  # a slow loss, outside the call
+    loss.backward()
+    forward, backward, span = clock.seconds()
+    assert forward is not None and 0.05 <= forward < 0.2
+    assert backward is not None and 0.1 <= backward < 0.3  # the loss's 0.3 s left out
+    assert span is not None and span >= forward + 0.2 + 0.3 + backward  # but in the span
+    assert x.grad is not None
+    again = torch.randn(4, requires_grad=True)
+    Slow.apply(again, 0.0, 0.2).sum().backward()  # another backward: not this call's
+    assert clock.seconds()[1] == backward
+
+
+@dataclasses.dataclass
+class _Output:
+    loss: torch.Tensor
+    count: int
+
+
+@pytest.mark.parametrize("wrap", [lambda t: t, lambda t: {"out": [t]}, lambda t: _Output(t, 3)],
+                         ids=["tensor", "dict of lists", "dataclass"])
+def test_the_pass_clock_finds_the_outputs_in_containers_and_dataclasses(wrap) -> None:
+    clock = PassClock(torch.device("cpu"))
+    x = torch.randn(4, requires_grad=True)
+    clock.start()
+    out = Slow.apply(x, 0.0, 0.05)
+    assert clock.saw(wrap(out)) is not None
+    out.sum().backward()
+    assert (clock.seconds()[1] or 0.0) >= 0.05
+
+
+def test_the_pass_clock_times_no_backward_where_no_output_needs_one() -> None:
+    clock = PassClock(torch.device("cpu"))
+    clock.start()
+    with torch.no_grad():
+        out = clock.saw(torch.randn(4, requires_grad=True) * 2)
+    assert out.shape == (4,)
+    forward, backward, span = clock.seconds()
+    assert forward is not None and forward >= 0 and backward is None and span is None

@@ -7,6 +7,8 @@ does not depend on this machine's timings; one runs the measured path as a user 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from typing import Callable, Optional
 
 import pytest
@@ -16,13 +18,13 @@ import torch.nn as nn
 import fxckpt
 import fxckpt.serve.refine as refine
 from fxckpt.config import TransformConfig
-from fxckpt.cost.cpu_table import ENV
+from fxckpt.cost.cpu_table import ENV, TABLE_RATE
 from fxckpt.cost.devices import cpu_profile
 from fxckpt.cost.refined import FORWARD_SHARE, LIMITS
 from fxckpt.serve.refine import TIMED, TOLERANCE, WARMUP, Refinement, refines
 from models import gpt2
 from patterns import PATTERNS, Pattern
-from support import assert_steps_equal, run_step
+from support import Slow, assert_steps_equal, run_step
 
 STEPS = WARMUP + TIMED + 3
 REFINED_AT = WARMUP + TIMED  # the index of the call that plans again
@@ -121,8 +123,17 @@ def test_a_refined_plan_is_made_once_and_gives_the_same_bits(
     note = f"ops priced at x{value:.2f} their measured prices"
     assert all(any(note in n for n in p.notes) for p in after)
     assert not any(note in n for p in before for n in p.notes)
-    assert str(result).endswith("the plans changed" if result.changed
-                                else "the same plans came out")
+    assert ("the plans changed" if result.changed else "the same plans came out") in str(result)
+    # the timed steps' passes, and the timed plans they are set against
+    assert result.forward_seconds and result.backward_seconds and result.span_seconds
+    assert result.span_seconds >= result.forward_seconds + result.backward_seconds
+    assert result.segments == sum(len(p.segments) for p in before)
+    recompute = sum(p.predicted_recompute or 0.0 for p in before)
+    forward = sum((p.predicted_recompute or 0.0) / p.recompute_share for p in before
+                  if p.recompute_share)
+    assert result.recompute_share == pytest.approx(recompute / forward)
+    assert result.forward_price == pytest.approx(forward / TABLE_RATE)  # the suite's prices
+    assert "a step took" in str(result)
 
 
 def test_dearer_ops_make_a_plan_of_more_segments_that_recomputes_less(factor: Factor) -> None:
@@ -338,3 +349,47 @@ def test_a_batch_that_changes_while_timed_is_planned_again_once(factor: Factor) 
     made, _, _ = _side_by_side(mlp, lambda step: (torch.randn(sizes[step], 16, 32),), 0.5,
                                capture="graph", one_size=False)
     assert made == [1, 2, 2, 2, 3, 4, 4]  # one plan per size; each made again at its next call
+
+
+def test_a_refinement_predicts_the_step_of_another_plan_from_its_own() -> None:
+    """Timed: a step of 150 ms (forward 40 ms, backward 100 ms), with a plan of 4 segments
+    recomputing 30% of a forward priced at 20 ms (6 ms; 9 ms at the x1.5 its segments measured)
+    and 2 ms of overhead a segment (8 ms): 136 ms of the 150 are the step without checkpoints
+    (133 ms at x1.5)."""
+    r = Refinement(TIMED, 4, 0.02, 0.018, 1.5, 1.5, True, forward_seconds=0.04,
+                   backward_seconds=0.1, span_seconds=0.15, recompute_share=0.3, segments=4,
+                   forward_price=0.02, overhead=0.002)
+    assert r.recompute_seconds(0.3) == pytest.approx(0.006)
+    assert r.recompute_seconds(0.3, r.measured) == pytest.approx(0.009)
+    assert r.base_seconds() == pytest.approx(0.136)
+    assert r.base_seconds(r.measured) == pytest.approx(0.133)
+    assert r.step_seconds(0.0, 0) == pytest.approx(0.136)
+    for factor in (1.0, r.measured):  # its own plan: its own step, at either price
+        assert r.step_seconds(0.3, 4, factor) == pytest.approx(0.15)
+    assert r.step_seconds(0.5, 10) == pytest.approx(0.136 + 0.5 * 0.02 + 10 * 0.002)
+    assert r.step_seconds(0.5, 10, 1.5) == pytest.approx(0.133 + 0.5 * 0.02 * 1.5 + 10 * 0.002)
+    assert "a step took 150.0 ms from the call to the end of its backward" in str(r)
+    assert "(forward 40.0 ms, backward 100.0 ms)" in str(r)
+    assert "6.0 ms of recompute and 8.0 ms of segment overhead" in str(r)
+    assert str(r).endswith("136.0 ms without them")
+    unseen = dataclasses.replace(r, backward_seconds=None, span_seconds=None)  # no backward
+    assert unseen.base_seconds() is None and unseen.step_seconds(0.3, 4) is None
+    assert "a step's" not in str(unseen)
+    unpriced = dataclasses.replace(r, forward_price=None)  # its plans recomputed nothing
+    assert unpriced.recompute_seconds(0.3) is None and unpriced.step_seconds(0.0, 0) is None
+
+
+def test_the_timed_backward_is_the_module_s_not_the_loss_s(factor: Factor) -> None:
+    """A gradient hook on the input sleeps 50 ms inside the module's backward; the loss's own
+    backward sleeps 300 ms outside it."""
+    torch.manual_seed(0)
+    tm = fxckpt.transform(mlp(), budget=0.5, capture="graph")
+    for _ in range(WARMUP + TIMED + 1):
+        x = torch.randn(*MODELS["mlp"][1], requires_grad=True)
+        x.register_hook(lambda g: time.sleep(0.05))
+        Slow.apply(tm(x), 0.0, 0.3).sum().backward()
+    result = fxckpt.inspect(tm).refinement
+    assert result is not None and result.runs
+    assert result.backward_seconds is not None and 0.05 <= result.backward_seconds < 0.3
+    assert result.forward_seconds is not None and 0 < result.forward_seconds < 0.3
+    assert result.span_seconds is not None and result.span_seconds >= 0.05 + 0.3  # loss's in
