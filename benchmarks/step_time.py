@@ -25,7 +25,10 @@ the project's benchmark machine) gives at the same budgets, all paired by turns
 * the same prediction after the module refined its prices (:mod:`fxckpt.serve.refine`): each
   transformed module first runs the steps that time its segments and plan again, and the
   model's ops (forward and backward, not the fixed overheads) are predicted at the factor its
-  plans measured (``inspect(tm).refinement.measured``, from a budget plan with segments).
+  plans measured (``inspect(tm).refinement.measured``, from a budget plan with segments);
+* each step predicted from another module's first steps, as timed by its refinement: their
+  forward and backward, less what that module's plan added, plus what this row's plan adds
+  (``Refinement.step_seconds``; :data:`FROM` says whose steps predict which row).
 
 Predictions, not targets: the first table says how far the prices are from the measured steps.
 """
@@ -52,6 +55,9 @@ from fxckpt.serve.refine import TIMED, WARMUP
 __all__ = ["Row", "measure", "render", "main"]
 
 BUDGETS = (0.5, 0.75)
+
+FROM = {"unmodified": "fxckpt 0.5", "fxckpt 0.5": "fxckpt 0.75", "fxckpt 0.75": "fxckpt 0.5"}
+"""Whose timed first steps predict each row's step: never the row's own module."""
 
 REFINE_STEPS = WARMUP + TIMED + 1
 """Steps each transformed module runs before the timed turns: the last of them plans again
@@ -85,6 +91,12 @@ class Row:
     """Whether the plan made again differs from the first."""
     factor: Optional[float] = None
     """The factor the model's timed segments measured (its ops at that times their prices)."""
+    stepped_s: Optional[float] = None
+    """The step predicted from another module's first steps (:data:`FROM`): their measured
+    forward and backward, less what that module's plan added, plus what this plan adds, the
+    recompute of both at its prices (:meth:`fxckpt.serve.refine.Refinement.step_seconds`)."""
+    stepped_factor_s: Optional[float] = None
+    """The same, the recompute of both at the factor the other module's segments measured."""
 
     @property
     def ratio(self) -> float:
@@ -198,13 +210,16 @@ def measure(model_name: str, quick: bool = False, turns: int = 7,
         predicted = (ops + segments * overhead) / rate
         table = name.replace("fxckpt", "table") if plan is not None else ""
         refined = None if factor is None else (ops * factor + segments * overhead) / rate
-        result = refinements.get(name)
+        result, source = refinements.get(name), refinements.get(FROM.get(name, ""))
+        stepped = (None, None) if source is None else (
+            source.step_seconds(share, segments),
+            source.step_seconds(share, segments, source.measured))
         rows.append(Row(model_name, name, segments, share, predicted, median[name],
                         forward / rate, backward / rate, median.get(table),
                         _same(plan, plans[table]) if table in plans else None,
                         len(plans[table].segments) if table in plans else None,
                         refined, None if result is None else result.replanned,
-                        None if result is None else result.changed, factor))
+                        None if result is None else result.changed, factor, *stepped))
     return rows
 
 
@@ -245,6 +260,9 @@ def render(rows: list[Row], facts: dict[str, Any]) -> str:
     refined = [r for r in rows if r.refined_s is not None]
     if refined:
         lines += _after_refinement(refined)
+    stepped = [r for r in rows if r.stepped_s is not None]
+    if stepped:
+        lines += _from_first_steps(stepped)
     compared = [r for r in rows if r.table_s is not None]
     if compared:
         lines += _against_table(compared)
@@ -271,6 +289,34 @@ def _after_refinement(rows: list[Row]) -> list[str]:
     within = sum(abs(x - 1) <= 0.10 for x in ratios)
     return lines + ["", f"{within} of {len(rows)} within 10% after refinement "
                     f"(from {min(ratios):.2f} to {max(ratios):.2f}).", ""]
+
+
+def _from_first_steps(rows: list[Row]) -> list[str]:
+    """Each step predicted from another module's timed first steps (:data:`FROM`)."""
+    lines = ["## From another plan's first steps", "",
+             "`inspect(tm).refinement` of a transformed module times its first steps' forward "
+             "and backward, and takes off what its plan adds (its recompute and each segment's "
+             "overhead, as priced) to predict the step of any other plan of the model: that "
+             "plan's additions on top (`Refinement.step_seconds`). Each row is predicted from "
+             "the other module's steps, never its own: the unmodified step and the 0.75 plan "
+             "from the 0.5 module, the 0.5 plan from the 0.75 module. The last column puts "
+             "the recompute of both plans at the factor the other module's segments measured "
+             "instead of at its prices.", "",
+             "| model | plan | predicted from | predicted step | measured step | "
+             "predicted / measured | at the measured factor |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        assert r.stepped_s is not None and r.stepped_factor_s is not None
+        lines.append(f"| {r.model} | {r.method} | {FROM[r.method]} | {r.stepped_s * 1e3:.0f} ms "
+                     f"| {r.measured_s * 1e3:.0f} ms | {r.stepped_s / r.measured_s:.2f} | "
+                     f"{r.stepped_factor_s / r.measured_s:.2f} |")
+    summary = []
+    for name, values in (("at the prices", [r.stepped_s or 0 for r in rows]),
+                         ("at the measured factor", [r.stepped_factor_s or 0 for r in rows])):
+        ratios = [v / r.measured_s for v, r in zip(values, rows)]
+        within = sum(abs(x - 1) <= 0.10 for x in ratios)
+        summary.append(f"{name}, {within} of {len(rows)} within 10% "
+                       f"(from {min(ratios):.2f} to {max(ratios):.2f})")
+    return lines + ["", "Recompute " + "; ".join(summary) + ".", ""]
 
 
 def _against_table(rows: list[Row]) -> list[str]:

@@ -66,3 +66,13 @@ def test_the_prediction_after_refinement_prices_the_ops_at_the_measured_factor(
                                    "torch": "x", "machine": "here"})
     assert "## After the first steps refined the prices" in text
     assert "within 10% after refinement" in text
+    # each row predicted from another module's timed steps: what its own plan adds on top
+    by = {r.method: r for r in rows}
+    assert all(r.stepped_s and r.stepped_factor_s for r in rows)
+    segment = cpu_profile().segment
+    three = by["fxckpt 0.75"]  # predicted from the 0.5 module's steps, as the unmodified step
+    assert (three.stepped_s or 0) - (by["unmodified"].stepped_s or 0) >= \
+        three.segments * segment * (1 - 1e-9)
+    assert "## From another plan's first steps" in text and "at the measured factor, " in text
+    assert "| mlp | unmodified | fxckpt 0.5 |" in text
+    assert "| mlp | fxckpt 0.5 | fxckpt 0.75 |" in text
