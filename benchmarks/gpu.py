@@ -20,6 +20,8 @@ fxckpt's rows also give the peak the plan states. Methods: unmodified, per-block
 saved tensor to pinned host memory (``offload=True``), whose copies are timed against the step,
 and fxckpt at 0.5 with ``offload="auto"`` (copies beside the compute, within what the host link
 moves during the forward: :mod:`fxckpt.planning.overlap`), checked against fxckpt at 0.5.
+A budget plan refines its prices after its first steps (:mod:`fxckpt.serve.refine`): its rows
+also check the unmodified step that refinement predicts against the unmodified step timed.
 
 The targets of issue 32 are checked beside the numbers (:func:`targets`). ``OUTDIR`` receives
 ``gpu_bench.json`` and ``gpu_bench.md``; the last line printed is a one-line summary.
@@ -78,6 +80,9 @@ class Row:
     tokens: int = 0
     """Tokens a step trains on (batch x sequence)."""
     error: Optional[str] = None
+    predicted_unmodified: Optional[float] = None
+    """For a budget plan that refined its prices: the unmodified step predicted from its first
+    timed steps (:meth:`fxckpt.serve.refine.Refinement.base_seconds`)."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -166,6 +171,11 @@ def _method(name: str, method: str, budget: Optional[float], device: torch.devic
                               repeats=repeats)
         row.seconds = statistics.median(times["method"])
         row.unmodified_seconds = statistics.median(times["unmodified"])
+        if method == "fxckpt":
+            import fxckpt
+
+            refinement = fxckpt.inspect(run).refinement
+            row.predicted_unmodified = None if refinement is None else refinement.base_seconds()
         if method in ("fxckpt_offload", "fxckpt_offload_auto"):
             stats = fxckpt.inspect(run).offload_stats
             row.copy_seconds = 2 * stats.bytes_moved / _link_bandwidth(device)
@@ -272,12 +282,24 @@ def targets(rows: list[Row]) -> list[Check]:
             checks.append(Check(f"offload='auto' no slower than recompute: {r.model} "
                                 f"b={r.budget}", r.ratio <= same * 1.02,
                                 f"{r.ratio:.3f}x unmodified against {same:.3f}x"))
+        if r.predicted_unmodified and r.unmodified_seconds:
+            error = r.predicted_unmodified / r.unmodified_seconds - 1
+            checks.append(Check(f"unmodified step predicted within 10%: {r.model} {r.method}"
+                                f" b={_budget(r.budget)}", abs(error) <= 0.10,
+                                f"{r.predicted_unmodified * 1e3:.1f} ms from the plan's first "
+                                f"steps vs {r.unmodified_seconds * 1e3:.1f} ms ({error:+.1%})"))
         if r.method == "fxckpt_offload" and r.copy_seconds and r.ratio is not None:
             exposed = max(0.0, (r.seconds or 0) - (r.unmodified_seconds or 0))
             hidden = 1 - min(1.0, exposed / r.copy_seconds)
             checks.append(Check(f"offload hides 80% of its copies: {r.model}", hidden >= 0.8,
                                 f"{hidden:.0%} of {r.copy_seconds * 1e3:.1f} ms hidden"))
     return checks
+
+
+def _budget(budget: Optional[float]) -> str:
+    if budget is None:
+        return "—"
+    return f"{budget:g}" if isinstance(budget, float) else f"{budget / 2**20:.1f} MiB"
 
 
 def _mib(n: Optional[int]) -> str:
@@ -302,8 +324,7 @@ def render(rows: list[Row], checks: list[Check], device: str, machine: dict[str,
         step = "—" if r.seconds is None else f"{r.seconds * 1e3:.1f} ms"
         rate = "—" if not (r.seconds and r.tokens) else f"{r.tokens / r.seconds:,.0f}"
         ratio = "—" if r.ratio is None else f"{r.ratio:.3f}x"
-        budget = "—" if r.budget is None else (f"{r.budget:g}" if isinstance(r.budget, float)
-                                               else f"{r.budget / 2**20:.1f} MiB")
+        budget = _budget(r.budget)
         cells = [r.model, r.method, budget, _mib(r.peak_bytes), _mib(r.reserved_bytes),
                  _mib(r.stated_bytes), step, rate, ratio]
         if r.error:

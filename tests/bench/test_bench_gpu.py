@@ -40,6 +40,22 @@ def test_targets_judge_each_row_with_its_numbers() -> None:
     assert not any("sac_ops" in name for name in checks)  # an error row is judged by nothing
 
 
+@pytest.mark.parametrize("predicted,passed", [(0.91, True), (1.09, True), (0.89, False),
+                                              (1.12, False), (None, None)])
+def test_the_unmodified_step_predicted_from_a_plan_s_first_steps_is_judged(
+        predicted: float, passed: bool) -> None:
+    rows = _rows()
+    rows[2].predicted_unmodified = predicted  # fxckpt at 0.5; the unmodified step took 1 s
+    checks = {c.name: c for c in gpu.targets(rows)}
+    name = "unmodified step predicted within 10%: llama fxckpt b=0.5"
+    if passed is None:  # not refined: nothing to judge
+        assert name not in checks
+        return
+    assert checks[name].passed is passed
+    assert checks[name].detail == (f"{predicted * 1e3:.1f} ms from the plan's first steps vs "
+                                   f"1000.0 ms ({predicted - 1:+.1%})")
+
+
 @pytest.mark.parametrize("seconds,passed", [(1.06, True), (1.07, False)])
 def test_offload_auto_is_judged_against_recompute_at_the_same_budget(seconds: float,
                                                                      passed: bool) -> None:
