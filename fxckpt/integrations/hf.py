@@ -44,6 +44,7 @@ import importlib
 import inspect
 import json
 import logging
+import operator
 import re
 import warnings
 from typing import Any, Callable, Optional
@@ -225,7 +226,9 @@ _INTERFACE = "attention_interface("
 
 def from_attention_interface(node: torch.fx.Node) -> bool:
     """Traced from a Hugging Face module's ``attention_interface(...)`` call: the innermost
-    module's class is transformers', and the line export recorded is that call."""
+    module's class is transformers', and a line of the recorded stack is that call (the last
+    line for export, which records the module's frame; one of the lines for Dynamo, which
+    records every frame it inlined)."""
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return False
@@ -235,33 +238,72 @@ def from_attention_interface(node: torch.fx.Node) -> bool:
 
 
 def _in_interface(node: torch.fx.Node) -> bool:
-    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    return bool(lines) and _INTERFACE in lines[-1]
+    return _INTERFACE in (node.meta.get("stack_trace") or "")
 
 
 def repeated_kv(node: Any) -> Optional[tuple[torch.fx.Node, int]]:
-    """``(x, n)`` for Hugging Face's ``repeat_kv`` as export records it,
-    ``reshape(expand(unsqueeze(x, 2), [b, h, n, s, d]), [b, h * n, s, d])`` traced inside the
-    attention interface, each step used once; else ``None``."""
-    aten = torch.ops.aten
-    if not (isinstance(node, torch.fx.Node) and node.target is aten.reshape.default
-            and _in_interface(node) and len(node.users) == 1):
+    """``(x, n)`` for Hugging Face's ``repeat_kv`` traced inside the attention interface, each
+    step used once; else ``None``. Export records it as
+    ``reshape(expand(unsqueeze(x, 2), [b, h, n, s, d]), [b, h * n, s, d])``, Dynamo as
+    ``x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)``."""
+    if not (isinstance(node, torch.fx.Node) and _in_interface(node) and len(node.users) == 1):
         return None
+    found = _exported_repeat(node) if node.op == "call_function" else _dynamo_repeat(node)
+    if found is None:
+        return None
+    source, n = found
+    return (source, n) if isinstance(source, torch.fx.Node) and _repeats(n) > 1 else None
+
+
+def _repeats(n: Any) -> int:
+    """How many times ``repeat_kv`` repeats: a constant, or a size Dynamo made symbolic (a model
+    of the same class with other head counts compiled before: its value at this graph's call)."""
+    if isinstance(n, torch.fx.Node):
+        value = n.meta.get("example_value", n.meta.get("val"))
+        hint = value.node.hint if isinstance(value, torch.SymInt) else None
+        return int(hint) if hint is not None else 0
+    return n if isinstance(n, int) else 0
+
+
+def _exported_repeat(node: torch.fx.Node) -> Optional[tuple[Any, Any]]:
+    aten = torch.ops.aten
     expand = node.args[0]
-    if not (isinstance(expand, torch.fx.Node) and expand.target is aten.expand.default
-            and len(expand.users) == 1):
+    if not (node.target is aten.reshape.default and isinstance(expand, torch.fx.Node)
+            and expand.target is aten.expand.default and len(expand.users) == 1):
         return None
     sizes, shape = expand.args[1], node.args[1]
     if not (isinstance(sizes, (list, tuple)) and len(sizes) == 5
             and isinstance(shape, (list, tuple)) and len(shape) == 4):
         return None
-    unsqueeze, n = expand.args[0], sizes[2]
+    unsqueeze = expand.args[0]
     if not (isinstance(unsqueeze, torch.fx.Node) and unsqueeze.target is aten.unsqueeze.default
-            and unsqueeze.args[1] == 2 and len(unsqueeze.users) == 1
-            and isinstance(n, int) and n > 1):
+            and unsqueeze.args[1] == 2 and len(unsqueeze.users) == 1):
         return None
-    source = unsqueeze.args[0]
-    return (source, n) if isinstance(source, torch.fx.Node) else None
+    return unsqueeze.args[0], sizes[2]
+
+
+_NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))
+"""``[:, :, None, :, :]``: Dynamo's record of ``repeat_kv``'s new axis."""
+
+
+def _dynamo_repeat(node: torch.fx.Node) -> Optional[tuple[Any, Any]]:
+    expand = node.args[0] if node.args else None
+    if not (node.op == "call_method" and node.target == "reshape"
+            and isinstance(expand, torch.fx.Node) and expand.op == "call_method"
+            and expand.target == "expand" and len(expand.users) == 1
+            and len(_sizes(expand.args[1:])) == 5 and len(_sizes(node.args[1:])) == 4):
+        return None
+    index = expand.args[0]
+    if not (isinstance(index, torch.fx.Node) and index.op == "call_function"
+            and index.target is operator.getitem and len(index.users) == 1
+            and index.args[1] == _NEW_AXIS):
+        return None
+    return index.args[0], _sizes(expand.args[1:])[2]
+
+
+def _sizes(args: tuple) -> tuple:
+    """A shape given to ``expand``/``reshape`` as one sequence or as separate arguments."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
 
 
 def model_from_config_file(path: str, dtype: Optional[torch.dtype]) -> torch.nn.Module:

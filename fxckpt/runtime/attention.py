@@ -30,9 +30,11 @@ A causal or all-visible boolean mask and its shortcut give bit-identical outputs
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -40,7 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt import integrations
 
-__all__ = ["attention", "layer_mask", "mask_kind", "CAUSAL", "FULL"]
+__all__ = ["attention", "layer_mask", "mask_kind", "kind_of", "planning", "CAUSAL", "FULL"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
@@ -90,9 +92,25 @@ def layer_mask(mask: Any, causal: bool) -> Any:
 layer_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_layer_mask(...)`
 
 
+_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("fxckpt_planning",
+                                                                default=False)
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """Fake runs in here are fxckpt's own (planning a graph Dynamo handed its backend): they
+    follow ``expect`` although Dynamo is compiling."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
 def _valueless(mask: torch.Tensor) -> bool:
-    """Fake or meta: shapes only (not under ``torch.compile``, whose tensors are real)."""
-    return not torch.compiler.is_compiling() and (
+    """Fake or meta: shapes only (not under ``torch.compile``, whose tensors are real, unless the
+    run is fxckpt's own planning inside its Dynamo backend)."""
+    return (not torch.compiler.is_compiling() or _PLANNING.get()) and (
         isinstance(mask, FakeTensor) or mask.device.type == "meta")
 
 
@@ -121,12 +139,15 @@ def mask_kind(mask: torch.Tensor, queries: Any, keys: Any) -> Optional[str]:
     # Out of sight of dispatch modes: a selective-checkpoint mode counting a kept node's calls
     # must see the same calls in the forward and in the recompute (which finds the verdict here).
     with _disable_current_modes():
-        kind = _kind(mask, queries, keys)
+        kind = kind_of(mask, queries, keys)
     _local.seen = (weakref.ref(mask), key, kind)
     return kind
 
 
-def _kind(mask: torch.Tensor, queries: int, keys: int) -> Optional[str]:
+def kind_of(mask: torch.Tensor, queries: int, keys: int) -> Optional[str]:
+    """``"causal"``, ``"full"`` or ``None`` for a boolean mask with values, looked at now (no
+    memory of earlier verdicts; capture calls it on a mask it computed from sizes, also while
+    Dynamo compiles)."""
     if bool(mask.all()):
         return FULL
     causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril()

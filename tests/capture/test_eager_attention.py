@@ -1,15 +1,21 @@
 """capture/eager_attention.py: an exported graph's attention with a boolean mask routed through
 fxckpt's attention call, with what the mask is at the example's shapes when shapes alone decide
-it; other attention calls left as they are."""
+it; other attention calls left as they are. The same for Dynamo's graphs, the default training
+path: Hugging Face models then run the kernels eager runs."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 import torch.fx
 import torch.nn.functional as F
 
+import fxckpt
 from fxckpt.capture.eager_attention import Rewritten, eager_attention
 from fxckpt.runtime.attention import attention
+from support import assert_steps_equal, run_step
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -66,3 +72,145 @@ def test_float_masks_and_causal_calls_are_left_as_they_are() -> None:
 def test_a_graph_without_attention_is_unchanged() -> None:
     gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
     assert eager_attention(gm) == Rewritten(0, 0, 0, 0)
+
+
+# Dynamo's graphs (the default training path): the same rewrite on torch-level calls.
+
+def _dynamo_graphs(fn, *args: torch.Tensor, **kwargs) -> list[torch.fx.GraphModule]:
+    """The graphs Dynamo captures of ``fn(*args, **kwargs)``, as fxckpt's backend receives them."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, dynamic=kwargs.pop("dynamic", None))(*args, **kwargs)
+    torch._dynamo.reset()
+    return graphs
+
+
+def _causal_from_sizes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    s = q.shape[-2]
+    rows = torch.arange(s, device=q.device)
+    mask = (rows[None, :] <= rows[:, None]).expand(q.shape[0], 1, s, s)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_dynamo_graph_s_mask_from_symbolic_sizes_is_routed_and_known_causal() -> None:
+    (gm,) = _dynamo_graphs(_causal_from_sizes, Q, K, V, dynamic=True)
+    assert any(n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.SymInt)
+               for n in gm.graph.nodes)  # the sequence length is an input of the graph
+    assert eager_attention(gm) == Rewritten(calls=1, repeats=0, expected=1, layers=0)
+    assert _attention_calls(gm)[0].kwargs["expect"] == "causal"
+    args = [_example(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    assert torch.equal(gm(*args)[0], _causal_from_sizes(Q, K, V))
+
+
+def _example(node: torch.fx.Node) -> object:
+    """What the call gave the placeholder: a size's value, or the tensor it was traced from."""
+    value = node.meta["example_value"]
+    if isinstance(value, torch.SymInt):
+        return int(value.node.hint)
+    return {"l_q_": Q, "l_k_": K, "l_v_": V}[node.name]
+
+
+def _random_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    mask = torch.rand(q.shape[-2], q.shape[-2]) > 0.5
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_dynamo_graph_s_mask_drawn_at_random_is_routed_but_not_built_at_capture() -> None:
+    (gm,) = _dynamo_graphs(_random_mask, Q, K, V)
+    state = torch.get_rng_state()
+    assert eager_attention(gm) == Rewritten(calls=1)  # no expectation: it is never built
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+class _Kernel:
+    """Records what :func:`fxckpt.runtime.attention.attention` hands the aten op."""
+
+    def __init__(self, monkeypatch) -> None:
+        import fxckpt.runtime.attention as runtime
+
+        self.calls: list[tuple[bool, bool, bool, int]] = []
+        real = runtime._sdpa
+
+        def sdpa(q, k, v, mask=None, dropout=0.0, causal=False, **kwargs):  # type: ignore
+            self.calls.append((mask is not None, bool(causal),
+                               bool(kwargs.get("enable_gqa")), k.shape[1]))
+            return real(q, k, v, mask, dropout, causal, **kwargs)
+
+        monkeypatch.setattr(runtime, "_sdpa", sdpa)
+
+
+def _llama(kv_heads: int, layers: int = 2) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=kv_heads, use_cache=False, max_position_embeddings=64,
+                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).train()
+
+
+@pytest.mark.parametrize("strategy", [{}, {"every": 1}, {"budget": 0.5}],
+                         ids=["unplanned", "every", "budget"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_hugging_face_on_the_default_path_runs_eager_kernels_bit_for_bit(
+        monkeypatch, kv_heads: int, strategy: dict) -> None:
+    """Eager Hugging Face runs ``is_causal=True``, with ``enable_gqa=True`` on the unrepeated
+    key/value heads; Dynamo traced a boolean mask and repeated heads into the graph, whose masked
+    kernel read the mask for every block (1.4x eager's step at sequence 2048 on this CPU)."""
+    model = _llama(kv_heads)
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 12))
+    tm = fxckpt.transform(model, **strategy)
+    kernel = _Kernel(monkeypatch)
+    for step in range(2):
+        assert_steps_equal(run_step(tm, (ids,), {}, seed=step),
+                           run_step(reference, (ids,), {}, seed=step))
+    code = "".join(m.code for m in fxckpt.inspect(tm).graph_module.modules()
+                   if isinstance(m, torch.fx.GraphModule))
+    assert code.count("fxckpt_attention(") == 2 and code.count("expect = 'causal'") == 2
+    # the repeats: a constant, or an input where Dynamo made the head count symbolic (another
+    # model of the class compiled before)
+    assert code.count("kv_repeats = ") == (2 if kv_heads < 4 else 0)
+    assert kernel.calls and set(kernel.calls) == {(False, True, kv_heads < 4, kv_heads)}
+
+
+def test_a_padding_mask_on_the_default_path_is_looked_at_each_call(monkeypatch) -> None:
+    model = _llama(2)
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 12))
+    padded = torch.ones(2, 12, dtype=torch.long)
+    padded[1, :3] = 0
+    tm = fxckpt.transform(model, every=1)
+    kernel = _Kernel(monkeypatch)
+    for mask, seen in ((padded, (True, False, False, 4)),
+                       (torch.ones(2, 12, dtype=torch.long), (False, True, True, 2))):
+        kernel.calls.clear()
+        assert_steps_equal(run_step(tm, (ids,), {"attention_mask": mask}),
+                           run_step(reference, (ids,), {"attention_mask": mask}))
+        assert kernel.calls and set(kernel.calls) == {seen}
+    code = "".join(m.code for m in fxckpt.inspect(tm).graph_module.modules()
+                   if isinstance(m, torch.fx.GraphModule))
+    assert "kv_repeats = " in code and "expect" not in code  # the mask reads the inputs
+
+
+def test_a_sliding_window_longer_than_the_sequence_keeps_its_mask_on_the_default_path(
+        monkeypatch) -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        sliding_window=4, use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).train()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 12))
+    tm = fxckpt.transform(model, every=1)
+    kernel = _Kernel(monkeypatch)
+    assert_steps_equal(run_step(tm, (ids,), {}), run_step(reference, (ids,), {}))
+    assert kernel.calls and all(masked for masked, *_ in kernel.calls)  # a window, not causal

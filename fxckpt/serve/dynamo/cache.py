@@ -22,7 +22,9 @@ import torch.fx
 
 from fxckpt.serve.dynamo.backend import GraphRunner
 from fxckpt.serve.sizes import is_dynamic
+from fxckpt.capture.eager_attention import eager_attention
 from fxckpt.capture.graphs import copy_graph_module
+from fxckpt.runtime.attention import planning
 
 __all__ = ["Planner", "SharedGraph", "backend", "running", "running_planner"]
 
@@ -83,15 +85,18 @@ class SharedGraph:
 def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> SharedGraph:
     """fxckpt's Dynamo backend: one function for every transformed module, so that a frame
     they share keeps one graph per guard set instead of one per module (Dynamo's recompile
-    limit counts them), each module planning it for itself (:class:`SharedGraph`)."""
+    limit counts them), each module planning it for itself (:class:`SharedGraph`). Its masked
+    attention calls go through :mod:`fxckpt.capture.eager_attention` first."""
     now = _breaks()  # counted before Dynamo compiles the graph a break ends
     reasons = tuple(r.strip().splitlines()[0] for r in now if now[r] > _BREAKS_SEEN.get(r, 0))
     _BREAKS_SEEN.clear()
     _BREAKS_SEEN.update(now)
+    eager_attention(gm)  # the kernels eager code calls, where tracing built a mask it skips
     graph = SharedGraph(copy_graph_module(gm), is_dynamic(inputs), reasons)
     planner = running_planner()
     if planner is not None:
-        planner.graph_compiled(graph, gm, inputs)
+        with planning():  # its fake runs model the kernels a real step runs
+            planner.graph_compiled(graph, gm, inputs)
     return graph
 
 
