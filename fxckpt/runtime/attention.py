@@ -31,7 +31,6 @@ A causal or all-visible boolean mask and its shortcut give bit-identical outputs
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import threading
 import weakref
 from typing import Any, Iterator, Optional
@@ -92,26 +91,27 @@ def layer_mask(mask: Any, causal: bool) -> Any:
 layer_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_layer_mask(...)`
 
 
-_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("fxckpt_planning",
-                                                                default=False)
+_PLANNING = [False]
+"""Whether fxckpt is planning a graph inside its Dynamo backend (:func:`planning`): a plain
+global, which code Dynamo traces can read without a graph break (a ``ContextVar`` cannot)."""
 
 
 @contextlib.contextmanager
 def planning() -> Iterator[None]:
     """Fake runs in here are fxckpt's own (planning a graph Dynamo handed its backend): they
     follow ``expect`` although Dynamo is compiling."""
-    token = _PLANNING.set(True)
+    before, _PLANNING[0] = _PLANNING[0], True
     try:
         yield
     finally:
-        _PLANNING.reset(token)
+        _PLANNING[0] = before
 
 
 def _valueless(mask: torch.Tensor) -> bool:
     """Fake or meta: shapes only (not under ``torch.compile``, whose tensors are real, unless the
     run is fxckpt's own planning inside its Dynamo backend)."""
-    return (not torch.compiler.is_compiling() or _PLANNING.get()) and (
-        isinstance(mask, FakeTensor) or mask.device.type == "meta")
+    return (isinstance(mask, FakeTensor) or mask.device.type == "meta") and (
+        not torch.compiler.is_compiling() or _PLANNING[0])
 
 
 def _repeat(x: torch.Tensor, n: int) -> torch.Tensor:
