@@ -47,11 +47,13 @@ OVERHEAD_TARGET = 1.02
 """A plan of 0 segments may cost this ratio of the model's own step."""
 BUDGET = 0.5
 """The budget of the first calls (``--quick``'s tiny models cannot all reach it: 0.7 there)."""
-LONG = {"model": "llama", "full": {"layers": 4, "width": 256, "heads": 8, "kv_heads": 4,
-                                   "ffn": 512, "vocab": 512, "batch": 1, "seq": 2048},
-        "quick": {"layers": 2, "width": 64, "heads": 4, "kv_heads": 2, "ffn": 176,
-                  "vocab": 128, "batch": 1, "seq": 256}}
-"""The long-sequence row: the bench's Llama at sequence 2048 (``--quick``: 256)."""
+LONG_MODEL = "llama"
+LONG: dict[str, dict[str, int]] = {
+    "full": {"layers": 4, "width": 256, "heads": 8, "kv_heads": 4, "ffn": 512, "vocab": 512,
+             "batch": 1, "seq": 2048},
+    "quick": {"layers": 2, "width": 64, "heads": 4, "kv_heads": 2, "ffn": 176, "vocab": 128,
+              "batch": 1, "seq": 256}}
+"""The long-sequence row's sizes: the bench's Llama at sequence 2048 (``--quick``: 256)."""
 
 
 def _first_step(make: Callable[[], tuple[Any, tuple, Any]],
@@ -147,13 +149,13 @@ def measure(models: Sequence[str], quick: bool = False, repeats: int = 3,
         baseline = first["compile_eager"] + first["planning"]
         rows.append({"model": spec.describe(quick), **first, **_overheads(make, turns),
                      "first_ratio": first["dynamo"] / baseline})
-    spec, sizes = MODELS[str(LONG["model"])], LONG["quick" if quick else "full"]
+    long_spec, long_sizes = MODELS[LONG_MODEL], LONG["quick" if quick else "full"]
 
     def make_long() -> tuple[Any, tuple, Any]:
         torch.manual_seed(0)
-        return spec.build(sizes)
+        return long_spec.build(long_sizes)
 
-    long = {"model": f"{spec.name} ({_sizes(sizes)})", **_overheads(make_long, turns)}
+    long = {"model": f"{long_spec.name} ({_sizes(long_sizes)})", **_overheads(make_long, turns)}
     torch._dynamo.reset()
     return {"repeats": repeats, "turns": turns, "rows": rows, "long": long,
             "budget": 0.7 if quick else BUDGET}
