@@ -253,10 +253,9 @@ def render(rows: list[Row], facts: dict[str, Any]) -> str:
             f"| {r.model} | {r.method} | {r.segments} | {r.recompute_share:.0%} | "
             f"{r.predicted_s * 1e3:.0f} ms ({r.forward_s * 1e3:.0f}, {r.backward_s * 1e3:.0f}) | "
             f"{r.measured_s * 1e3:.0f} ms | {r.ratio:.2f} | {added[0]} | {added[1]} |")
-    ratios = [r.ratio for r in rows]
-    within = sum(abs(x - 1) <= 0.10 for x in ratios)
+    within, spread = _within([r.ratio for r in rows])
     lines += ["", f"{within} of {len(rows)} predicted steps are within 10% of the measured step "
-              f"(predicted / measured from {min(ratios):.2f} to {max(ratios):.2f}).", ""]
+              f"(predicted / measured {spread}).", ""]
     refined = [r for r in rows if r.refined_s is not None]
     if refined:
         lines += _after_refinement(refined)
@@ -267,6 +266,12 @@ def render(rows: list[Row], facts: dict[str, Any]) -> str:
     if compared:
         lines += _against_table(compared)
     return "\n".join(lines)
+
+
+def _within(ratios: list[float]) -> tuple[int, str]:
+    """How many predicted / measured ratios are within 10% of 1, and their range as text."""
+    return (sum(abs(x - 1) <= 0.10 for x in ratios),
+            f"from {min(ratios):.2f} to {max(ratios):.2f}")
 
 
 def _after_refinement(rows: list[Row]) -> list[str]:
@@ -285,10 +290,8 @@ def _after_refinement(rows: list[Row]) -> list[str]:
         again += ", changed" if r.changed else ""
         lines.append(f"| {r.model} | {r.method} | x{r.factor:.2f} | {r.refined_s * 1e3:.0f} ms | "
                      f"{r.measured_s * 1e3:.0f} ms | {r.refined_s / r.measured_s:.2f} | {again} |")
-    ratios = [(r.refined_s or 0) / r.measured_s for r in rows]
-    within = sum(abs(x - 1) <= 0.10 for x in ratios)
-    return lines + ["", f"{within} of {len(rows)} within 10% after refinement "
-                    f"(from {min(ratios):.2f} to {max(ratios):.2f}).", ""]
+    within, spread = _within([(r.refined_s or 0) / r.measured_s for r in rows])
+    return lines + ["", f"{within} of {len(rows)} within 10% after refinement ({spread}).", ""]
 
 
 def _from_first_steps(rows: list[Row]) -> list[str]:
@@ -312,10 +315,8 @@ def _from_first_steps(rows: list[Row]) -> list[str]:
     summary = []
     for name, values in (("at the prices", [r.stepped_s or 0 for r in rows]),
                          ("at the measured factor", [r.stepped_factor_s or 0 for r in rows])):
-        ratios = [v / r.measured_s for v, r in zip(values, rows)]
-        within = sum(abs(x - 1) <= 0.10 for x in ratios)
-        summary.append(f"{name}, {within} of {len(rows)} within 10% "
-                       f"(from {min(ratios):.2f} to {max(ratios):.2f})")
+        within, spread = _within([v / r.measured_s for v, r in zip(values, rows)])
+        summary.append(f"{name}, {within} of {len(rows)} within 10% ({spread})")
     return lines + ["", "Recompute " + "; ".join(summary) + ".", ""]
 
 

@@ -100,8 +100,8 @@ def running_clock() -> Optional[SegmentClock]:
 class PassClock:
     """Times one training call: its forward, and the backward that runs through its outputs.
 
-    The forward is the call itself, from :meth:`forward`'s start to the outputs it is shown
-    (:meth:`saw`). The backward starts when the first gradient reaches one of those outputs and
+    The forward is the call itself, from :meth:`start` to the outputs it is shown (:meth:`saw`).
+    The backward starts when the first gradient reaches one of those outputs and
     ends when the autograd engine finishes that backward (a callback the engine runs at its end),
     so it includes the recompute of every segment and the gradients' accumulation, and the
     backward of a loss computed outside the module is left out. The span runs from the call's
