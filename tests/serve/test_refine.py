@@ -126,7 +126,8 @@ def test_a_refined_plan_is_made_once_and_gives_the_same_bits(
     assert ("the plans changed" if result.changed else "the same plans came out") in str(result)
     # the timed steps' passes, and the timed plans they are set against
     assert result.forward_seconds and result.backward_seconds and result.span_seconds
-    assert result.span_seconds >= result.forward_seconds + result.backward_seconds
+    # medians over the steps: each step's span holds its forward and its backward
+    assert result.span_seconds >= max(result.forward_seconds, result.backward_seconds)
     assert result.segments == sum(len(p.segments) for p in before)
     recompute = sum(p.predicted_recompute or 0.0 for p in before)
     forward = sum((p.predicted_recompute or 0.0) / p.recompute_share for p in before
