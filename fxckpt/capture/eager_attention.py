@@ -18,13 +18,20 @@ For every scaled-dot-product attention given a boolean mask (and not ``is_causal
   ``attention_interface(...)`` (its pluggable attention, whose sdpa implementation uses
   ``enable_gqa`` when run eagerly without a mask): the module class and the stack trace export
   records say so. Elsewhere eager code repeats the heads itself, and so does the graph;
-* ``expect=`` records what the mask is at the example's shapes (``"causal"``, ``"full"``) when
-  it is computed from shapes alone (no input values, no parameters or buffers): fake and meta
-  runs, which have no values to look at, then plan for the kernels a real step runs.
+* a mask computed from sizes alone (no input values, no parameters or buffers) that is causal
+  or all visible at the example's sizes is not built at all: its ops move into a graph of their
+  own (a submodule ``fxckpt_mask_<i>``), and ``fxckpt_sized_mask`` hands the calls the verdict
+  (:func:`fxckpt.runtime.attention.sized_mask`). Sizes the capture did not see are looked at
+  once each (a sliding window starts to cut past its width). So no step builds the mask, looks
+  at it (a device sync on a GPU) or holds it from a segment's forward to its backward; and fake
+  and meta runs, which have no values to look at, plan the kernels a real step runs.
 
     before:  k = reshape(expand(unsqueeze(k0, 2), [b, 2, 2, s, d]), [b, 4, s, d])
+             mask = expand(and_(le(index(pos, ...), index(pos, ...)), ...), [b, 1, s, s])
              out = aten.scaled_dot_product_attention(q, k, v, mask, scale=0.17)
-    after:   out = fxckpt_attention(q, k0, v0, mask, scale=0.17, kv_repeats=2, expect='causal')
+    after:   sized_mask = fxckpt_sized_mask(self.fxckpt_mask_0, b, s, at=(4, 128),
+                                            kind='causal', lengths=(128, 128))
+             out = fxckpt_attention(q, k0, v0, sized_mask, scale=0.17, kv_repeats=2)
 
 A Hugging Face layer the graph calls as it is (sharded by FSDP, hooked) runs its own attention on
 the ``attention_mask`` it is given, so its mask goes through
@@ -46,7 +53,8 @@ import torch
 import torch.fx
 
 from fxckpt import integrations
-from fxckpt.runtime.attention import attention, kind_of, layer_mask
+from fxckpt.runtime.attention import (MAX_MASK_ELEMENTS, attention, kind_of, layer_mask,
+                                     sized_mask)
 
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
 
@@ -55,10 +63,6 @@ _SDPA = (aten.scaled_dot_product_attention.default, torch._C._nn.scaled_dot_prod
 """The attention calls rewritten: export's aten op, and the function Dynamo's graphs call."""
 _RANDOM = ("rand", "bernoulli", "dropout", "normal", "multinomial", "poisson", "exponential")
 """Names of calls that draw random numbers, for calls without aten's tags (Dynamo's graphs)."""
-MAX_MASK_ELEMENTS = 1 << 24
-"""Masks larger than this (16 M elements; the int64 positions that build them take 8 bytes
-each) are not built at capture time to find ``expect``: planning then assumes the mask stays,
-which over-states memory (a float copy of the mask per layer), never under-states it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,7 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
     calls = repeats = expected = 0
     graph = gm.graph
     verdicts: dict[tuple, Optional[str]] = {}  # one mask node serves every layer: build it once
+    sized: dict[tuple, torch.fx.Node] = {}
     for node in list(graph.nodes):
         mask = _boolean_mask(node)
         if mask is None:
@@ -92,16 +97,17 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
             kwargs["kv_repeats"] = folded[0][1]
             repeats += 1
         kind = _expected(mask, query, key, verdicts)
+        given: Any = mask
         if kind is not None:
-            kwargs["expect"] = kind
+            given = _sized(gm, node, mask, kind, sized)
             expected += 1
         node.target = attention
-        node.args = (query, key, value, mask, *node.args[4:])
+        node.args = (query, key, value, given, *node.args[4:])
         node.kwargs = kwargs
         calls += 1
     layers = _layer_masks(gm)
     if calls:
-        graph.eliminate_dead_code()  # the repeats folded in
+        graph.eliminate_dead_code()  # the repeats folded in, the masks now built from sizes
     if calls or layers:
         graph.lint()
         gm.recompile()
@@ -166,10 +172,46 @@ def _expected(mask: torch.fx.Node, query: Any, key: Any,
     return verdicts[seen]
 
 
-def _evaluate(root: torch.fx.Node) -> Any:
-    """``root`` computed on CPU from the example's sizes, or ``None`` if it reads any value
-    (an input's data, a parameter, a buffer) or fails. A size is ``aten.sym_size`` in an exported
-    graph, a placeholder holding a symbolic int in Dynamo's."""
+def _sized(gm: torch.fx.GraphModule, call: torch.fx.Node, mask: torch.fx.Node, kind: str,
+           made: dict[tuple, torch.fx.Node]) -> torch.fx.Node:
+    """A ``sized_mask`` node standing for ``mask``, which sizes alone determine and which was
+    ``kind`` at the example's sizes: the ops that build it move into a graph of their own (a
+    submodule ``fxckpt_mask_<i>``), run only at sizes not seen before (one node per mask, made
+    before its first attention ``call``)."""
+    lengths = tuple(_hint(d) for d in _val(mask).shape[-2:])
+    seen = (mask, kind, lengths)
+    if seen in made:
+        return made[seen]
+    needed = _needed(mask)
+    assert needed is not None  # _expected found a kind: the mask was built from sizes
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    sizes: list[torch.fx.Node] = []
+    for n in gm.graph.nodes:
+        if n not in needed:
+            continue
+        if _is_size(n):
+            sizes.append(n)
+            env[n] = graph.placeholder(n.name)
+        else:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output(env[mask])
+    name = f"fxckpt_mask_{len(made)}"
+    while hasattr(gm, name):
+        name += "_"
+    gm.add_submodule(name, torch.fx.GraphModule(torch.nn.Module(), graph, "SizedMask"))
+    at = tuple(_hint(_val(n)) for n in sizes)
+    with gm.graph.inserting_before(call):
+        build = gm.graph.get_attr(name)
+        made[seen] = gm.graph.call_function(
+            sized_mask, (build, *sizes), {"at": at, "kind": kind, "lengths": lengths})
+    return made[seen]
+
+
+def _needed(root: torch.fx.Node) -> Optional[dict[torch.fx.Node, None]]:
+    """The nodes ``root`` is computed from, back to the input sizes, or ``None`` if it reads any
+    value (an input's data, a parameter, a buffer) or draws random numbers. A size is
+    ``aten.sym_size`` in an exported graph, a placeholder holding a symbolic int in Dynamo's."""
     needed: dict[torch.fx.Node, None] = {}
     stack = [root]
     while stack:
@@ -182,6 +224,15 @@ def _evaluate(root: torch.fx.Node) -> Any:
         if n.op not in ("call_function", "call_method") or _draws_random(n):
             return None  # reads values, or would change the RNG state capture must leave alone
         stack.extend(n.all_input_nodes)
+    return needed
+
+
+def _evaluate(root: torch.fx.Node) -> Any:
+    """``root`` computed on CPU from the example's sizes, or ``None`` if it reads any value or
+    fails (:func:`_needed`)."""
+    needed = _needed(root)
+    if needed is None:
+        return None
     env: dict[torch.fx.Node, Any] = {}
     try:
         for n in root.graph.nodes:

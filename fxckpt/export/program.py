@@ -268,6 +268,7 @@ def _takes(node: torch.fx.Node, position: int, kind: str) -> bool:
 
 _OBJECT_ARGUMENTS: dict[tuple[Optional[str], str], tuple[int, ...]] = {
     ("fxckpt.checkpoint", "module"): (0,),
+    ("fxckpt.sized_mask", "module"): (0,),
     ("torch.ops.higher_order.wrap_with_set_grad_enabled", "module"): (1,),
     ("torch.ops.higher_order.wrap_with_autocast", "module"): (4,),
     ("torch.utils._pytree.tree_unflatten", "spec"): (1,),

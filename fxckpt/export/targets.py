@@ -92,7 +92,7 @@ def _runtime_functions() -> dict[str, Any]:
     from torch.amp import autocast_mode
     from torch.fx._symbolic_trace import _assert_is_none
 
-    from fxckpt.runtime.attention import attention, layer_mask
+    from fxckpt.runtime.attention import attention, layer_mask, sized_mask
     from fxckpt.runtime.checkpoint import checkpoint
     from fxckpt.runtime.nn_masks import canonical_mask, causal_hint, check_transformer_inputs
     from fxckpt.runtime.offload import offload_region
@@ -102,6 +102,7 @@ def _runtime_functions() -> dict[str, Any]:
     return {
         "fxckpt.attention": attention,
         "fxckpt.layer_mask": layer_mask,
+        "fxckpt.sized_mask": sized_mask,
         "fxckpt.checkpoint": checkpoint,
         "fxckpt.canonical_mask": canonical_mask,
         "fxckpt.causal_hint": causal_hint,

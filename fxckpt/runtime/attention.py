@@ -20,9 +20,10 @@ once per mask tensor and calls the aten op as eager code would have:
   ``enable_gqa=True`` on the unrepeated heads (as Hugging Face's eager attention does when the
   head size is at most 256), else the heads repeated here, by the ops the graph had.
 
-Fake and meta tensors (planning, verification) have no values to look at: they follow
-``expect``, the verdict :mod:`fxckpt.capture.simplify` found for the mask at the example's shapes
-when the mask depends on shapes only, so the plan models the kernels a real step runs.
+A mask that depends on sizes only reaches the call as a verdict, ``(kind, queries, keys)``,
+from :func:`sized_mask`, which builds and looks at such a mask only at sizes the capture did not
+see. Fake and meta tensors (planning, verification) have no values to look at: a mask tensor
+given with ``expect`` (graphs saved before :func:`sized_mask`) follows that verdict.
 
 A causal or all-visible boolean mask and its shortcut give bit-identical outputs and gradients
 (tested), so dropping the mask changes speed only; ``enable_gqa`` is what eager runs.
@@ -41,11 +42,19 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt import integrations
 
-__all__ = ["attention", "layer_mask", "mask_kind", "kind_of", "planning", "CAUSAL", "FULL"]
+__all__ = ["attention", "layer_mask", "sized_mask", "mask_kind", "kind_of", "planning",
+           "CAUSAL", "FULL", "MAX_MASK_ELEMENTS"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
 CAUSAL, FULL = "causal", "full"
+MAX_MASK_ELEMENTS = 1 << 24
+"""Masks larger than this (16 M elements; the int64 positions that build them take 8 bytes
+each) are not built on the CPU to find a verdict for a run without values: planning then assumes
+the mask stays, which over-states memory (a float copy of the mask per layer), never under-states
+it."""
+_KINDS_KEPT = 64
+"""Verdicts :func:`sized_mask` remembers per mask, one per distinct set of sizes."""
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -54,7 +63,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               enable_gqa: bool = False, kv_repeats: int = 1,
               expect: Optional[str] = None) -> torch.Tensor:
     """``aten.scaled_dot_product_attention`` as eager code would call it (module docstring)."""
-    if attn_mask is not None and not is_causal:
+    if isinstance(attn_mask, tuple):  # a verdict from :func:`sized_mask`: no mask tensor at all
+        is_causal, attn_mask = _verdict(attn_mask, query, key) == CAUSAL, None
+    elif attn_mask is not None and not is_causal:
         kind = expect if _valueless(attn_mask) else mask_kind(
             attn_mask, query.shape[-2], key.shape[-2])
         if kind == CAUSAL:
@@ -89,6 +100,94 @@ def layer_mask(mask: Any, causal: bool) -> Any:
 
 
 layer_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_layer_mask(...)`
+
+
+def sized_mask(build: torch.nn.Module, *sizes: Any, at: tuple[int, ...], kind: str,
+               lengths: tuple[int, int]) -> Any:
+    """The mask of attention calls whose mask the sizes alone determine, as the calls need it:
+    ``(kind, queries, keys)`` where the mask ``build(*sizes)`` makes is causal or all visible
+    (``kind``: :data:`CAUSAL`, :data:`FULL`), so that no mask tensor is built, looked at or held
+    by a checkpointed segment; else the mask itself.
+
+    ``at`` are the sizes the mask was looked at when the graph was captured, ``kind`` what it was
+    there and ``lengths`` its last two sizes: those sizes need nothing built. Other sizes (a
+    longer sequence, where a sliding window starts to cut) are looked at once each, on the CPU,
+    and the verdict remembered on ``build``; a mask that is neither causal nor all visible there
+    is built on every call, as the captured graph did (``sized_mask`` in ``tm.code``;
+    :mod:`fxckpt.capture.eager_attention` puts it in the graph)."""
+    if torch.compiler.is_compiling() and not _PLANNING[0]:
+        return build(*sizes)  # torch.compile keeps masks, as :func:`mask_kind` says
+    hints = [_size_hint(s) for s in sizes]
+    if None in hints or tuple(hints) == tuple(at):  # None: a plan's symbolic sizes
+        return (kind, *lengths)
+    hinted = tuple(h for h in hints if h is not None)
+    kinds: dict[tuple, Any] = build.__dict__.setdefault("_fxckpt_kinds", {})
+    if hinted not in kinds:
+        if len(kinds) >= _KINDS_KEPT:
+            kinds.clear()
+        kinds[hinted] = _look(build, hinted)
+    verdict = kinds[hinted]
+    return build(*sizes) if verdict is None else verdict
+
+
+sized_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_sized_mask(...)`
+
+
+def _look(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
+    """The verdict for the mask ``build`` makes at ``sizes``, looked at on the CPU (out of any
+    fake mode: a plan's sizes are real), or ``None`` for a mask to keep."""
+    with _disable_current_modes():
+        try:
+            mask = _on_cpu(build, sizes)
+        except Exception:  # noqa: BLE001 - a mask that cannot be built here is kept
+            return None
+        if not isinstance(mask, torch.Tensor) or mask.dtype is not torch.bool or mask.dim() < 2:
+            return None
+        queries, keys = mask.shape[-2:]
+        found = kind_of(mask, queries, keys)
+    return None if found is None else (found, queries, keys)
+
+
+def _on_cpu(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
+    """``build(*sizes)`` with every ``device=`` it names moved to the CPU."""
+    graph = getattr(build, "graph", None)
+    if graph is None:
+        return build(*sizes)
+    env: dict[torch.fx.Node, Any] = {}
+    given = iter(sizes)
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(given)
+        elif n.op == "output":
+            return torch.fx.node.map_arg(n.args[0], env.__getitem__)
+        else:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
+            if "device" in kwargs:
+                kwargs = dict(kwargs, device=torch.device("cpu"))
+            if n.op == "call_method":
+                env[n] = getattr(args[0], str(n.target))(*args[1:], **kwargs)
+            else:
+                env[n] = n.target(*args, **kwargs)
+            if isinstance(env[n], torch.Tensor) and env[n].numel() > MAX_MASK_ELEMENTS:
+                raise ValueError("too large to build for a verdict")
+    return None
+
+
+def _verdict(verdict: tuple, query: torch.Tensor, key: torch.Tensor) -> str:
+    """The kind of a :func:`sized_mask` verdict, whose lengths must be the call's."""
+    kind, queries, keys = verdict
+    if (queries, keys) != (query.shape[-2], key.shape[-2]):
+        raise RuntimeError(
+            f"fxckpt: an attention mask computed from sizes was {kind} over {queries} x {keys} "
+            f"positions, but the call attends {query.shape[-2]} queries to {key.shape[-2]} keys")
+    return str(kind)
+
+
+def _size_hint(size: Any) -> Optional[int]:
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        return int(hint) if hint is not None else None
+    return int(size)
 
 
 _PLANNING = [False]

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import fxckpt
 from fxckpt.capture.eager_attention import Rewritten, eager_attention
-from fxckpt.runtime.attention import attention
+from fxckpt.runtime.attention import attention, sized_mask
+from fxckpt.runtime.checkpoint import checkpoint
 from support import assert_steps_equal, run_step
 
 aten = torch.ops.aten
@@ -50,7 +51,11 @@ def test_a_mask_built_from_shapes_is_routed_and_known_causal() -> None:
     gm = _graph("tril")
     assert eager_attention(gm) == Rewritten(calls=1, repeats=0, expected=1, layers=0)
     (call,) = _attention_calls(gm)
-    assert call.kwargs == {"is_causal": False, "expect": "causal"}
+    assert call.kwargs == {"is_causal": False}
+    given = call.args[3]  # the mask's ops moved into a graph of their own, run at new sizes
+    assert given.target is sized_mask and given.args[1:] == ()  # no sizes: a constant mask
+    assert given.kwargs == {"at": (), "kind": "causal", "lengths": (4, 4)}
+    assert not [n for n in gm.graph.nodes if n.target is aten.tril.default]
     assert not [n for n in gm.graph.nodes if n.target is SDPA]
     mask = torch.ones(4, 4, dtype=torch.bool).tril()
     torch.testing.assert_close(gm(Q, K, V), F.scaled_dot_product_attention(Q, K, V, mask))
@@ -60,6 +65,7 @@ def test_a_mask_read_from_an_input_is_routed_without_an_expectation() -> None:
     gm = _graph("input")
     assert eager_attention(gm) == Rewritten(calls=1)
     assert "expect" not in _attention_calls(gm)[0].kwargs
+    assert _attention_calls(gm)[0].args[3].op == "placeholder"
 
 
 def test_float_masks_and_causal_calls_are_left_as_they_are() -> None:
@@ -102,7 +108,10 @@ def test_a_dynamo_graph_s_mask_from_symbolic_sizes_is_routed_and_known_causal() 
     assert any(n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.SymInt)
                for n in gm.graph.nodes)  # the sequence length is an input of the graph
     assert eager_attention(gm) == Rewritten(calls=1, repeats=0, expected=1, layers=0)
-    assert _attention_calls(gm)[0].kwargs["expect"] == "causal"
+    given = _attention_calls(gm)[0].args[3]
+    assert given.target is sized_mask and given.kwargs["kind"] == "causal"
+    (size,) = given.args[1:]  # the symbolic sequence length, the mask's only input
+    assert size.op == "placeholder" and given.kwargs["at"] == (4,)
     args = [_example(n) for n in gm.graph.nodes if n.op == "placeholder"]
     assert torch.equal(gm(*args)[0], _causal_from_sizes(Q, K, V))
 
@@ -173,7 +182,7 @@ def test_hugging_face_on_the_default_path_runs_eager_kernels_bit_for_bit(
                            run_step(reference, (ids,), {}, seed=step))
     code = "".join(m.code for m in fxckpt.inspect(tm).graph_module.modules()
                    if isinstance(m, torch.fx.GraphModule))
-    assert code.count("fxckpt_attention(") == 2 and code.count("expect = 'causal'") == 2
+    assert code.count("fxckpt_attention(") == 2 and code.count("kind = 'causal'") == 1
     # the repeats: a constant, or an input where Dynamo made the head count symbolic (another
     # model of the class compiled before)
     assert code.count("kv_repeats = ") == (2 if kv_heads < 4 else 0)
@@ -196,7 +205,7 @@ def test_a_padding_mask_on_the_default_path_is_looked_at_each_call(monkeypatch) 
         assert kernel.calls and set(kernel.calls) == {seen}
     code = "".join(m.code for m in fxckpt.inspect(tm).graph_module.modules()
                    if isinstance(m, torch.fx.GraphModule))
-    assert "kv_repeats = " in code and "expect" not in code  # the mask reads the inputs
+    assert "kv_repeats = " in code and "sized_mask" not in code  # the mask reads the inputs
 
 
 def test_a_sliding_window_longer_than_the_sequence_keeps_its_mask_on_the_default_path(
@@ -214,3 +223,45 @@ def test_a_sliding_window_longer_than_the_sequence_keeps_its_mask_on_the_default
     kernel = _Kernel(monkeypatch)
     assert_steps_equal(run_step(tm, (ids,), {}), run_step(reference, (ids,), {}))
     assert kernel.calls and all(masked for masked, *_ in kernel.calls)  # a window, not causal
+
+
+def _mistral(window: int) -> torch.nn.Module:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        sliding_window=window, use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return MistralForCausalLM(cfg).train()
+
+
+@pytest.mark.parametrize("capture", ["export", "dynamo"])
+def test_a_mask_from_sizes_is_looked_at_again_where_the_sizes_change_it(
+        monkeypatch, capture: str) -> None:
+    """Captured at 6 positions, a sliding window of 8 is causal: no mask is built there. At 12
+    positions the window cuts: the mask is built and handed to the kernel, as eager does."""
+    model = _mistral(window=8)
+    reference = copy.deepcopy(model)
+    short, long = torch.randint(0, 64, (2, 6)), torch.randint(0, 64, (2, 12))
+    options = {"example_inputs": (short,)} if capture == "export" else {}
+    tm = fxckpt.transform(model, every=1, **options)
+    kernel = _Kernel(monkeypatch)
+    for ids, masked in ((short, False), (long, True), (short, False)):
+        kernel.calls.clear()
+        assert_steps_equal(run_step(tm, (ids,), {}), run_step(reference, (ids,), {}))
+        assert kernel.calls and {m for m, *_ in kernel.calls} == {masked}, ids.shape
+    assert fxckpt.inspect(tm).plan.capture == capture
+
+
+def test_no_segment_holds_a_mask_built_from_sizes() -> None:
+    """The mask every layer shares was an input of every checkpointed segment, held from the
+    forward to that segment's backward; built from sizes, it is now not built at all."""
+    tm = fxckpt.transform(_llama(2, layers=3), every=1,
+                          example_inputs=(torch.randint(0, 64, (2, 12)),))
+    gm = fxckpt.inspect(tm).graph_module
+    calls = [n for n in gm.graph.nodes if n.target is checkpoint]
+    assert len(calls) >= 3  # one a layer at least
+    for call in calls:
+        inputs = [a.meta.get("val") for a in call.all_input_nodes]
+        assert not any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in inputs)
+    assert not [n for n in gm.graph.nodes if n.target in (aten.index.Tensor, aten.le.Tensor)]

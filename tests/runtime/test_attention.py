@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxckpt.runtime.attention import CAUSAL, FULL, attention, layer_mask, mask_kind
+from fxckpt.runtime.attention import (CAUSAL, FULL, attention, layer_mask, mask_kind,
+                                     sized_mask)
 
 
 def _causal(*shape: int) -> torch.Tensor:
@@ -119,3 +122,69 @@ def test_a_layer_called_as_it_is_gets_the_mask_eager_code_gives_it() -> None:
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(causal)
         assert layer_mask(fake, causal=True) is fake  # no values: planning keeps the mask
+
+
+def _window_builder(window: int) -> tuple[torch.fx.GraphModule, list[int]]:
+    """A graph that builds a sliding-window causal mask from the sequence length alone (as a
+    traced Mistral does), counting its runs."""
+
+    class Window(torch.nn.Module):
+        def forward(self, s: int) -> torch.Tensor:
+            rows = torch.arange(s)
+            ahead = rows[None, :] <= rows[:, None]
+            return (ahead & (rows[:, None] - rows[None, :] < window)).expand(2, 1, s, s)
+
+    build = torch.fx.symbolic_trace(Window())
+    runs: list[int] = []
+    build.register_forward_pre_hook(lambda _module, args: runs.append(args[0]))
+    return build, runs
+
+
+def test_a_mask_from_sizes_is_built_only_at_sizes_capture_did_not_see() -> None:
+    build, runs = _window_builder(window=8)
+    # At the captured sizes: the verdict, nothing built.
+    assert sized_mask(build, 6, at=(6,), kind=CAUSAL, lengths=(6, 6)) == (CAUSAL, 6, 6)
+    assert runs == []
+    # A shorter sequence: still inside the window, so causal; looked at once (on the CPU, out of
+    # sight: the builder's own forward does not run), then remembered.
+    for _ in range(3):
+        assert sized_mask(build, 5, at=(6,), kind=CAUSAL, lengths=(6, 6)) == (CAUSAL, 5, 5)
+    assert build.__dict__["_fxckpt_kinds"] == {(5,): (CAUSAL, 5, 5)} and runs == []
+    # Longer than the window: the mask cuts, so it is built and handed over on every call.
+    for _ in range(2):
+        mask = sized_mask(build, 12, at=(6,), kind=CAUSAL, lengths=(6, 6))
+        assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, 12, 12)
+        assert not mask[0, 0, 11, 0] and mask[0, 0, 11, 4]
+    assert runs == [12, 12] and build.__dict__["_fxckpt_kinds"][(12,)] is None
+
+
+def test_a_verdict_attends_as_eager_code_would_and_checks_its_lengths() -> None:
+    q, k, v = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(3))
+    for verdict, mask in (((CAUSAL, 6, 6), _causal(6, 6)),
+                          ((FULL, 6, 6), torch.ones(6, 6, dtype=torch.bool))):
+        mode = Kernel()
+        with mode:
+            out = attention(q, k, v, verdict)
+        assert mode.calls == [(False, 2)]  # no mask handed to the kernel
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.testing.assert_close(out, ref)
+    with pytest.raises(RuntimeError, match="was causal over 5 x 5 positions, but the call "
+                                           "attends 6 queries to 6 keys"):
+        attention(q, k, v, (CAUSAL, 5, 5))
+
+
+def test_fake_runs_and_compiled_runs_of_a_mask_from_sizes() -> None:
+    build, runs = _window_builder(window=4)
+    with FakeTensorMode():  # a plan at sizes capture did not see: looked at on the CPU
+        assert sized_mask(build, 3, at=(6,), kind=CAUSAL, lengths=(6, 6)) == (CAUSAL, 3, 3)
+        assert sized_mask(build, 6, at=(6,), kind=CAUSAL, lengths=(6, 6)) == (CAUSAL, 6, 6)
+    assert runs == []
+
+    def compiled(s: int) -> object:
+        return sized_mask(build, s, at=(6,), kind=CAUSAL, lengths=(6, 6))
+
+    torch._dynamo.reset()
+    mask = torch.compile(compiled, backend="eager", fullgraph=True)(6)
+    torch._dynamo.reset()
+    # torch.compile keeps masks (mask_kind says so there): the mask is built in the graph.
+    assert isinstance(mask, torch.Tensor) and torch.equal(mask, build(6))
