@@ -99,7 +99,7 @@ def eager_attention(gm: torch.fx.GraphModule) -> Rewritten:
         kind = _expected(mask, query, key, verdicts)
         given: Any = mask
         if kind is not None:
-            given = _sized(gm, node, mask, kind, sized)
+            given = _sized(gm, mask, kind, sized)
             expected += 1
         node.target = attention
         node.args = (query, key, value, given, *node.args[4:])
@@ -172,12 +172,12 @@ def _expected(mask: torch.fx.Node, query: Any, key: Any,
     return verdicts[seen]
 
 
-def _sized(gm: torch.fx.GraphModule, call: torch.fx.Node, mask: torch.fx.Node, kind: str,
+def _sized(gm: torch.fx.GraphModule, mask: torch.fx.Node, kind: str,
            made: dict[tuple, torch.fx.Node]) -> torch.fx.Node:
     """A ``sized_mask`` node standing for ``mask``, which sizes alone determine and which was
     ``kind`` at the example's sizes: the ops that build it move into a graph of their own (a
-    submodule ``fxckpt_mask_<i>``), run only at sizes not seen before (one node per mask, made
-    before its first attention ``call``)."""
+    submodule ``fxckpt_mask_<i>``), run only at sizes not seen before (one node per mask, where
+    the mask was built)."""
     lengths = tuple(_hint(d) for d in _val(mask).shape[-2:])
     seen = (mask, kind, lengths)
     if seen in made:
@@ -201,10 +201,12 @@ def _sized(gm: torch.fx.GraphModule, call: torch.fx.Node, mask: torch.fx.Node, k
         name += "_"
     gm.add_submodule(name, torch.fx.GraphModule(torch.nn.Module(), graph, "SizedMask"))
     at = tuple(_hint(_val(n)) for n in sizes)
-    with gm.graph.inserting_before(call):
+    with gm.graph.inserting_before(mask):  # where the mask was built, as part of what built it
         build = gm.graph.get_attr(name)
         made[seen] = gm.graph.call_function(
             sized_mask, (build, *sizes), {"at": at, "kind": kind, "lengths": lengths})
+    for new in (build, made[seen]):  # the module it belongs to, for blocks and plan views
+        new.meta.update({k: v for k, v in mask.meta.items() if k not in ("val", "example_value")})
     return made[seen]
 
 

@@ -265,3 +265,19 @@ def test_no_segment_holds_a_mask_built_from_sizes() -> None:
         inputs = [a.meta.get("val") for a in call.all_input_nodes]
         assert not any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in inputs)
     assert not [n for n in gm.graph.nodes if n.target in (aten.index.Tensor, aten.le.Tensor)]
+
+
+def test_the_verdict_is_made_where_the_mask_was_built_outside_the_layers() -> None:
+    """Made before the first layer as the mask was (not inside it, which would split the layer
+    into two blocks for the per-block plans the search starts from), with the mask's module."""
+    from fxckpt.capture.exporter import export_graph
+
+    model, ids = _llama(2, layers=2), torch.randint(0, 64, (2, 12))
+    gm = export_graph(model, (ids,), {}, ()).gm  # simplified: eager attention ran
+    order = list(gm.graph.nodes)
+    (given,) = [n for n in order if n.target is sized_mask]
+    in_layers = [i for i, n in enumerate(order)
+                 if any("layers" in path for path, _ in n.meta.get("nn_module_stack", {}).values())]
+    assert order.index(given) < min(in_layers)
+    assert list(given.meta["nn_module_stack"]) and not any(
+        "layers" in path for path, _ in given.meta["nn_module_stack"].values())
