@@ -276,8 +276,10 @@ def test_the_verdict_is_made_where_the_mask_was_built_outside_the_layers() -> No
     gm = export_graph(model, (ids,), {}, ()).gm  # simplified: eager attention ran
     order = list(gm.graph.nodes)
     (given,) = [n for n in order if n.target is sized_mask]
-    in_layers = [i for i, n in enumerate(order)
-                 if any("layers" in path for path, _ in n.meta.get("nn_module_stack", {}).values())]
-    assert order.index(given) < min(in_layers)
-    assert list(given.meta["nn_module_stack"]) and not any(
-        "layers" in path for path, _ in given.meta["nn_module_stack"].values())
+
+    def in_layers(node: torch.fx.Node) -> bool:
+        stack = node.meta.get("nn_module_stack", {}).values()
+        return any("layers" in path for path, _ in stack)
+
+    assert order.index(given) < min(i for i, n in enumerate(order) if in_layers(n))
+    assert given.meta["nn_module_stack"] and not in_layers(given)
