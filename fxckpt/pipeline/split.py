@@ -10,7 +10,10 @@ after it, so values that skip stages are passed through automatically:
           `-- a -------------------- a (carried) --> cat(d, a)     # a U-Net skip
 
 Parameters and buffers are read with ``get_attr`` inside each stage that uses them; the stage
-GraphModules hold the same Parameter objects as the graph they came from. Exported graphs
+GraphModules hold the same Parameter objects as the graph they came from. The verdict on an
+attention mask made from sizes (``fxckpt_sized_mask``, :func:`fxckpt.runtime.attention.sized_mask`:
+a tuple, which ``torch.distributed.pipelining`` cannot send) is made again in each stage that
+uses it, from the sizes that stage has. Exported graphs
 (pytree calling convention) become stages with flat inputs and a flat output;
 :func:`pytree_specs` gives the specs to rebuild the caller's structure.
 """
@@ -25,6 +28,7 @@ import torch.fx
 
 from fxckpt.errors import ConfigError, PlanError
 from fxckpt.capture.graphs import COMPUTE_OPS, copy_nodes
+from fxckpt.runtime.attention import sized_mask
 
 __all__ = ["split_stages", "pytree_specs"]
 
@@ -87,18 +91,30 @@ def _check_stage_of(
 def _carried(
     nodes: list[torch.fx.Node], stage: dict[torch.fx.Node, int], k: int
 ) -> list[list[torch.fx.Node]]:
-    """``carried[j]``: values made at or before stage j and used after it (boundary j -> j+1)."""
+    """``carried[j]``: values made at or before stage j and used after it (boundary j -> j+1).
+    A value made again in each stage (:func:`_made_again`) is not carried, its inputs are."""
     carried: list[list[torch.fx.Node]] = [[] for _ in range(k - 1)]
     for n in nodes:
-        if n.op in ("get_attr", "output"):
+        if n.op in ("get_attr", "output") or _made_again(n):
             continue
         made = stage.get(n, 0)  # placeholders are stage 0's inputs
-        last = max(
-            (stage.get(u, k - 1) for u in n.users), default=made
-        )  # the output is built last
+        last = max((_last_use(u, stage, k) for u in n.users), default=made)
         for j in range(made, last):
             carried[j].append(n)
     return carried
+
+
+def _made_again(node: torch.fx.Node) -> bool:
+    """A value each stage that uses it makes for itself: a mask's verdict from sizes."""
+    return node.op == "call_function" and node.target is sized_mask
+
+
+def _last_use(user: torch.fx.Node, stage: dict[torch.fx.Node, int], k: int) -> int:
+    """The last stage that needs ``user``'s inputs: its own (the output is built last), or, for
+    a value made again in each stage, the last of its users'."""
+    if _made_again(user):
+        return max((_last_use(u, stage, k) for u in user.users), default=stage.get(user, 0))
+    return stage.get(user, k - 1)
 
 
 def _sizes_read_off(values: list[torch.fx.Node]) -> dict[torch.fx.Node, tuple[torch.fx.Node, int]]:
@@ -146,7 +162,9 @@ def _build_stage(
             env[v] = graph.call_function(torch.ops.aten.sym_size.int, (env[t], d))
             env[v].meta = dict(v.meta)
     last = [next(n for n in reversed(nodes) if n.op == "output")] if j == k - 1 else []
-    copy_nodes(graph, [n for n in nodes if stage.get(n) == j] + last, env)
+    again = [n for n in nodes if _made_again(n) and stage.get(n, 0) < j
+             and any(stage.get(u, k - 1) == j for u in n.users)]
+    copy_nodes(graph, again + [n for n in nodes if stage.get(n) == j] + last, env)
     if j < k - 1:
         graph.output(tuple(env[v] for v in carried[j]))
     graph.lint()
