@@ -53,8 +53,8 @@ import torch
 import torch.fx
 
 from fxckpt import integrations
-from fxckpt.runtime.attention import (MAX_MASK_ELEMENTS, attention, kind_of, layer_mask,
-                                     sized_mask)
+from fxckpt.runtime.attention import (MAX_MASK_ELEMENTS, attention, built_on_cpu, kind_of,
+                                     layer_mask, sized_mask)
 
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
 
@@ -182,24 +182,13 @@ def _sized(gm: torch.fx.GraphModule, mask: torch.fx.Node, kind: str,
     seen = (mask, kind, lengths)
     if seen in made:
         return made[seen]
-    needed = _needed(mask)
-    assert needed is not None  # _expected found a kind: the mask was built from sizes
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    sizes: list[torch.fx.Node] = []
-    for n in gm.graph.nodes:
-        if n not in needed:
-            continue
-        if _is_size(n):
-            sizes.append(n)
-            env[n] = graph.placeholder(n.name)
-        else:
-            env[n] = graph.node_copy(n, env.__getitem__)
-    graph.output(env[mask])
+    built = _builder(mask)
+    assert built is not None  # _expected found a kind: the mask was built from sizes
+    builder, sizes = built
     name = f"fxckpt_mask_{len(made)}"
     while hasattr(gm, name):
         name += "_"
-    gm.add_submodule(name, torch.fx.GraphModule(torch.nn.Module(), graph, "SizedMask"))
+    gm.add_submodule(name, builder)
     at = tuple(_hint(_val(n)) for n in sizes)
     with gm.graph.inserting_before(mask):  # where the mask was built, as part of what built it
         build = gm.graph.get_attr(name)
@@ -210,49 +199,52 @@ def _sized(gm: torch.fx.GraphModule, mask: torch.fx.Node, kind: str,
     return made[seen]
 
 
-def _needed(root: torch.fx.Node) -> Optional[dict[torch.fx.Node, None]]:
-    """The nodes ``root`` is computed from, back to the input sizes, or ``None`` if it reads any
-    value (an input's data, a parameter, a buffer) or draws random numbers. A size is
-    ``aten.sym_size`` in an exported graph, a placeholder holding a symbolic int in Dynamo's."""
-    needed: dict[torch.fx.Node, None] = {}
+def _builder(root: torch.fx.Node) -> Optional[tuple[torch.fx.GraphModule, list[torch.fx.Node]]]:
+    """The ops ``root`` is computed from as a graph of their own, whose inputs are the sizes it
+    reads (and those size nodes); ``None`` if it reads any value (an input's data, a parameter,
+    a buffer) or draws random numbers. A size is ``aten.sym_size`` in an exported graph, a
+    placeholder holding a symbolic int in Dynamo's."""
+    needed: set[torch.fx.Node] = set()
     stack = [root]
     while stack:
         n = stack.pop()
         if n in needed:
             continue
-        needed[n] = None
+        needed.add(n)
         if _is_size(n):
             continue  # a size of an input, not its values
         if n.op not in ("call_function", "call_method") or _draws_random(n):
             return None  # reads values, or would change the RNG state capture must leave alone
         stack.extend(n.all_input_nodes)
-    return needed
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    sizes: list[torch.fx.Node] = []
+    for n in root.graph.nodes:
+        if n not in needed:
+            continue
+        if _is_size(n):
+            sizes.append(n)
+            env[n] = graph.placeholder(n.name)
+        else:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    graph.output(env[root])
+    return torch.fx.GraphModule(torch.nn.Module(), graph, "SizedMask"), sizes
 
 
 def _evaluate(root: torch.fx.Node) -> Any:
-    """``root`` computed on CPU from the example's sizes, or ``None`` if it reads any value or
-    fails (:func:`_needed`)."""
-    needed = _needed(root)
-    if needed is None:
+    """``root`` computed on the CPU from the example's sizes, or ``None`` if it reads any value
+    (:func:`_builder`), a size has no example value, or it fails."""
+    built = _builder(root)
+    if built is None:
         return None
-    env: dict[torch.fx.Node, Any] = {}
+    builder, sizes = built
+    hints = [_hint(_val(n)) for n in sizes]
+    if None in hints:
+        return None
     try:
-        for n in root.graph.nodes:
-            if n not in needed:
-                continue
-            if _is_size(n):
-                env[n] = _hint(_val(n))
-                if env[n] is None:
-                    return None
-                continue
-            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
-            if "device" in kwargs:
-                kwargs = dict(kwargs, device=torch.device("cpu"))
-            call = getattr(args[0], str(n.target)) if n.op == "call_method" else n.target
-            env[n] = call(*(args[1:] if n.op == "call_method" else args), **kwargs)
-    except Exception:  # an op that needs more than sizes, or a size without a hint
+        return built_on_cpu(builder, tuple(h for h in hints if h is not None))
+    except Exception:  # noqa: BLE001 - an op that needs more than sizes: no verdict
         return None
-    return env[root]
 
 
 def _is_size(node: torch.fx.Node) -> bool:

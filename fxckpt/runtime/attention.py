@@ -42,8 +42,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt import integrations
 
-__all__ = ["attention", "layer_mask", "sized_mask", "mask_kind", "kind_of", "planning",
-           "CAUSAL", "FULL", "MAX_MASK_ELEMENTS"]
+__all__ = ["attention", "layer_mask", "sized_mask", "built_on_cpu", "mask_kind", "kind_of",
+           "planning", "CAUSAL", "FULL", "MAX_MASK_ELEMENTS"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
@@ -138,7 +138,7 @@ def _look(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
     fake mode: a plan's sizes are real), or ``None`` for a mask to keep."""
     with _disable_current_modes():
         try:
-            mask = _on_cpu(build, sizes)
+            mask = built_on_cpu(build, sizes)
         except Exception:  # noqa: BLE001 - a mask that cannot be built here is kept
             return None
         if not isinstance(mask, torch.Tensor) or mask.dtype is not torch.bool or mask.dim() < 2:
@@ -148,8 +148,10 @@ def _look(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
     return None if found is None else (found, queries, keys)
 
 
-def _on_cpu(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
-    """``build(*sizes)`` with every ``device=`` it names moved to the CPU."""
+def built_on_cpu(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
+    """``build(*sizes)`` with every ``device=`` it names moved to the CPU; ``ValueError`` for a
+    tensor of more than :data:`MAX_MASK_ELEMENTS` on the way (capture builds masks with it to
+    find their verdict, :func:`sized_mask` at sizes the capture did not see)."""
     graph = getattr(build, "graph", None)
     if graph is None:
         return build(*sizes)
