@@ -54,7 +54,7 @@ import torch.fx
 
 from fxckpt import integrations
 from fxckpt.runtime.attention import (MAX_MASK_ELEMENTS, attention, built_on_cpu, kind_of,
-                                     layer_mask, sized_mask)
+                                     layer_mask, size_hint, sized_mask)
 
 __all__ = ["Rewritten", "eager_attention", "MAX_MASK_ELEMENTS"]
 
@@ -157,8 +157,8 @@ def _expected(mask: torch.fx.Node, query: Any, key: Any,
     mask_val, q, k = _val(mask), _val(query), _val(key)
     if not all(isinstance(t, torch.Tensor) for t in (mask_val, q, k)):
         return None
-    sizes = [_hint(d) for d in mask_val.shape]
-    queries, keys = _hint(q.shape[-2]), _hint(k.shape[-2])
+    sizes = [size_hint(d) for d in mask_val.shape]
+    queries, keys = size_hint(q.shape[-2]), size_hint(k.shape[-2])
     if None in sizes or queries is None or keys is None:
         return None
     if math.prod(sizes) > MAX_MASK_ELEMENTS:  # type: ignore[arg-type]
@@ -178,7 +178,7 @@ def _sized(gm: torch.fx.GraphModule, mask: torch.fx.Node, kind: str,
     ``kind`` at the example's sizes: the ops that build it move into a graph of their own (a
     submodule ``fxckpt_mask_<i>``), run only at sizes not seen before (one node per mask, where
     the mask was built)."""
-    lengths = tuple(_hint(d) for d in _val(mask).shape[-2:])
+    lengths = tuple(size_hint(d) for d in _val(mask).shape[-2:])
     seen = (mask, kind, lengths)
     if seen in made:
         return made[seen]
@@ -189,7 +189,7 @@ def _sized(gm: torch.fx.GraphModule, mask: torch.fx.Node, kind: str,
     while hasattr(gm, name):
         name += "_"
     gm.add_submodule(name, builder)
-    at = tuple(_hint(_val(n)) for n in sizes)
+    at = tuple(size_hint(_val(n)) for n in sizes)
     with gm.graph.inserting_before(mask):  # where the mask was built, as part of what built it
         build = gm.graph.get_attr(name)
         made[seen] = gm.graph.call_function(
@@ -238,7 +238,7 @@ def _evaluate(root: torch.fx.Node) -> Any:
     if built is None:
         return None
     builder, sizes = built
-    hints = [_hint(_val(n)) for n in sizes]
+    hints = [size_hint(_val(n)) for n in sizes]
     if None in hints:
         return None
     try:
@@ -259,14 +259,6 @@ def _draws_random(node: torch.fx.Node) -> bool:
         return torch.Tag.nondeterministic_seeded in tags
     name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     return any(word in name for word in _RANDOM)
-
-
-def _hint(size: Any) -> Optional[int]:
-    """The example's value of a size (``int(SymInt)`` would add a guard to export's shapes)."""
-    if isinstance(size, torch.SymInt):
-        hint = size.node.hint
-        return int(hint) if hint is not None else None
-    return int(size) if isinstance(size, int) else None
 
 
 def _val(node: Any) -> Any:

@@ -37,13 +37,14 @@ import weakref
 from typing import Any, Iterator, Optional
 
 import torch
+import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fxckpt import integrations
 
-__all__ = ["attention", "layer_mask", "sized_mask", "built_on_cpu", "mask_kind", "kind_of",
-           "planning", "CAUSAL", "FULL", "MAX_MASK_ELEMENTS"]
+__all__ = ["attention", "layer_mask", "sized_mask", "built_on_cpu", "size_hint", "mask_kind",
+           "kind_of", "planning", "CAUSAL", "FULL", "MAX_MASK_ELEMENTS"]
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _local = threading.local()
@@ -102,7 +103,7 @@ def layer_mask(mask: Any, causal: bool) -> Any:
 layer_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_layer_mask(...)`
 
 
-def sized_mask(build: torch.nn.Module, *sizes: Any, at: tuple[int, ...], kind: str,
+def sized_mask(build: torch.fx.GraphModule, *sizes: Any, at: tuple[int, ...], kind: str,
                lengths: tuple[int, int]) -> Any:
     """The mask of attention calls whose mask the sizes alone determine, as the calls need it:
     ``(kind, queries, keys)`` where the mask ``build(*sizes)`` makes is causal or all visible
@@ -117,7 +118,7 @@ def sized_mask(build: torch.nn.Module, *sizes: Any, at: tuple[int, ...], kind: s
     :mod:`fxckpt.capture.eager_attention` puts it in the graph)."""
     if torch.compiler.is_compiling() and not _PLANNING[0]:
         return build(*sizes)  # torch.compile keeps masks, as :func:`mask_kind` says
-    hints = [_size_hint(s) for s in sizes]
+    hints = [size_hint(s) for s in sizes]
     if None in hints or tuple(hints) == tuple(at):  # None: a plan's symbolic sizes
         return (kind, *lengths)
     hinted = tuple(h for h in hints if h is not None)
@@ -133,7 +134,7 @@ def sized_mask(build: torch.nn.Module, *sizes: Any, at: tuple[int, ...], kind: s
 sized_mask.__module__ = "fxckpt"  # generated code reads `fxckpt_sized_mask(...)`
 
 
-def _look(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
+def _look(build: torch.fx.GraphModule, sizes: tuple[int, ...]) -> Any:
     """The verdict for the mask ``build`` makes at ``sizes``, looked at on the CPU (out of any
     fake mode: a plan's sizes are real), or ``None`` for a mask to keep."""
     with _disable_current_modes():
@@ -148,16 +149,13 @@ def _look(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
     return None if found is None else (found, queries, keys)
 
 
-def built_on_cpu(build: torch.nn.Module, sizes: tuple[int, ...]) -> Any:
+def built_on_cpu(build: torch.fx.GraphModule, sizes: tuple[int, ...]) -> Any:
     """``build(*sizes)`` with every ``device=`` it names moved to the CPU; ``ValueError`` for a
     tensor of more than :data:`MAX_MASK_ELEMENTS` on the way (capture builds masks with it to
     find their verdict, :func:`sized_mask` at sizes the capture did not see)."""
-    graph = getattr(build, "graph", None)
-    if graph is None:
-        return build(*sizes)
     env: dict[torch.fx.Node, Any] = {}
     given = iter(sizes)
-    for n in graph.nodes:
+    for n in build.graph.nodes:
         if n.op == "placeholder":
             env[n] = next(given)
         elif n.op == "output":
@@ -185,11 +183,13 @@ def _verdict(verdict: tuple, query: torch.Tensor, key: torch.Tensor) -> str:
     return str(kind)
 
 
-def _size_hint(size: Any) -> Optional[int]:
+def size_hint(size: Any) -> Optional[int]:
+    """The value of a size: an int, or a symbolic one's example value (``int(SymInt)`` would add
+    a guard to export's shapes); ``None`` where there is none."""
     if isinstance(size, torch.SymInt):
         hint = size.node.hint
         return int(hint) if hint is not None else None
-    return int(size)
+    return int(size) if isinstance(size, int) else None
 
 
 _PLANNING = [False]
