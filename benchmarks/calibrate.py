@@ -37,7 +37,7 @@ import torch
 
 from fxckpt.cost import cpu_table
 from fxckpt.cost.cpu_table import matmul_rate
-from fxckpt.cost.prices import TABLE
+from fxckpt.cost.prices import EVEN, TABLE
 from fxckpt.measure import time_step
 
 __all__ = ["Row", "matmul_rate", "measure", "render", "main", "OPS"]
@@ -65,7 +65,7 @@ OPS = cpu_table.OPS
 
 def _label(key: str) -> str:
     """The constant in :mod:`fxckpt.cost.prices` that prices ``key``."""
-    if key == "random":
+    if key in ("random", EVEN):
         return "RANDOM_PRICE"
     if key == "gelu_tanh":
         return "GELU_TANH_PRICE"
@@ -148,8 +148,10 @@ def measure(repeats: int = 30) -> dict[str, Any]:
     rows = [Row("CALL_PRICE", TABLE.call, table.call, "a call on a one-element tensor")]
     for key in OPS:
         what = "read" if key.startswith("read:") else "written"
+        draw = {"random": " (bernoulli_ at p = 1)", EVEN: " (bernoulli_ at p = 0.5)"}
         rows.append(Row(_label(key), TABLE.price(key), table.price(key),
-                        f"{key.removeprefix('read:')}, per byte {what} (1 MiB, from memory)"))
+                        f"{key.removeprefix('read:')}{draw.get(key, '')}, per byte {what} "
+                        "(1 MiB, from memory)"))
     rows += [*_overheads(rate, repeats), _saved(rate, repeats)]
     return {"rate": rate, "rows": [dataclasses.asdict(r) for r in rows], "repeats": repeats}
 

@@ -3,8 +3,11 @@
 :data:`fxckpt.cost.prices.TABLE` was measured once, on the project's benchmark machine. Another
 CPU prices the same calls differently, and not by one factor: on an Intel Xeon whose matmul runs
 at 180-200 GFLOP/s (the AMD EPYC the table was measured on: 90-100), ``mul`` and ``add`` cost
-2.8x the table's FLOP-equivalents per byte, ``sigmoid`` 2.5x, dropout's draw 3.1x, ``exp``
-0.4x and ``tanh`` 0.26x (``python -m benchmarks.calibrate``, ``docs/calibration.md``). A plan
+2.8x the table's FLOP-equivalents per byte, ``sigmoid`` 2.5x, a Bernoulli draw at one half 3.1x,
+``exp`` 0.4x and ``tanh`` 0.26x (``python -m benchmarks.calibrate``, ``docs/calibration.md``).
+A draw is measured twice, at ``p`` = 1 and at one half, and a draw of probability ``p`` priced
+between the two (:data:`fxckpt.cost.prices.EVEN`): priced at one half, a dropout of 0.1 (a draw
+at 0.9) was priced at 2.1x its time in the GPT-2 bench step. A plan
 priced with the wrong table recomputes what is expensive here and keeps what is cheap. So, as a
 GPU's rates are (:mod:`fxckpt.cost.devices`), the CPU's are measured where the model runs, once
 per process:
@@ -46,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from fxckpt.cost import timed_calls
-from fxckpt.cost.prices import TABLE
+from fxckpt.cost.prices import EVEN, TABLE
 from fxckpt.cost.rates import fastest
 
 __all__ = ["MeasuredTable", "measured_table", "matmul_rate", "cold_seconds", "call_seconds",
@@ -93,7 +96,8 @@ def _calls() -> dict[str, Call]:
         "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sin": torch.sin,
         "cos": torch.cos, "erf": torch.erf, "pow": lambda x: x.pow(2),
         "gt": lambda x: x > 1.0,
-        "random": lambda x: x.bernoulli_(0.5, generator=_GENERATOR),
+        "random": lambda x: x.bernoulli_(1.0, generator=_GENERATOR),
+        EVEN: lambda x: x.bernoulli_(0.5, generator=_GENERATOR),
         "read:sum": lambda x: x.sum(-1), "read:mean": lambda x: x.mean(-1),
         "read:amax": lambda x: x.amax(-1),
     }

@@ -14,7 +14,7 @@ from fxckpt.cost import cpu_table
 from fxckpt.cost.bridge import priced_problem, problem_of
 from fxckpt.cost.cpu_table import MeasuredTable, _rounded, uses_measured_prices
 from fxckpt.cost.devices import cpu_profile, profile_for
-from fxckpt.cost.prices import TABLE, PriceTable, call_price, price_terms
+from fxckpt.cost.prices import EVEN, TABLE, PriceTable, call_price, price_terms
 from fxckpt.module import dispatcher_of
 
 aten = torch.ops.aten
@@ -89,6 +89,34 @@ def test_a_measured_table_measures_each_op_once_and_scales_the_rest(
     assert table.work([("call", 1), ("mul", 2.0)]) == 1e5 + 2 * mul
 
 
+def test_a_draw_is_measured_alone_and_at_one_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    probabilities: list[float] = []
+
+    def fake_cold(fn: cpu_table.Call, repeats: int = 3, cold: int = 16) -> float:
+        x = torch.zeros(4)
+        real = torch.Tensor.bernoulli_
+
+        def spy(self: torch.Tensor, p: float = 0.5, **kwargs: object) -> torch.Tensor:
+            probabilities.append(p)
+            return real(self, p, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(torch.Tensor, "bernoulli_", spy)
+        fn(x)
+        monkeypatch.setattr(torch.Tensor, "bernoulli_", real)
+        return {1.0: 1e-4, 0.5: 3e-4}[probabilities[-1]]
+
+    monkeypatch.setattr(cpu_table, "cold_seconds", fake_cold)
+    table = MeasuredTable(rate=1e11, call=1e5)
+    alone, even = table.price("random"), table.price(EVEN)
+    assert probabilities == [1.0, 0.5]
+    assert alone == _rounded((1e-4 * 1e11 - 1e5) / MiB)
+    assert even == _rounded((3e-4 * 1e11 - 1e5) / MiB)
+    # a dropout of 0.1 (keeps with 0.9): four fifths of its bytes alone, one fifth at one half
+    x = torch.empty(256, 1024)
+    terms = price_terms(aten.bernoulli_.float, (x, 0.9), {}, x, True)
+    assert math.isclose(table.work(terms), 1e5 + MiB * (0.8 * alone + 0.2 * even))
+
+
 def test_measuring_draws_nothing_from_torchs_generator() -> None:
     state = torch.get_rng_state()
     table = MeasuredTable(rate=1e11, call=0.0)
@@ -109,7 +137,7 @@ def test_every_timed_call_runs_its_op() -> None:
         with Ops():
             fn(x.clone())
         name = key.removeprefix("read:")
-        if key == "random":
+        if key.startswith("random"):
             name = "bernoulli"
         elif key == "gelu_tanh":
             name = "gelu"

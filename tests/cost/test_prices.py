@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fxckpt.cost.prices import (CALL_PRICE, CPU_ATTENTION_FACTOR, CPU_PRICES, DEFAULT_PRICE,
                                 GELU_TANH_PRICE, OTHER_DEVICE_PRICE, OTHER_DEVICE_RANDOM_PRICE,
-                                RANDOM_PRICE, REDUCTIONS, call_price, traffic)
+                                EVEN, RANDOM_PRICE, REDUCTIONS, TABLE, PriceTable, call_price,
+                                price_terms, traffic)
 
 aten = torch.ops.aten
 MiB = 1 << 20
@@ -41,6 +44,34 @@ def test_random_calls_and_other_devices() -> None:
         CALL_PRICE + OTHER_DEVICE_PRICE * MiB
     assert call_price(aten.bernoulli_.float, (meta, 0.5), {}, meta, random=True) == \
         CALL_PRICE + OTHER_DEVICE_RANDOM_PRICE * MiB
+
+
+def test_a_draws_bytes_are_shared_by_how_close_its_probability_is_to_one_half() -> None:
+    def terms(func, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return price_terms(func, args, kwargs, x, True)
+
+    assert terms(aten.bernoulli_.float, x, 1.0) == (("call", 1.0), ("random", MiB))
+    assert terms(aten.bernoulli_.float, x, 0.0) == (("call", 1.0), ("random", MiB))
+    assert terms(aten.bernoulli_.float, x, 0.5) == (("call", 1.0), (EVEN, MiB))
+    # a dropout of 0.1 keeps with p = 0.9: a fifth of its bytes at the even price
+    (_, (k1, a1), (k2, a2)) = terms(aten.bernoulli_.float, x, 0.9)
+    assert (k1, k2) == ("random", EVEN) and math.isclose(a1, 0.8 * MiB) and \
+        math.isclose(a2, 0.2 * MiB)
+    low = terms(aten.bernoulli_.float, x, p=0.1)
+    assert [k for k, _ in low] == ["call", "random", EVEN]
+    assert math.isclose(low[1][1], a1) and math.isclose(low[2][1], a2)
+    (_, (_, drop), (_, even)) = terms(aten.native_dropout.default, x, 0.3, True)
+    assert math.isclose(even, 0.6 * MiB) and math.isclose(drop, 0.4 * MiB)
+    # no probability: the draw alone (rand, randn, a tensor of probabilities)
+    assert terms(aten.rand_like.default, x) == (("call", 1.0), ("random", MiB))
+    assert terms(aten.bernoulli_.Tensor, x, x) == (("call", 1.0), ("random", MiB))
+    # the table has one price for both keys, so its prices do not move
+    for p in (0.5, 0.9, 1.0):
+        assert TABLE.work(terms(aten.bernoulli_.float, x, p)) == \
+            CALL_PRICE + RANDOM_PRICE * MiB
+    even_dearer = PriceTable(call=0.0, per_byte={}, default=1.0, random=1.0, gelu_tanh=1.0,
+                             reductions={})
+    assert even_dearer.price(EVEN) == even_dearer.price("random") == 1.0
 
 
 def test_reductions_pay_for_what_they_read() -> None:
