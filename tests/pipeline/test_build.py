@@ -66,7 +66,9 @@ def test_the_built_module_runs_the_graph_and_describes_its_stages() -> None:
     gm, _ = _graph(MLP(depth=4, p=0.0), x)
     pm = build_pipeline(gm, chunks=2, devices=["cpu"], stages=2, checkpoint="always")
     assert isinstance(pm, PipelinedModule) and pm.chunks == 2
-    torch.testing.assert_close(pm(x), gm(x), rtol=0, atol=0)
+    # two micro-batches of 2: the graph run on each (a matmul over 2 rows need not round as
+    # one over 4 does: on an AMD EPYC the whole batch differs in the last bits)
+    torch.testing.assert_close(pm(x), torch.cat([gm(x[:2]), gm(x[2:])]), rtol=0, atol=0)
     assert len(pm.stage_modules) == 2 and pm.training == gm.training
     view = pm.view()
     assert [s.device for s in view.stages] == ["cpu", "cpu"]  # one device given: every stage
