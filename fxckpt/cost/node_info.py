@@ -8,13 +8,14 @@ pictures read it through :func:`info`. The record is plain data; writing it is a
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.fx
 
 from fxckpt.errors import PlanError
 
-__all__ = ["META_KEY", "NodeInfo", "info", "has_info", "module_path_of"]
+__all__ = ["META_KEY", "NodeInfo", "info", "has_info", "module_path_of", "model_stack"]
 
 META_KEY = "fxckpt"
 
@@ -99,13 +100,23 @@ def module_path_of(node: torch.fx.Node) -> str:
         return target
     if node.op == "get_attr":
         return target.rpartition(".")[0]
-    stack = node.meta.get("nn_module_stack") or {}
+    stack = model_stack(node)
     if not stack:
         return ""
-    path = list(stack.values())[-1][0]
+    path = stack[-1][0]
     if path.startswith(_NO_STACK):  # torch's name for a node export left without a stack
         return ""
     return _normalise_path(path)
+
+
+def model_stack(node: torch.fx.Node) -> list[tuple[str, Any]]:
+    """The node's ``nn_module_stack`` entries (path, class), outermost first, less the modules
+    Dynamo reached as a global (``G['module'].name``): a module object a library keeps at module
+    level is not part of the model, and a node it ran belongs to the model's module that called
+    it. transformers 5.25 made ``apply_rotary_pos_emb`` such a module (a hub-kernel wrapper):
+    read as the innermost module, it cut every Llama layer into three by module path."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return [entry for entry in stack.values() if not str(entry[0]).startswith("G[")]
 
 
 _NO_STACK = "_empty_nn_module_stack"

@@ -229,10 +229,12 @@ def from_attention_interface(node: torch.fx.Node) -> bool:
     module's class is transformers', and a line of the recorded stack is that call (the last
     line for export, which records the module's frame; one of the lines for Dynamo, which
     records every frame it inlined)."""
-    stack = node.meta.get("nn_module_stack") or {}
+    from fxckpt.cost.node_info import model_stack
+
+    stack = model_stack(node)
     if not stack:
         return False
-    _, cls = list(stack.values())[-1]
+    _, cls = stack[-1]
     name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
     return name.startswith("transformers.") and _in_interface(node)
 
