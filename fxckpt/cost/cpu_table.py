@@ -110,9 +110,10 @@ OPS = tuple(_calls())
 def cold_seconds(fn: Call, repeats: int = 3, cold: int = COLD) -> float:
     """Seconds of one call of ``fn`` on a 1 MiB input read from memory: the fastest of
     ``repeats`` passes over ``cold`` inputs in turn, after one warm-up pass (the fastest, not
-    the median: what else runs on the machine only ever adds time)."""
+    the median: what else runs on the machine only ever adds time), each output alive through
+    the next pass (:func:`fxckpt.cost.timed_calls.fastest_pass`)."""
     xs = [torch.rand(256, 1024, generator=_GENERATOR) + 0.5 for _ in range(cold)]
-    return fastest(lambda: [fn(x) for x in xs], repeats=repeats) / cold
+    return timed_calls.fastest_pass([functools.partial(fn, x) for x in xs], repeats)
 
 
 def matmul_rate(repeats: int = 5) -> float:

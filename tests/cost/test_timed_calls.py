@@ -168,3 +168,48 @@ def test_a_process_keeps_at_most_max_calls(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(timed_calls, "MAX_CALLS", len(timed_calls._CALLS))
     assert timed_calls.key(aten.tanh.default, (x,), {}, x, ()) == kept  # known: still keyed
     assert timed_calls.key(aten.tanh.default, (torch.rand(4, 5),), {}, x, ()) is None  # new
+
+
+class _Output:
+    """A call's output, named by its pass and its place in the pass."""
+
+    def __init__(self, made: tuple[int, int]) -> None:
+        self.made = made
+
+
+def test_outputs_live_through_the_next_pass_and_passes_that_fault_do_not_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import weakref
+
+    clock, faults, passes = [0.0], [0], [0]
+    alive: list[weakref.ref] = []
+    seen: list[tuple[int, list[tuple[int, int]]]] = []
+
+    def call(place: int) -> _Output:
+        if place == 0:  # a pass starts: which earlier outputs are still alive
+            seen.append((passes[0], sorted(r().made for r in alive if r() is not None)))
+        out = _Output((passes[0], place))
+        alive.append(weakref.ref(out))
+        # the first five passes fault (a fresh heap) and are slow; later ones 1 s a call,
+        # but the seventh 0.5 s
+        faults[0] += passes[0] < 5
+        clock[0] += 3.0 if passes[0] < 5 else (0.5 if passes[0] == 6 else 1.0)
+        if place == 1:
+            passes[0] += 1
+        return out
+
+    monkeypatch.setattr(timed_calls.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timed_calls, "_page_faults", lambda: faults[0])
+    monkeypatch.setattr(timed_calls, "_SLOW", 1e9)
+    best = timed_calls.fastest_pass([lambda: call(0), lambda: call(1)], repeats=3)
+    # each pass finds the pass before it alive, and nothing older
+    for n, held in seen[1:]:
+        assert held == [(n - 1, 0), (n - 1, 1)]
+    # 1 warm-up pass, then passes 1-4 faulted and were made up for, then three clean ones
+    assert [n for n, _ in seen] == list(range(8))
+    assert best == 0.5
+    # never more than _SETTLE passes made up for: a machine that always faults is timed anyway
+    clock[0], faults[0], passes[0] = 0.0, 0, -100  # every pass faults and is slow
+    seen.clear()
+    assert timed_calls.fastest_pass([lambda: call(0), lambda: call(1)], repeats=3) == 3.0
+    assert len(seen) == 1 + 3 + timed_calls._SETTLE
