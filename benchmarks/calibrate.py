@@ -65,8 +65,10 @@ OPS = cpu_table.OPS
 
 def _label(key: str) -> str:
     """The constant in :mod:`fxckpt.cost.prices` that prices ``key``."""
-    if key in ("random", EVEN):
+    if key == "random":
         return "RANDOM_PRICE"
+    if key == EVEN:  # the same constant: the table has one price for a draw
+        return "RANDOM_PRICE (p = 0.5)"
     if key == "gelu_tanh":
         return "GELU_TANH_PRICE"
     if key.startswith("read:"):

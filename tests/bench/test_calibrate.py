@@ -21,7 +21,10 @@ def test_every_constant_is_measured_beside_its_value_in_the_code() -> None:
     assert rows["CALL_PRICE"]["code"] == prices.CALL_PRICE
     assert rows["CPU_PRICES['gelu']"]["code"] == prices.CPU_PRICES["gelu"]
     assert rows["GELU_TANH_PRICE"]["code"] == prices.GELU_TANH_PRICE
+    # a draw is measured alone (p = 1) and at one half, both beside the table's one price
     assert rows["RANDOM_PRICE"]["code"] == prices.RANDOM_PRICE
+    assert rows["RANDOM_PRICE (p = 0.5)"]["code"] == prices.RANDOM_PRICE
+    assert "bernoulli_ at p = 0.5" in rows["RANDOM_PRICE (p = 0.5)"]["how"]
     assert result["rate"] > 1e8  # a 1024^3 matmul: far above 0.1 GFLOP/s on any CPU
     # a 1 MiB tanh writes at a price between a copy's and a million FLOPs a byte
     assert 0.1 < rows["CPU_PRICES['tanh']"]["measured"] < 1e6
