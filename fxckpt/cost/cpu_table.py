@@ -4,7 +4,8 @@
 CPU prices the same calls differently, and not by one factor: on an Intel Xeon whose matmul runs
 at 180-200 GFLOP/s (the AMD EPYC the table was measured on: 90-100), ``mul`` and ``add`` cost
 2.8x the table's FLOP-equivalents per byte, ``sigmoid`` 2.5x, a Bernoulli draw at one half 3.1x,
-``exp`` 0.4x and ``tanh`` 0.26x (``python -m benchmarks.calibrate``, ``docs/calibration.md``).
+``exp`` 0.4x and ``tanh`` 0.26x (``python -m benchmarks.calibrate``, ``docs/tuning.md``; part of
+that was page faults, which timing now leaves out: :func:`~fxckpt.cost.timed_calls.fastest_pass`).
 A draw is measured twice, at ``p`` = 1 and at one half, and a draw of probability ``p`` priced
 between the two (:data:`fxckpt.cost.prices.EVEN`): priced at one half, a dropout of 0.1 (a draw
 at 0.9) was priced at 2.1x its time in the GPT-2 bench step. A plan
