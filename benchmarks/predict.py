@@ -23,6 +23,13 @@ with a device profile (:mod:`fxckpt.cost.devices`):
   as long as the bytes moved fit in what the host link moves while the forward runs;
   *fxckpt @peer*: the solver at each peer's peak.
 
+With ``--exact`` (a few layers: the search is exponential in what stays live), the solver is
+also checked against the optimum on the same problem (:func:`exact_check`): the model's priced
+problem at the budget's share of its simulated unmodified peak, solved by fxckpt's search
+(kept outputs included), by the exact search over every segmentation (no kept outputs,
+:func:`fxckpt.solver.search.search` with no limit on its work), and bounded by the recompute
+floor. It says which side of the gap between a plan and its floor is loose.
+
 The predicted step is the forward, the backward (twice the forward: two matmuls per matmul),
 the recompute the plan states (with the profile's price per kept node) and the profile's
 overhead per segment. These are predictions from a cost model, not measurements:
@@ -40,7 +47,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["LLAMA3_8B", "LLAMA3_1B", "MODELS", "Predicted", "predict", "render", "main"]
+__all__ = ["LLAMA3_8B", "LLAMA3_1B", "MODELS", "Predicted", "Exact", "predict", "exact_check",
+           "render", "render_exact", "main"]
 
 LLAMA3_8B: dict[str, Any] = {
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -158,6 +166,82 @@ def predict(profile_name: str = "h100", layers: Optional[int] = None,
     return rows, facts
 
 
+@dataclasses.dataclass(frozen=True)
+class Exact:
+    """fxckpt's search against the exact optimum over segmentations on one problem, in shares
+    of one forward pass: what each plan adds to a step at the profile's prices (its recompute,
+    its saved tensors' hooks and its segments' overhead, less what kept outputs save), and the
+    least any plan at that peak adds (:func:`fxckpt.solver.floor.recompute_floor`)."""
+
+    layers: int
+    fraction: float
+    ops: int
+    eager_bytes: int
+    """The problem's simulated unmodified peak; the budget is ``fraction`` of it."""
+    search: float
+    search_segments: int
+    search_kept: int
+    search_seconds: float
+    optimum: Optional[float]
+    """The cheapest plan of segments alone (``None``: none fits)."""
+    optimum_seconds: float
+    floor: float
+
+
+def exact_check(profile_name: str = "h100", layers: int = 6, fraction: Optional[float] = None,
+                seq: Optional[int] = None, model: str = "llama3-8b") -> Exact:
+    """fxckpt's search, the exact search over segmentations and the floor on ``model`` with
+    ``layers`` layers, at ``fraction`` (default: the model's) of its simulated unmodified peak.
+
+    The problem is the one a budget plan solves (priced with the profile); the budget is a
+    share of the simulator's peak, not the verified one, so a few layers reach shares a verified
+    budget refuses (weight gradients and the loss are a large part of a short model's step)."""
+    import fxckpt
+    from fxckpt.capture.graphs import planned_nodes
+    from fxckpt.cost.bridge import problem_of
+    from fxckpt.cost.devices import PROFILES
+    from fxckpt.module import dispatcher_of
+    from fxckpt.planning.blocks import block_ranges
+    from fxckpt.planning.keeps import choices
+    from fxckpt.solver import simulate
+    from fxckpt.solver.bounds import Limits
+    from fxckpt.solver.floor import recompute_floor
+    from fxckpt.solver.moves import Space
+    from fxckpt.solver.portfolio import solve_plan
+    from fxckpt.solver.search import search
+
+    setup = MODELS[model]
+    fraction = setup.fraction if fraction is None else fraction
+    ids = torch.zeros(setup.batch, setup.seq if seq is None else seq, dtype=torch.long,
+                      device="meta")
+    built = _model(setup.config, layers)
+    compiled = dispatcher_of(fxckpt.transform(built, example_inputs=(ids,),
+                                              device_profile=profile_name)).last
+    assert compiled is not None
+    order = planned_nodes(compiled.gm.graph)
+    problem = problem_of(compiled.gm, PROFILES[profile_name])
+    eager = simulate(problem, ()).peak_bytes
+    target = int(fraction * eager)
+    start = time.perf_counter()
+    sel = solve_plan(problem, target, block_ranges(problem, order),
+                     choices(problem, order, {})[0], [])
+    took = time.perf_counter() - start
+    planned = simulate(problem, sel.segments, sel.keep)
+    assert planned.peak_bytes <= target
+    start = time.perf_counter()
+    found = search(problem.index, Space(exact=True), target,
+                   limits=Limits(states=2**62, work=2**62))
+    searched = time.perf_counter() - start
+    forward = problem.index.cum_cost[-1]
+    optimum = None
+    if found is not None:
+        assert found.exact and simulate(problem, found.segments).peak_bytes <= target
+        optimum = simulate(problem, found.segments).recompute_cost / forward
+    return Exact(layers, fraction, len(problem.ops), eager, planned.recompute_cost / forward,
+                 len(sel.segments), len(sel.keep), took, optimum, searched,
+                 recompute_floor(problem, target) / forward)
+
+
 def _row(method: str, plan: Any, forward: float, profile: Any) -> Predicted:
     kept = sum(len(s.keeps) for s in plan.segments)
     # The recompute share already holds each kept node's bookkeeping (a kept op saves its cost
@@ -211,6 +295,29 @@ def render(rows: list[Predicted], facts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_exact(e: Exact, facts: dict[str, Any]) -> str:
+    """:func:`exact_check`'s section."""
+    optimum = "none fits" if e.optimum is None else f"{e.optimum:.1%}"
+    return "\n".join([
+        f"#### Against the exact optimum: {e.layers} layers at {e.fraction:g}",
+        "",
+        f"*Generated by `python -m benchmarks.predict --profile {facts['profile']} --model "
+        f"{facts['model']} --layers {e.layers} --exact`.* The same model with {e.layers} layers "
+        f"({e.ops} ops), planned at {e.fraction:g} of the simulator's unmodified peak "
+        f"({e.eager_bytes / 2**30:.2f} GiB); what each plan adds to a step (recompute, hooks and "
+        "segment overheads, less what kept outputs save), in shares of one forward:",
+        "",
+        "| | adds | how found |",
+        "|---|---|---|",
+        f"| fxckpt's search | {e.search:.1%} | {e.search_segments} segments, {e.search_kept} "
+        f"kept outputs, in {e.search_seconds:.1f} s |",
+        f"| exact optimum of segments alone | {optimum} | every segmentation, no limit, in "
+        f"{e.optimum_seconds:.0f} s |",
+        f"| floor | {e.floor:.1%} | no plan at this peak adds less |",
+        "",
+    ])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.predict",
                                 description=__doc__.splitlines()[0])
@@ -220,9 +327,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seq", type=int, default=None, help="default: the model's")
     p.add_argument("--out", type=Path, default=None,
                    help="write predictions_<model>_<profile>.md there (default: print only)")
+    p.add_argument("--exact", action="store_true",
+                   help="also check the search against the exact optimum (a few --layers)")
     args = p.parse_args(argv)
     rows, facts = predict(args.profile, args.layers, args.seq, args.model)
     text = render(rows, facts)
+    if args.exact:
+        text += "\n" + render_exact(exact_check(args.profile, facts["layers"], None, args.seq,
+                                                 args.model), facts)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"predictions_{args.model}_{args.profile}.md").write_text(text)

@@ -116,3 +116,19 @@ def test_predictions_on_meta_are_deterministic_and_priced_for_the_profile() -> N
     assert offload.recompute_share <= by["fxckpt 0.5"].recompute_share
     assert offload.peak_bytes <= by["fxckpt 0.5"].peak_bytes * 1.01  # the same budget
     assert all(not r.note and not r.offloaded for r in rows if r is not offload)
+
+
+@pytest.mark.slow
+def test_the_search_is_checked_against_the_exact_optimum_and_the_floor() -> None:
+    e = predict.exact_check("h100", layers=2, fraction=0.85, seq=256)
+    assert (e.layers, e.fraction) == (2, 0.85) and e.ops > 100 and e.eager_bytes > 0
+    assert e.optimum is not None and e.search_segments > 0
+    # the floor bounds every plan; the search is within the solver bench's 2% of the optimum
+    # of segments alone (it may beat it: it also keeps outputs)
+    assert 0 < e.floor <= min(e.search, e.optimum)
+    assert e.search <= 1.02 * e.optimum
+    page = predict.render_exact(e, {"profile": "h100", "model": "llama3-8b"})
+    assert "#### Against the exact optimum: 2 layers at 0.85" in page
+    assert f"| fxckpt's search | {e.search:.1%} | {e.search_segments} segments, " in page
+    assert f"| exact optimum of segments alone | {e.optimum:.1%} |" in page
+    assert f"| floor | {e.floor:.1%} |" in page
