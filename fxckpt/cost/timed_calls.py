@@ -212,7 +212,7 @@ def fastest_pass(calls: list[Callable[[], object]], repeats: int = 3) -> float:
 _SETTLE = 8
 """Passes :func:`fastest_pass` adds, at most, while passes fault pages: outputs larger than
 glibc's mmap threshold are mapped afresh until the threshold has grown past them and the heap
-holds two passes' outputs (a 8 MiB ``mul``: 3.2 ms a call for six passes, then 0.37 ms), as a
+holds two passes' outputs (an 8 MiB ``mul``: 3.2 ms a call for six passes, then 0.37 ms), as a
 training loop's first steps fault and the next ones do not."""
 
 
