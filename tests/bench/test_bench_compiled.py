@@ -128,6 +128,16 @@ def test_a_quick_run_measures_the_compiled_row_and_times_it_with_the_peer() -> N
     assert row["peer_ratio"] == pytest.approx(
         median(row["step_samples"]) / median(row["peer_samples"]))
     assert row["rss_bytes"] > 0 and row["segments"] >= 1
-    (speed,) = [c for c in check_targets(result["rows"], []) if c.target == "Pareto dominance"
-                and c.detail.startswith("fxckpt_compiled")]
-    assert "(timed by turns with the peer)" in speed.detail
+    # compared with the peer by the ratio timed by turns in one child
+    from benchmarks.targets import _how, versus
+
+    assert _how(row, peer) == " (timed by turns with the peer)"
+    assert versus(row, peer) == row["peer_ratio"]
+    # the Pareto check uses it where the row is within the peer's memory; at the quick size
+    # (a peak of 1-2 MiB) its RSS can land over the peer's by more than the noise, and then
+    # no point fits and the check says so
+    (dominance,) = [c for c in check_targets(result["rows"], []) if c.target == "Pareto dominance"
+                    and c.subject == "mlp compile b=0.5"]
+    assert (dominance.detail.startswith(f"{row['label']}: ")
+            and "(timed by turns with the peer)" in dominance.detail) or \
+        dominance.detail.startswith("no fxckpt point at or below the peer's peak")
