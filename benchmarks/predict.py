@@ -203,12 +203,10 @@ def exact_check(profile_name: str = "h100", layers: int = 6, fraction: Optional[
     from fxckpt.module import dispatcher_of
     from fxckpt.planning.blocks import block_ranges
     from fxckpt.planning.keeps import choices
+    from benchmarks.solver_graphs import exact_optimum
     from fxckpt.solver import simulate
-    from fxckpt.solver.bounds import Limits
     from fxckpt.solver.floor import recompute_floor
-    from fxckpt.solver.moves import Space
     from fxckpt.solver.portfolio import solve_plan
-    from fxckpt.solver.search import search
 
     setup = MODELS[model]
     fraction = setup.fraction if fraction is None else fraction
@@ -229,13 +227,12 @@ def exact_check(profile_name: str = "h100", layers: int = 6, fraction: Optional[
     planned = simulate(problem, sel.segments, sel.keep)
     assert planned.peak_bytes <= target
     start = time.perf_counter()
-    found = search(problem.index, Space(exact=True), target,
-                   limits=Limits(states=2**62, work=2**62))
+    found = exact_optimum(problem, target)
     searched = time.perf_counter() - start
     forward = problem.index.cum_cost[-1]
     optimum = None
     if found is not None:
-        assert found.exact and simulate(problem, found.segments).peak_bytes <= target
+        assert simulate(problem, found.segments).peak_bytes <= target
         optimum = simulate(problem, found.segments).recompute_cost / forward
     return Exact(layers, fraction, len(problem.ops), eager, planned.recompute_cost / forward,
                  len(sel.segments), len(sel.keep), took, optimum, searched,

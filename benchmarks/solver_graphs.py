@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional, Sequence
 from fxckpt.solver import Op, Problem
 
 __all__ = ["GRAPHS", "QUICK", "EXACT_GRAPHS", "EXACT_TIMEOUT", "unrolled_cell", "problem_for",
-           "measure", "exact", "run", "render", "main"]
+           "exact_optimum", "measure", "exact", "run", "render", "main"]
 
 Row = dict[str, Any]
 
@@ -175,18 +175,26 @@ def _target(problem: Problem, fraction: float) -> int:
     return int(fraction * simulate(problem, ()).peak_bytes)
 
 
-def exact(graph: str, fraction: float) -> Row:
-    """The cheapest plan of segments for ``graph`` at ``fraction``: the search over every
-    segmentation with no limit on its work or states (run in a subprocess by :func:`run`)."""
+def exact_optimum(problem: Problem, target: int) -> Any:
+    """The cheapest plan of segments for ``problem`` under ``target`` bytes (a
+    :class:`fxckpt.solver.search.Found`, or ``None`` when none fits): the search over every
+    segmentation with no limit on its work or states."""
     from fxckpt.solver.bounds import Limits
     from fxckpt.solver.moves import Space
     from fxckpt.solver.search import search
 
-    problem, target = problem_for(graph, fraction)
-    start = time.perf_counter()
     found = search(problem.index, Space(exact=True), target,
                    limits=Limits(states=2**62, work=2**62))
     assert found is None or found.exact
+    return found
+
+
+def exact(graph: str, fraction: float) -> Row:
+    """The cheapest plan of segments for ``graph`` at ``fraction``: the search over every
+    segmentation with no limit on its work or states (run in a subprocess by :func:`run`)."""
+    problem, target = problem_for(graph, fraction)
+    start = time.perf_counter()
+    found = exact_optimum(problem, target)
     return {"exact_cost": None if found is None else found.cost,
             "exact_s": time.perf_counter() - start, "exact_rss_bytes": _status("VmHWM:")}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.fx
@@ -80,7 +82,7 @@ def test_a_module_dynamo_reached_as_a_global_is_not_a_module_path_of_the_model()
     # captured by Dynamo, each block is one segment, the global module's ops in it
     torch.manual_seed(0)
     model, x = _Blocks(), torch.randn(4, 8)
-    reference = __import__("copy").deepcopy(model)
+    reference = copy.deepcopy(model)
     tm = fxckpt.transform(model, depth=2, capture="dynamo")
     tm(x).sum().backward()
     reference(x).sum().backward()
