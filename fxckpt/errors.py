@@ -10,8 +10,9 @@ checking code keeps working.
 The rest belong to one part of fxckpt, which imports them from here and is where users name them:
 the solver's :class:`BudgetInfeasible` (``fxckpt.solver``, pure data: no ``FxckptError``) and its
 :class:`Exhausted` signal, the export codec's :class:`Unencodable`, the command line's
-:class:`CliError` and :class:`SourceError`, Dynamo planning's :class:`AfterBreakInfeasible`.
-This module imports nothing of fxckpt, so every part can import it.
+:class:`CliError` and :class:`SourceError`, Dynamo planning's :class:`AfterBreakInfeasible`,
+the compiled-step probe's :class:`Partitioned` signal. This module imports nothing of fxckpt,
+so every part can import it.
 """
 
 from __future__ import annotations
@@ -176,6 +177,11 @@ class _Where(Protocol):
 
     @property
     def states(self) -> int: ...
+
+
+class Partitioned(Exception):
+    """Raised by :mod:`fxckpt.measure.compiled_step`'s recording backend once AOTAutograd's
+    graph is partitioned (caught there): nothing is compiled further, nothing runs."""
 
 
 class Exhausted(Exception):

@@ -64,6 +64,11 @@ class SegmentSpec:
     """What one forward run of the segment is priced at, in the plan's cost units
     (FLOP-equivalents): what the step's measured segment times are compared with
     (:mod:`fxckpt.serve.refine`)."""
+    compiled_keeps: tuple[str, ...] = ()
+    """Aten ops (``mm``, ``addmm``, attention kernels) whose outputs the segment keeps when the
+    step runs under ``torch.compile``, as a selective-checkpoint policy of the compiled
+    recompute: a plan fitted to the compiled step (:mod:`fxckpt.measure.compiled_step`) keeps
+    matmuls, and inductor recomputes the pointwise ops between them fused into backward."""
     anchors: tuple[str, ...] = ()
     """What the segment's first and last node, then each kept node, are (module, op, occurrence;
     :mod:`fxckpt.planning.anchors`): how a replay finds the segment in a graph captured elsewhere

@@ -107,8 +107,15 @@ def check_compiled(case: Case, strategy: str, backend: str) -> None:
             assert_steps_equal(expected, got)
         else:
             assert_steps_close(expected, got)
-    segments = len(fxckpt.inspect(tm).plan.segments)
-    assert segments >= 1
+    plan = fxckpt.inspect(tm).plan
+    segments = len(plan.segments)
+    if strategy == "budget":  # fitted to the compiled step: the partitioner may need no segment
+        # (or to the eager step, where a tiny step's estimate fits no plan: the notes say which)
+        assert any("as torch.compile runs it" in note for note in plan.notes)
+        assert plan.verified_peak is not None and plan.budget_bytes is not None
+        assert plan.verified_peak <= plan.budget_bytes == fxckpt.inspect(ref).plan.budget_bytes
+    else:
+        assert segments >= 1
     # One graph, compiled once, holding every segment as a checkpoint op: no break inside one.
     assert recorder.checkpoint_ops() == [segments]
     # The single break point is the plan lookup (dynamo counts it once per analysis pass).
@@ -336,3 +343,33 @@ def test_compiled_checkpointed_step_keeps_the_plans_peak_aot_eager() -> None:
 @pytest.mark.slow
 def test_compiled_checkpointed_step_keeps_the_plans_peak_inductor() -> None:
     check_memory("inductor")
+
+
+def test_under_compile_a_budget_plan_is_fitted_to_the_compiled_step() -> None:
+    """A training call traced by ``torch.compile`` gets a plan of its own under a budget: the
+    same budget in bytes, checked against the compiled step's peak (what AOTAutograd's
+    partitioner keeps, plus the loss), segments keeping their matmuls under compile. Values are
+    the eager transformed module's; an eager call is served the eager plan again."""
+    from fxckpt.serve.whole_graph import COMPILED_KEEPS
+
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(16, 32)
+    ref = fxckpt.transform(copy.deepcopy(model), budget=0.7, example_inputs=(x,), capture="graph")
+    tm = fxckpt.transform(copy.deepcopy(model), budget=0.7, example_inputs=(x,), capture="graph")
+    eager = fxckpt.inspect(tm).plan
+    recorder = Recorder("aot_eager")
+    compiled = torch.compile(tm, backend=recorder)
+    assert_steps_equal(step(ref, (x,), {}, 0), step(compiled, (x,), {}, 0))
+    plan = fxckpt.inspect(tm).plan
+    assert plan is not eager and plan.budget_bytes == eager.budget_bytes
+    assert any(n.startswith("fitted to the step as torch.compile runs it") for n in plan.notes)
+    assert plan.verified_peak is not None and plan.budget_bytes is not None
+    assert plan.verified_peak <= plan.budget_bytes
+    # the compiled unmodified step holds less than the eager one: less to take off
+    assert eager.verified_eager_peak is not None and plan.verified_eager_peak is not None
+    assert plan.verified_eager_peak < eager.verified_eager_peak
+    # segments keeping matmuls when such a plan fits, else recomputing everything (this one)
+    assert plan.segments and {s.compiled_keeps for s in plan.segments} <= {COMPILED_KEEPS, ()}
+    assert recorder.checkpoint_ops() == [len(plan.segments)]
+    step(tm, (x,), {}, 1)
+    assert fxckpt.inspect(tm).plan is eager

@@ -91,7 +91,7 @@ def _lower_segment(
                                            for op in info(n).ops),
                         draws=any(not has_info(n) or info(n).random for n in members),
                         offloader=offloader if seg.action == "offload" else None,
-                        forward_cost=seg.forward_cost)
+                        forward_cost=seg.forward_cost, compiled_keeps=seg.compiled_keeps)
     sub.training = training  # not .train(): that would also flip the model's own submodules
     gm.add_submodule(seg.name, sub)
 

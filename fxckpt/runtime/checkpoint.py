@@ -36,6 +36,7 @@ and parameter gradients arrive even when no input requires grad. On top of it fx
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from contextlib import nullcontext
@@ -144,8 +145,18 @@ def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
     forward, but the recompute reads those copies, not the updated buffers (which AOTAutograd
     would otherwise hand it, pytorch/pytorch#197039). Segment names and the recompute check are
     eager-only: the compiled recompute is part of the graph.
+
+    A segment with ``compiled_keeps`` (and no buffer to restore: the policy sees every op of the
+    region, and a restore writes in place) passes torch's selective-checkpoint policy as its
+    ``context_fn``, which Dynamo accepts: the outputs of those ops are saved, the rest recomputed.
     """
     buffers = _restored(segment)
+    keeps: frozenset[str] = getattr(segment, "compiled_keeps", frozenset())
+    if keeps and not buffers:
+        return torch_checkpoint.checkpoint(
+            segment, *inputs, use_reentrant=False, preserve_rng_state=True,
+            context_fn=functools.partial(torch_checkpoint.create_selective_checkpoint_contexts,
+                                         functools.partial(_keep_ops, keeps)))
     before = copies(buffers)  # plain functions: Dynamo traces them
 
     def run(*args: Any) -> Any:
@@ -153,6 +164,13 @@ def _traced_checkpoint(segment: torch.nn.Module, inputs: tuple) -> Any:
         return segment(*args)
 
     return torch_checkpoint.checkpoint(run, *inputs, use_reentrant=False, preserve_rng_state=True)
+
+
+def _keep_ops(keeps: frozenset[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """The compiled recompute's policy: save the outputs of the ops named in ``keeps``."""
+    name = getattr(getattr(op, "overloadpacket", None), "__name__", "")
+    policy = torch_checkpoint.CheckpointPolicy
+    return policy.MUST_SAVE if name in keeps else policy.PREFER_RECOMPUTE
 
 
 # Generated code reads `fxckpt_checkpoint(segment_0, x)`; `fxckpt.checkpoint` is the public name.

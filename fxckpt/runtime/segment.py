@@ -102,6 +102,9 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
     are their states saved in forward and set again for the recompute. A segment that draws
     nothing leaves them alone, so the recompute never rewinds another thread's draws."""
 
+    compiled_keeps: frozenset[str] = frozenset()
+    """Aten ops whose outputs a compiled recompute keeps (``SegmentSpec.compiled_keeps``)."""
+
     forward_cost: float = 0.0
     """What the plan prices one forward run of the segment at (FLOP-equivalents; 0 when not
     known, as in a loaded module): what a :mod:`~fxckpt.runtime.clock` compares its time with."""
@@ -110,7 +113,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
                  restores: tuple[str, ...] = (), kept: int = 0,
                  generators: tuple[torch.Generator, ...] = (), early_stop: bool = True,
                  draws: bool = True, offloader: Optional[Offloading] = None,
-                 forward_cost: float = 0.0) -> None:
+                 forward_cost: float = 0.0, compiled_keeps: tuple[str, ...] = ()) -> None:
         super().__init__(root, graph, class_name="SegmentModule")
         self.offloader = offloader
         self.name = name
@@ -120,6 +123,7 @@ class SegmentModule(torch.fx.GraphModule, Recomputable):
         self.early_stop = bool(early_stop)
         self.draws = bool(draws)
         self.forward_cost = float(forward_cost)
+        self.compiled_keeps = frozenset(compiled_keeps)
 
     def recompile(self) -> PythonCode:
         code = super().recompile()

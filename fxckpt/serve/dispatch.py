@@ -26,6 +26,9 @@ are kept for sharing. With ``capture="dynamo"`` a training call is Dynamo's inst
 A training call to a Hugging Face model runs without a key/value cache (``use_cache=False``,
 unless the caller passed it: :func:`fxckpt.integrations.without_cache`).
 
+A training call that ``torch.compile`` traces gets budget plans of its own, fitted to the step
+as compiled (:mod:`fxckpt.measure.compiled_step`; the lookup is a graph break, told so).
+
 Capture and planning happen only when a training step needs them (``training`` with grad
 enabled) or when asked (:meth:`Dispatcher.compiled_for`). The model's own forward serves ``eval()``
 and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
@@ -33,27 +36,23 @@ and ``torch.no_grad()`` unless the module runs as a pipeline of stages.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from fxckpt.budget import Budget
 from fxckpt.config import TransformConfig
 from fxckpt.errors import CaptureError, NotPlannedError, PlanError
 from fxckpt import integrations
 from fxckpt.capture.guards import Failure
-from fxckpt.capture.isolation import CAPTURE_LOCK
 from fxckpt.capture.sharing import fingerprint, offer, shared_capture
 from fxckpt.cost.refined import refined
 from fxckpt.plan import Plan
-from fxckpt.serve.plan_cache import PlanCache, plan_budget
+from fxckpt.serve.entry_planner import EntryPlanner, planning
+from fxckpt.serve.plan_cache import PlanCache
 from fxckpt.serve.refine import Refiner
-from fxckpt.serve.sizes import padded_args
-from fxckpt.strategy import Budgeted
 from fxckpt.signature import CallKey, Shapes, call_key, dominates, module_states
 
 if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-up stays short)
@@ -62,7 +61,7 @@ if TYPE_CHECKING:  # the planner is imported when a call first needs it (start-u
     from fxckpt.serve.whole_graph import Compiled
     from fxckpt.runtime.offload import Offloader
 
-__all__ = ["Dispatcher", "Entry", "EntryPlanner", "MAX_CAPTURES", "RECAPTURE_WARNING"]
+__all__ = ["Dispatcher", "Entry", "MAX_CAPTURES", "RECAPTURE_WARNING"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +79,8 @@ class Entry:
 
     captured: Captured
     plans: PlanCache[Compiled] = dataclasses.field(default_factory=PlanCache)
+    compiled_plans: PlanCache[Compiled] = dataclasses.field(default_factory=PlanCache)
+    """Budget plans for training calls that ``torch.compile`` traces, fitted to that step."""
 
 
 @dataclasses.dataclass
@@ -147,7 +148,8 @@ class Dispatcher:
     def _call(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         if self.trains_through_dynamo(tm):
             return self._through_dynamo(tm, args, kwargs)
-        compiled = self.serve(tm, args, kwargs)
+        # Constant while dynamo traces this frame: the lookup after it (a graph break) is told.
+        compiled = self.serve(tm, args, kwargs, torch.compiler.is_compiling())
         offloader = self.offloader
         training = tm.training and torch.is_grad_enabled()
         if offloader is None or self.config.offload == "auto" or not training:
@@ -170,15 +172,18 @@ class Dispatcher:
         return not sharded(tm)
 
     @torch.compiler.disable(reason=_SERVE_REASON)
-    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+    def serve(self, tm: torch.nn.Module, args: tuple, kwargs: dict,
+              under_compile: bool = False) -> Compiled:
         """The plan that runs this call on one whole graph (captured and planned now if needed;
         under a budget its unmodified step verified on the graph fits, it has no segment).
+        ``under_compile``: the call is traced by ``torch.compile``; a training call under a
+        budget gets a plan fitted to the compiled step.
 
         ``torch.compile`` does not trace this lookup (one graph break, before any segment): it
         runs Python over dicts and may capture or plan, and its result, a different object for
         each mode, autocast state and call structure, is what the compiled graph is guarded on.
         """
-        compiled = self._lookup(tm, args, kwargs)
+        compiled = self._lookup(tm, args, kwargs, under_compile)
         self.last = compiled
         if self.offloader is not None and tm.training and torch.is_grad_enabled():
             self.offloader.stats = type(self.offloader.stats)()
@@ -261,12 +266,13 @@ class Dispatcher:
 
         return call_key(module_states(tm), *first_micro_batch(self.config, args, kwargs))
 
-    def _lookup(self, tm: torch.nn.Module, args: tuple, kwargs: dict) -> Compiled:
+    def _lookup(self, tm: torch.nn.Module, args: tuple, kwargs: dict,
+                under_compile: bool = False) -> Compiled:
         """The compiled plan for this call as it comes (captured and planned if needed)."""
         key, shapes = self._keyed(tm, args, kwargs)
         try:
             entry = self._entry(tm, key, shapes, args, kwargs)
-            return self._plan(tm, key, entry, shapes, args, kwargs)
+            return self._plan(tm, key, entry, shapes, args, kwargs, under_compile)
         except (CaptureError, PlanError):
             from fxckpt.capture.own_error import own_error
 
@@ -300,7 +306,7 @@ class Dispatcher:
         captured = shared_capture(self.model, key, shapes, seen, self.config.graph_method)
         if captured is None:
             integrations.release_own_checkpointing(self.model)  # switched on behind fxckpt's back
-            with _planning():
+            with planning():
                 captured = capture_for(_view(tm, self.model), self.config, args, kwargs, live=tm)
             self.counts.captures += 1
             self.counts.capture_seconds += time.perf_counter() - start
@@ -324,20 +330,25 @@ class Dispatcher:
                 "call", failure.fact, type(self.model).__name__, seen)
 
     def _plan(self, tm: torch.nn.Module, key: CallKey, entry: Entry, shapes: Shapes,
-              args: tuple, kwargs: dict) -> Compiled:
+              args: tuple, kwargs: dict, under_compile: bool = False) -> Compiled:
         plan_key = shapes if self._shape_dependent(entry) else None
-        compiled = entry.plans.find(plan_key)
+        fitted = (under_compile and self.config.budget is not None and not self.config.pipelined
+                  and tm.training and torch.is_grad_enabled())
+        plans = entry.compiled_plans if fitted else entry.plans
+        compiled = plans.find(plan_key)
         if compiled is not None:
             return compiled
-        if self.config.pipelined or self.config.budget is None:
-            entry.plans.buckets = False
+        if self.config.pipelined or self.config.budget is None or fitted:
+            plans.buckets = False  # a compiled step's peak is checked at the call's own sizes
         larger = plan_key is not None and any(
             s is not None and dominates(s, plan_key)
             for e in self.entries.get(key, ()) for s in e.plans.plans)
         start = time.perf_counter()
-        compiled, made = entry.plans.make(plan_key, args, kwargs,
-                                          EntryPlanner(self, tm, entry.captured),
-                                          planned_larger=larger)
+        compiled, made = plans.make(plan_key, args, kwargs,
+                                    EntryPlanner(lambda a, k: self._keyed(tm, a, k)[1],
+                                                 self.config, self.offloader, tm,
+                                                 entry.captured, fitted),
+                                    planned_larger=larger)
         self.counts.plans += made
         self.counts.plan_seconds += time.perf_counter() - start
         return compiled
@@ -345,59 +356,6 @@ class Dispatcher:
     def _shape_dependent(self, entry: Entry) -> bool:
         """Plans differ by shape only under a budget, or when the graph itself is shape-bound."""
         return self.config.budget is not None or not entry.captured.shape_free
-
-
-class EntryPlanner:
-    """How the plans of one whole-graph capture are made and checked for one transformed
-    module (:class:`~fxckpt.serve.plan_cache.Planner`)."""
-
-    def __init__(self, dispatcher: Dispatcher, tm: torch.nn.Module, captured: Captured) -> None:
-        self.dispatcher = dispatcher
-        self.tm = tm
-        self.captured = captured
-
-    def shapes(self, args: tuple, kwargs: dict) -> Shapes:
-        return self.dispatcher._keyed(self.tm, args, kwargs)[1]
-
-    def accepts(self, shapes: Shapes) -> bool:
-        return self.captured.accepts(shapes)
-
-    def build(self, args: tuple, kwargs: dict, budget: Optional[Budget] = None,
-              eager: Optional[int] = None) -> Compiled:
-        from fxckpt.serve.whole_graph import build
-
-        config = self.dispatcher.config
-        if budget is not None:
-            config = dataclasses.replace(config, strategy=Budgeted(budget))
-        with _planning():
-            return build(self.captured, config, args, kwargs, training=self.tm.training,
-                         model=self.tm, eager_peak=eager, offloader=self.dispatcher.offloader)
-
-    def peak_at(self, planned: Compiled, args: tuple, kwargs: dict) -> Optional[int]:
-        from fxckpt.serve.whole_graph import peak_at
-
-        with _planning():
-            return peak_at(planned, self.dispatcher.config, args, kwargs, self.tm)
-
-    def padded(self, args: tuple, kwargs: dict, key: Shapes, grown: set[tuple[int, int]],
-               scale: int = 1) -> Optional[tuple[tuple, dict]]:
-        return padded_args(args, kwargs, key, grown, scale)
-
-    def limit(self, planned: Compiled) -> Optional[int]:
-        return plan_budget(planned)
-
-
-@contextlib.contextmanager
-def _planning() -> Iterator[None]:
-    """Capture and plan one at a time in the process, with torch.compile off.
-
-    Modules compiled on their own (``module.compile()``) are captured and annotated eagerly:
-    dynamo marks a frame it first meets under a dispatch mode (annotate's) as never compiled.
-    ``set_stance`` is process-wide, so two threads planning at once would put back each other's
-    stance and could leave ``force_eager`` set for good: hence the lock.
-    """
-    with CAPTURE_LOCK, torch.compiler.set_stance("force_eager"):
-        yield
 
 
 def _view(tm: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:

@@ -70,7 +70,7 @@ P = TypeVar("P", bound=Planned)
 
 class Planner(Protocol[P]):
     """How the plans of one graph are made and checked: the one interface the cache calls,
-    implemented for a whole graph (:class:`~fxckpt.serve.dispatch.EntryPlanner`) and for a
+    implemented for a whole graph (:class:`~fxckpt.serve.entry_planner.EntryPlanner`) and for a
     graph Dynamo made dynamic (:class:`~fxckpt.serve.dynamo.sized.GraphPlanner`)."""
 
     def shapes(self, args: tuple, kwargs: dict) -> Shapes:

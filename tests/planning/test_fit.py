@@ -176,3 +176,30 @@ def test_without_an_eager_peak_no_fraction_is_offered() -> None:
     text = str(infeasible(1000, 1500, 0))
     assert text.startswith("budget 1000 B (1000 bytes) cannot be met")
     assert "fraction >=" not in text and "unmodified step" not in text
+
+
+def test_a_step_that_holds_far_less_than_simulated_is_widened_by_bisection() -> None:
+    """``widen`` (a plan fitted to the compiled step): the unmodified step is tried first, then
+    the target is bisected between the last raise that fit and the first that did not, and the
+    plan that recomputes least and fits is kept. A fraction resolves against ``fraction_of``."""
+    class Compiled(Scripted):
+        def plan_at(self, target: Target) -> Plan:
+            self.targets.append(target)
+            segments = () if target.raised > 1000 else (FIRST,)
+            return dataclasses.replace(plan(*segments), predicted_peak=900 + target.raised,
+                                       eager_peak=2000, budget_bytes=BUDGET,
+                                       recompute_share=0.5 - target.raised / 10000)
+
+    # the unmodified compiled step (1500), the first plan (600), then raises of 500 (fits),
+    # 750 (over), 625 (fits) and 687 (over); 1001, the unmodified step, is not verified again
+    s = Compiled([1500, 600, 900, 1050, 980, 1010])
+    got, _ = fit(_base(), s.plan_at, s.verify, widen=True, fraction_of=2000)
+    assert [t.raised for t in s.targets] == [0, 1001, 500, 750, 625, 687]
+    assert s.targets[0].eager_bytes == 2000 and not s.peaks
+    assert got.verified_peak == 980 and got.recompute_share == pytest.approx(0.4375)
+    assert got.verified_eager_peak == 1500 and "widened" in got.notes[-1]
+    # the unmodified step fits: it is the plan, no bisection
+    s = Compiled([900, 600])
+    got, _ = fit(_base(), s.plan_at, s.verify, widen=True)
+    assert [t.raised for t in s.targets] == [0, 1001] and got.segments == ()
+    assert got.verified_peak == 900

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
+import torch._dynamo as dynamo
 from torch.utils.flop_counter import FlopCounterMode
 
 import fxckpt
@@ -77,3 +79,36 @@ def test_hf_gpt2_recomputes_each_block() -> None:
     calls = _count_segment_calls(tm)
     run_step(tm, (ids,), {})
     assert all(calls[s.name] == 2 for s in blocks)
+
+
+def _backward_matmuls(keeps: tuple[str, ...]) -> tuple[int, int]:
+    """``(addmm/mm in the compiled forward, in the compiled backward)`` of one segment of two
+    Linear -> GELU blocks under ``torch.compile``, whose segment keeps ``keeps``."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fxckpt.runtime.segment import SegmentModule
+
+    dynamo.reset()
+    body = torch.fx.symbolic_trace(torch.nn.Sequential(
+        torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 16), torch.nn.GELU()))
+    segment = SegmentModule(body, body.graph, name="segment_0", compiled_keeps=keeps)
+    counts: list[int] = []
+
+    def count(gm: torch.fx.GraphModule, _: Any) -> Any:
+        counts.append(sum(n.target in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default)
+                          for n in gm.graph.nodes))
+        return make_boxed_func(gm.forward)
+
+    step = torch.compile(lambda x: fxckpt.checkpoint(segment, x),
+                         backend=aot_autograd(fw_compiler=count, bw_compiler=count))
+    step(torch.randn(8, 16, requires_grad=True)).sum().backward()
+    return counts[0], counts[1]
+
+
+def test_under_compile_a_segment_keeps_its_compiled_keeps_and_recomputes_the_rest() -> None:
+    """``compiled_keeps`` is torch's selective-checkpoint policy inside Dynamo's checkpoint op:
+    the kept matmuls are not run again in the compiled backward; without it they are."""
+    # two linears: forward 2; backward 2 x (input grad, weight grad), plus the recompute
+    assert _backward_matmuls(("addmm", "mm")) == (2, 4)
+    assert _backward_matmuls(()) == (2, 6)
