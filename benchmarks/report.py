@@ -39,9 +39,10 @@ they are allocated during warm-up and are not part of the step) of each model un
   compared with fxckpt at the very memory the peer used (run for every peer that saved memory);
 * `fxckpt_compiled @compile b=0.5`: `torch.compile` (inductor, torch's default
   `activation_memory_budget` of 1.0) of the module `fxckpt @compile b=0.5` runs: fxckpt's plan
-  for the compile peer's measured peak, compiled as a user who compiles would run it. Its peak
-  is measured, not the plan's: inductor keeps fewer tensors than the eager step the plan
-  describes, so it lands under the budget; the `plan's peak` column still shows the eager plan's;
+  for the compile peer's measured peak, compiled as a user who compiles would run it. The
+  compiled call makes a plan of its own, fitted to the step as inductor runs it (segments keep
+  their matmuls there; [compile](compile.md#a-budget-fitted-to-the-compiled-step)); the
+  `plan's peak` column shows the plan `transform` made for the eager step;
 * `fxckpt @minimum of b=…`: when fxckpt raises `BudgetInfeasibleError` for `b`, the same with
   `budget=` the minimum the error states (`err.min_budget`, bytes), to check that claim;
 * `checkpoint_per_block`: each block's `forward` under \

@@ -77,19 +77,6 @@ class EntryPlanner:
 
 
 @contextlib.contextmanager
-def _planning() -> Iterator[None]:
-    """Capture and plan one at a time in the process, with torch.compile off.
-
-    Modules compiled on their own (``module.compile()``) are captured and annotated eagerly:
-    dynamo marks a frame it first meets under a dispatch mode (annotate's) as never compiled.
-    ``set_stance`` is process-wide, so two threads planning at once would put back each other's
-    stance and could leave ``force_eager`` set for good: hence the lock.
-    """
-    with CAPTURE_LOCK, torch.compiler.set_stance("force_eager"):
-        yield
-
-
-@contextlib.contextmanager
 def planning() -> Iterator[None]:
     """Capture and plan one at a time in the process, with torch.compile off.
 

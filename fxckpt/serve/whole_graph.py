@@ -21,7 +21,8 @@ import torch
 import torch.fx
 
 from fxckpt.config import TransformConfig
-from fxckpt.errors import BudgetInfeasibleError, ConfigError, FxckptError, PlanError
+from fxckpt.errors import (BudgetInfeasibleError, ConfigError, FxckptError, PlanError,
+                           VerifyError)
 from fxckpt.pipeline.build import PipelinedModule, build_pipeline
 from fxckpt.runtime.microbatch import batch_size, scatter
 from fxckpt.cost.annotate import annotate
@@ -110,8 +111,6 @@ def peak_at(compiled: Compiled, config: TransformConfig, args: tuple, kwargs: di
             model: torch.nn.Module) -> Optional[int]:
     """The verified peak of ``compiled``'s plan for calls like these (``None`` when the step
     cannot run on fake tensors): what lets a plan serve larger calls without planning again."""
-    from fxckpt.errors import VerifyError
-
     plan_args, plan_kwargs = first_micro_batch(config, args, kwargs)
     hooked = [model.get_submodule(p) for p in compiled.captured.hooked]
     verify = _verifier(compiled.captured, config, plan_args, plan_kwargs, hooked,
@@ -242,8 +241,6 @@ def _fit_compiled(gm: torch.fx.GraphModule, plan_at: Callable[[Target], Plan], v
         return dataclasses.replace(plan, segments=tuple(
             dataclasses.replace(s, compiled_keeps=COMPILED_KEEPS) for s in plan.segments))
 
-    from fxckpt.errors import VerifyError
-
     try:
         fraction_of = eager if eager is not None else verify(gm)
         compiled(gm)  # VerifyError now, if the step cannot be measured compiled
@@ -258,8 +255,8 @@ def _fit_compiled(gm: torch.fx.GraphModule, plan_at: Callable[[Target], Plan], v
         except BudgetInfeasibleError:
             continue
         return _note(plan, "fitted to the step as torch.compile runs it: its peak is what the "
-                           "compiled forward keeps for backward (AOTAutograd's partitioner, asked "
-                           "on meta tensors) plus what the loss holds"), fitted
+                           "compiled forward keeps for backward (AOTAutograd's partitioner, "
+                           "traced on fake tensors) plus what the loss holds"), fitted
     log.info("fxckpt: no plan fits the compiled step's estimate; fitted to the eager step")
     plan, fitted = fit(gm, plan_at, verify, eager=eager, offloader=offloader)
     return _note(plan, "fitted to the eager step, which holds more: no plan fits the budget as "
