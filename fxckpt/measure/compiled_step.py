@@ -69,7 +69,9 @@ def compiled_saved(run: Callable[[tuple, dict], Any], args: tuple, kwargs: dict)
     step.__code__ = step.__code__.replace()
     states = torch_states()  # tracing draws a seed for the graph's random ops
     try:
-        with torch.compiler.set_stance("default"):
+        # suppress_errors would run the frame eagerly once the backend stops: for real
+        with torch.compiler.set_stance("default"), \
+                torch._dynamo.config.patch(suppress_errors=False):
             torch.compile(step, backend=_recorder(found), dynamic=False)(args, kwargs)
     except Exception as e:
         if not found:

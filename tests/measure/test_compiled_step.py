@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -19,8 +19,10 @@ ACTIVATION = B * W * 4  # one fp32 activation of the models below
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo() -> None:
+def fresh_dynamo() -> Iterator[None]:
     dynamo.reset()
+    with dynamo.config.patch(suppress_errors=dynamo.config.suppress_errors):
+        yield
 
 
 def _batchnorm_mlp() -> nn.Module:
@@ -40,9 +42,12 @@ def test_the_eager_partition_keeps_what_autograd_keeps_and_the_compiled_one_less
     assert saved.compiled == saved.eager - ACTIVATION
 
 
-def test_nothing_runs_nothing_changes() -> None:
+@pytest.mark.parametrize("suppress_errors", [False, True])
+def test_nothing_runs_nothing_changes(suppress_errors: bool) -> None:
     """The probe stops once the graph is partitioned: BatchNorm's statistics, the random
-    generator and the gradients are as they were, and no forward ran."""
+    generator and the gradients are as they were, and no forward ran; also where the user
+    asked Dynamo to run a frame eagerly when its backend fails."""
+    dynamo.config.suppress_errors = suppress_errors
     model = _batchnorm_mlp()
     calls: list[int] = []
     model[0].register_forward_hook(lambda *_: calls.append(1))
