@@ -16,7 +16,7 @@ def test_the_targets_are_a_first_call_ratio_and_a_step_ratio() -> None:
 
 @pytest.mark.slow
 def test_quick_run_measures_every_column_and_writes_the_page(tmp_path: Path) -> None:
-    argv = ["--quick", "--models", "mlp", "--repeats", "1", "--turns", "2", "--out",
+    argv = ["--quick", "--models", "mlp", "--repeats", "1", "--turns", "6", "--out",
             str(tmp_path)]
     assert dynamo.main(argv) == 0
     rows = [line for line in (tmp_path / "dynamo.md").read_text().splitlines()
