@@ -25,7 +25,6 @@ a parameter or an input are not counted (they hold no memory of their own).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Callable, Optional
 
 import torch
@@ -37,8 +36,6 @@ from fxckpt.measure.verify import LossFn
 from fxckpt.runtime.state import set_torch_states, torch_states
 
 __all__ = ["Saved", "compiled_saved", "CompiledPeak"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +189,7 @@ def _saved_bytes(fw: torch.fx.GraphModule, outputs: int) -> int:
     seen: set[Any] = set()
     total = 0
     for node in out.args[0][outputs:]:
-        if not isinstance(node, torch.fx.Node) or node.op == "placeholder":
-            continue
-        ref = storage(node)
+        ref = storage(node) if isinstance(node, torch.fx.Node) else None
         if ref is None or ref in inputs or ref in seen:
             continue
         seen.add(ref)

@@ -155,12 +155,10 @@ def _build(captured: Captured, config: TransformConfig, args: tuple, kwargs: dic
             probe = LossProbe(config.loss_fn, plan_args, plan_kwargs, _device_of(model))
         verify = _verifier(captured, config, plan_args, plan_kwargs, hooked, _device_of(model),
                            probe)
-    compiled_peak: Optional[CompiledPeak] = None
     if verify is not None and compiled_step and config.budget is not None:
-        compiled_peak = CompiledPeak(model, captured.call, plan_args, plan_kwargs,
-                                     config.loss_fn, _device_of(model))
-    if compiled_peak is not None and verify is not None:
-        plan, gm = _fit_compiled(gm, plan_at, verify, _compiled_verifier(compiled_peak, hooked),
+        peak = CompiledPeak(model, captured.call, plan_args, plan_kwargs, config.loss_fn,
+                            _device_of(model))
+        plan, gm = _fit_compiled(gm, plan_at, verify, _compiled_verifier(peak, hooked),
                                  offloader, eager_peak if probe is None else None)
     else:
         plan, gm = fit(gm, plan_at, verify, solved=config.budget is not None,
@@ -241,26 +239,28 @@ def _fit_compiled(gm: torch.fx.GraphModule, plan_at: Callable[[Target], Plan], v
         return dataclasses.replace(plan, segments=tuple(
             dataclasses.replace(s, compiled_keeps=COMPILED_KEEPS) for s in plan.segments))
 
+    def fitted_eagerly(why: str, measured: Optional[int]) -> tuple[Plan, torch.fx.GraphModule]:
+        plan, fitted = fit(gm, plan_at, verify, eager=measured, offloader=offloader)
+        note = f"fitted to the eager step, not as torch.compile runs it: {why}"
+        return _note(plan, note), fitted
+
     try:
-        fraction_of = eager if eager is not None else verify(gm)
+        eager = eager if eager is not None else verify(gm)
         compiled(gm)  # VerifyError now, if the step cannot be measured compiled
     except VerifyError as e:
         log.warning("fxckpt: fitting the plan to the eager step: %s", e)
-        plan, fitted = fit(gm, plan_at, verify, eager=eager, offloader=offloader)
-        return _note(plan, f"fitted to the eager step, not as torch.compile runs it: {e}"), fitted
+        return fitted_eagerly(str(e), eager)
     for family in (keeping, plan_at):
         try:
             plan, fitted = fit(gm, family, compiled, offloader=offloader, widen=True,
-                               fraction_of=fraction_of)
+                               fraction_of=eager)
         except BudgetInfeasibleError:
             continue
         return _note(plan, "fitted to the step as torch.compile runs it: its peak is what the "
                            "compiled forward keeps for backward (AOTAutograd's partitioner, "
                            "traced on fake tensors) plus what the loss holds"), fitted
     log.info("fxckpt: no plan fits the compiled step's estimate; fitted to the eager step")
-    plan, fitted = fit(gm, plan_at, verify, eager=eager, offloader=offloader)
-    return _note(plan, "fitted to the eager step, which holds more: no plan fits the budget as "
-                       "torch.compile runs it, by its estimate"), fitted
+    return fitted_eagerly("no plan fits the budget by the compiled step's estimate", eager)
 
 
 def _note(plan: Plan, note: str) -> Plan:
